@@ -1,0 +1,2 @@
+//! morio: placeholder during bring-up.
+pub mod proto;

@@ -1,0 +1,317 @@
+//! Bounded, panic-free decoding of frames from a byte buffer that may hold a partial frame.
+
+use super::codes;
+use super::frame::{Chunk, Finish, Frame, Hello, HelloAck, Kind, Op, Reply, Seg, FLAG_FINAL};
+use super::limits::{
+    FRAME_MAGIC, HEADER_BYTES, MAX_BODY_BYTES, MAX_CHUNK_BYTES, MAX_KEY_BYTES, MAX_MSG_BYTES,
+    MAX_SEGS_PER_CHUNK,
+};
+
+/// Why bytes from the wire are not a valid frame. Any of these closes the connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// The header does not start with [`FRAME_MAGIC`]: the stream is not ours or is out of sync.
+    #[error("bad frame magic {0:#06x}")]
+    BadMagic(u16),
+    /// Unknown frame kind.
+    #[error("unknown frame kind {0}")]
+    BadKind(u8),
+    /// Flags set that the kind does not define.
+    #[error("flags {flags:#04x} not valid for frame kind {kind}")]
+    BadFlags {
+        /// Kind byte.
+        kind: u8,
+        /// Flags byte.
+        flags: u8,
+    },
+    /// `body_len` above [`MAX_BODY_BYTES`].
+    #[error("frame body of {0} bytes exceeds the limit")]
+    BodyTooLarge(u32),
+    /// `payload_len` above [`MAX_CHUNK_BYTES`].
+    #[error("frame payload of {0} bytes exceeds the limit")]
+    PayloadTooLarge(u64),
+    /// `payload_len` disagrees with what the body describes.
+    #[error("frame payload of {declared} bytes, body describes {expected}")]
+    PayloadMismatch {
+        /// Declared in the header.
+        declared: u64,
+        /// Implied by the body.
+        expected: u64,
+    },
+    /// The body ends before its fields do.
+    #[error("frame body truncated")]
+    Truncated,
+    /// The body has bytes after its last field.
+    #[error("frame body has {0} trailing bytes")]
+    Trailing(usize),
+    /// A key or message longer than its limit.
+    #[error("string of {0} bytes exceeds its limit")]
+    StringTooLong(usize),
+    /// A key or message that is not UTF-8.
+    #[error("string is not UTF-8")]
+    BadUtf8,
+    /// Segment count zero or above [`MAX_SEGS_PER_CHUNK`].
+    #[error("bad segment count {0}")]
+    BadSegCount(u32),
+    /// A zero-length segment, or one whose end overflows u64.
+    #[error("bad segment")]
+    BadSeg,
+    /// `chunk >= n_chunks`, `n_chunks == 0`, or an inverted extent.
+    #[error("bad chunk index or extent")]
+    BadChunk,
+    /// A status code that cannot end a transfer.
+    #[error("status code {0} is not terminal")]
+    BadCode(u32),
+    /// Unknown op byte in FINISH.
+    #[error("unknown op {0}")]
+    BadOp(u8),
+}
+
+/// A decoded fixed header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// Frame kind.
+    pub kind: Kind,
+    /// Flag bits.
+    pub flags: u8,
+    /// Body length (≤ [`MAX_BODY_BYTES`]).
+    pub body_len: u32,
+    /// Payload length (≤ [`MAX_CHUNK_BYTES`]).
+    pub payload_len: u64,
+}
+
+/// Decode and bound-check the fixed header.
+pub fn decode_header(b: &[u8; HEADER_BYTES]) -> Result<Header, DecodeError> {
+    let magic = u16::from_le_bytes([b[0], b[1]]);
+    if magic != FRAME_MAGIC {
+        return Err(DecodeError::BadMagic(magic));
+    }
+    let kind = Kind::from_u8(b[2]).ok_or(DecodeError::BadKind(b[2]))?;
+    let flags = b[3];
+    let allowed = match kind {
+        Kind::Write | Kind::Read | Kind::ReadData => FLAG_FINAL,
+        _ => 0,
+    };
+    if flags & !allowed != 0 {
+        return Err(DecodeError::BadFlags { kind: b[2], flags });
+    }
+    let body_len = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+    if body_len as usize > MAX_BODY_BYTES {
+        return Err(DecodeError::BodyTooLarge(body_len));
+    }
+    let mut p = [0u8; 8];
+    p.copy_from_slice(&b[8..16]);
+    let payload_len = u64::from_le_bytes(p);
+    if payload_len > MAX_CHUNK_BYTES {
+        return Err(DecodeError::PayloadTooLarge(payload_len));
+    }
+    Ok(Header {
+        kind,
+        flags,
+        body_len,
+        payload_len,
+    })
+}
+
+/// Try to decode one frame from the front of `buf`.
+///
+/// Returns `Ok(None)` when `buf` holds only part of the header and body (never more than
+/// `HEADER_BYTES + MAX_BODY_BYTES` bytes are needed), or the frame, its payload length, and
+/// the number of bytes consumed (header + body; the payload follows and is not consumed).
+pub fn decode_frame(buf: &[u8]) -> Result<Option<(Frame, u64, usize)>, DecodeError> {
+    let Some(hb) = buf.get(..HEADER_BYTES) else {
+        return Ok(None);
+    };
+    let mut h = [0u8; HEADER_BYTES];
+    h.copy_from_slice(hb);
+    let header = decode_header(&h)?;
+    let end = HEADER_BYTES + header.body_len as usize;
+    let Some(body) = buf.get(HEADER_BYTES..end) else {
+        return Ok(None);
+    };
+    let frame = decode_body(&header, body)?;
+    Ok(Some((frame, header.payload_len, end)))
+}
+
+/// Decode a body whose header has already been checked.
+pub fn decode_body(h: &Header, body: &[u8]) -> Result<Frame, DecodeError> {
+    let mut r = Reader { b: body };
+    let final_ = h.flags & FLAG_FINAL != 0;
+    let frame = match h.kind {
+        Kind::Hello => Frame::Hello(Hello {
+            version: r.u32()?,
+            lane: r.u16()?,
+            n_lanes: r.u16()?,
+            src_key: r.str16(MAX_KEY_BYTES)?,
+            dst_key: r.str16(MAX_KEY_BYTES)?,
+        }),
+        Kind::HelloAck => Frame::HelloAck(HelloAck {
+            version: r.u32()?,
+            code: r.u32()?,
+            key: r.str16(MAX_KEY_BYTES)?,
+            msg: r.msg()?,
+        }),
+        Kind::Write => Frame::Write {
+            chunk: r.chunk()?,
+            final_,
+        },
+        Kind::Read => Frame::Read {
+            chunk: r.chunk()?,
+            final_,
+        },
+        Kind::Ack => Frame::Ack(r.reply()?),
+        Kind::ReadData => Frame::ReadData {
+            reply: r.reply()?,
+            final_,
+        },
+        Kind::Finish => {
+            let tag = r.u64()?;
+            let uid = r.u64()?;
+            let op = match r.u8()? {
+                1 => Op::Read,
+                2 => Op::Write,
+                o => return Err(DecodeError::BadOp(o)),
+            };
+            let n_chunks = r.u32()?;
+            let total_bytes = r.u64()?;
+            let code = r.code()?;
+            Frame::Finish(Finish {
+                tag,
+                uid,
+                op,
+                n_chunks,
+                total_bytes,
+                code,
+                msg: r.msg()?,
+            })
+        }
+        Kind::Complete => Frame::Complete(r.reply()?),
+        Kind::GoAway => Frame::GoAway {
+            code: r.code()?,
+            msg: r.msg()?,
+        },
+    };
+    if !r.b.is_empty() {
+        return Err(DecodeError::Trailing(r.b.len()));
+    }
+    let expected = match &frame {
+        Frame::Write { chunk, .. } => chunk.bytes(),
+        Frame::ReadData { reply, .. } if reply.code == codes::SUCCESS => h.payload_len,
+        _ => 0,
+    };
+    if h.payload_len != expected {
+        return Err(DecodeError::PayloadMismatch {
+            declared: h.payload_len,
+            expected,
+        });
+    }
+    Ok(frame)
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.b.len() < n {
+            return Err(DecodeError::Truncated);
+        }
+        let (head, rest) = self.b.split_at(n);
+        self.b = rest;
+        Ok(head)
+    }
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, DecodeError> {
+        let t = self.take(2)?;
+        Ok(u16::from_le_bytes([t[0], t[1]]))
+    }
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        let t = self.take(4)?;
+        Ok(u32::from_le_bytes([t[0], t[1], t[2], t[3]]))
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        let t = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(t);
+        Ok(u64::from_le_bytes(a))
+    }
+    fn code(&mut self) -> Result<u32, DecodeError> {
+        let c = self.u32()?;
+        if codes::is_terminal(c) {
+            Ok(c)
+        } else {
+            Err(DecodeError::BadCode(c))
+        }
+    }
+    fn string(&mut self, len: usize, max: usize) -> Result<String, DecodeError> {
+        if len > max {
+            return Err(DecodeError::StringTooLong(len));
+        }
+        let raw = self.take(len)?;
+        String::from_utf8(raw.to_vec()).map_err(|_| DecodeError::BadUtf8)
+    }
+    fn str16(&mut self, max: usize) -> Result<String, DecodeError> {
+        let len = self.u16()? as usize;
+        self.string(len, max)
+    }
+    fn msg(&mut self) -> Result<String, DecodeError> {
+        let len = self.u32()? as usize;
+        self.string(len, MAX_MSG_BYTES)
+    }
+    fn reply(&mut self) -> Result<Reply, DecodeError> {
+        Ok(Reply {
+            tag: self.u64()?,
+            uid: self.u64()?,
+            chunk: self.u32()?,
+            code: self.code()?,
+            msg: self.msg()?,
+        })
+    }
+    fn chunk(&mut self) -> Result<Chunk, DecodeError> {
+        let tag = self.u64()?;
+        let uid = self.u64()?;
+        let chunk = self.u32()?;
+        let n_chunks = self.u32()?;
+        let mem_id = self.u32()?;
+        let lo = self.u64()?;
+        let hi = self.u64()?;
+        if chunk >= n_chunks || lo > hi {
+            return Err(DecodeError::BadChunk);
+        }
+        let n = self.u32()?;
+        if n == 0 || n as usize > MAX_SEGS_PER_CHUNK {
+            return Err(DecodeError::BadSegCount(n));
+        }
+        // The count is bounded, and the body must actually hold n segments: check before
+        // allocating so a lying count cannot reserve memory.
+        if self.b.len() < 16 * n as usize {
+            return Err(DecodeError::Truncated);
+        }
+        let mut segs = Vec::with_capacity(n as usize);
+        let mut total = 0u64;
+        for _ in 0..n {
+            let off = self.u64()?;
+            let len = self.u64()?;
+            if len == 0 || off.checked_add(len).is_none() {
+                return Err(DecodeError::BadSeg);
+            }
+            total = total.checked_add(len).ok_or(DecodeError::BadSeg)?;
+            segs.push(Seg { off, len });
+        }
+        if total > MAX_CHUNK_BYTES {
+            return Err(DecodeError::PayloadTooLarge(total));
+        }
+        Ok(Chunk {
+            tag,
+            uid,
+            chunk,
+            n_chunks,
+            mem_id,
+            extent: (lo, hi),
+            segs,
+        })
+    }
+}

@@ -1,0 +1,319 @@
+//! Frame types and their encoding. Layout (little-endian) is documented in `PROTOCOL.md`.
+
+use super::limits::{FRAME_MAGIC, HEADER_BYTES};
+
+/// Frame kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// Dialer → acceptor, first frame of every connection.
+    Hello = 1,
+    /// Acceptor → dialer, answer to HELLO.
+    HelloAck = 2,
+    /// A chunk of a write, payload = the chunk's bytes.
+    Write = 3,
+    /// A chunk of a read request (no payload).
+    Read = 4,
+    /// Target → initiator: a non-final write chunk was placed (or refused).
+    Ack = 5,
+    /// Target → initiator: the bytes of a read chunk (or why not).
+    ReadData = 6,
+    /// Initiator → target: every chunk is done; record the inbound status.
+    Finish = 7,
+    /// Target → initiator: the transfer's inbound status is recorded; here is its code.
+    Complete = 8,
+    /// Either side, before closing a connection for a protocol error.
+    GoAway = 9,
+}
+
+impl Kind {
+    /// Decode a kind byte.
+    pub fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            1 => Self::Hello,
+            2 => Self::HelloAck,
+            3 => Self::Write,
+            4 => Self::Read,
+            5 => Self::Ack,
+            6 => Self::ReadData,
+            7 => Self::Finish,
+            8 => Self::Complete,
+            9 => Self::GoAway,
+            _ => return None,
+        })
+    }
+}
+
+/// Flag on WRITE / READ: the chunk is the whole transfer; the target records the inbound
+/// status itself and answers with COMPLETE (write) or a final READ_DATA (read).
+pub const FLAG_FINAL: u8 = 1;
+
+/// One contiguous piece of a region: `len` bytes at `off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Seg {
+    /// Offset within the region.
+    pub off: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// Which way a transfer moves bytes, seen from its initiator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Op {
+    /// Remote → local.
+    Read = 1,
+    /// Local → remote.
+    Write = 2,
+}
+
+/// A WRITE or READ chunk: self-describing, so the receiving core can validate and place it
+/// with nothing but the region table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chunk {
+    /// Lane-local request tag, echoed in the response.
+    pub tag: u64,
+    /// The initiator's transfer uid.
+    pub uid: u64,
+    /// Index of this chunk within the transfer.
+    pub chunk: u32,
+    /// Number of chunks of the transfer.
+    pub n_chunks: u32,
+    /// Target region id (the target's `MemoryDesc.id`).
+    pub mem_id: u32,
+    /// `[lo, hi)` range of the region the whole transfer touches; every chunk of a transfer
+    /// carries the same extent, so a transfer out of range is refused before any byte lands.
+    pub extent: (u64, u64),
+    /// Target-side segments of this chunk, in payload order.
+    pub segs: Vec<Seg>,
+}
+
+impl Chunk {
+    /// Sum of segment lengths (saturating; the decoder rejects overflow).
+    pub fn bytes(&self) -> u64 {
+        self.segs.iter().fold(0u64, |a, s| a.saturating_add(s.len))
+    }
+}
+
+/// A response that carries a status: ACK, READ_DATA, COMPLETE.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reply {
+    /// The request's tag.
+    pub tag: u64,
+    /// The transfer uid.
+    pub uid: u64,
+    /// The chunk index (0 for COMPLETE).
+    pub chunk: u32,
+    /// Wire status code ([`super::codes`]).
+    pub code: u32,
+    /// Human-readable reason for an error, empty on success.
+    pub msg: String,
+}
+
+/// The initiator's verdict over all chunks of a transfer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finish {
+    /// Lane-local tag, echoed by COMPLETE.
+    pub tag: u64,
+    /// The transfer uid.
+    pub uid: u64,
+    /// Read or write.
+    pub op: Op,
+    /// Number of chunks the transfer had.
+    pub n_chunks: u32,
+    /// Total bytes of the transfer.
+    pub total_bytes: u64,
+    /// First error seen over the chunks, or success.
+    pub code: u32,
+    /// Its message.
+    pub msg: String,
+}
+
+/// First frame of every connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hello {
+    /// Protocol version ([`super::limits::VERSION`]).
+    pub version: u32,
+    /// Lane index of this connection.
+    pub lane: u16,
+    /// Lanes the dialer opens to this peer.
+    pub n_lanes: u16,
+    /// The dialer's engine key.
+    pub src_key: String,
+    /// The engine key the dialer expects to reach.
+    pub dst_key: String,
+}
+
+/// Answer to HELLO.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HelloAck {
+    /// The acceptor's protocol version.
+    pub version: u32,
+    /// SUCCESS, or why the connection is refused.
+    pub code: u32,
+    /// The acceptor's engine key.
+    pub key: String,
+    /// Reason for a refusal.
+    pub msg: String,
+}
+
+/// A decoded frame (the payload, if any, follows on the stream and is not part of it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// See [`Kind::Hello`].
+    Hello(Hello),
+    /// See [`Kind::HelloAck`].
+    HelloAck(HelloAck),
+    /// See [`Kind::Write`]; `final_` is [`FLAG_FINAL`].
+    Write {
+        /// The chunk.
+        chunk: Chunk,
+        /// Whole-transfer chunk.
+        final_: bool,
+    },
+    /// See [`Kind::Read`].
+    Read {
+        /// The chunk.
+        chunk: Chunk,
+        /// Whole-transfer chunk.
+        final_: bool,
+    },
+    /// See [`Kind::Ack`].
+    Ack(Reply),
+    /// See [`Kind::ReadData`]; the payload follows when `reply.code == SUCCESS`.
+    ReadData {
+        /// Status of the chunk.
+        reply: Reply,
+        /// This answers a final read: the target has recorded its inbound status.
+        final_: bool,
+    },
+    /// See [`Kind::Finish`].
+    Finish(Finish),
+    /// See [`Kind::Complete`].
+    Complete(Reply),
+    /// See [`Kind::GoAway`].
+    GoAway {
+        /// Why.
+        code: u32,
+        /// Reason.
+        msg: String,
+    },
+}
+
+impl Frame {
+    /// The frame's kind.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Self::Hello(_) => Kind::Hello,
+            Self::HelloAck(_) => Kind::HelloAck,
+            Self::Write { .. } => Kind::Write,
+            Self::Read { .. } => Kind::Read,
+            Self::Ack(_) => Kind::Ack,
+            Self::ReadData { .. } => Kind::ReadData,
+            Self::Finish(_) => Kind::Finish,
+            Self::Complete(_) => Kind::Complete,
+            Self::GoAway { .. } => Kind::GoAway,
+        }
+    }
+
+    /// Append header + body to `out`. `payload_len` is the number of payload bytes the caller
+    /// will send right after (WRITE: the chunk's bytes; READ_DATA: the data; else 0).
+    ///
+    /// Strings longer than the protocol's limits are truncated (keys are validated at engine
+    /// creation, messages are informative).
+    pub fn encode(&self, payload_len: u64, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.extend_from_slice(&FRAME_MAGIC.to_le_bytes());
+        out.push(self.kind() as u8);
+        let flags = match self {
+            Self::Write { final_: true, .. }
+            | Self::Read { final_: true, .. }
+            | Self::ReadData { final_: true, .. } => FLAG_FINAL,
+            _ => 0,
+        };
+        out.push(flags);
+        out.extend_from_slice(&0u32.to_le_bytes()); // body_len, patched below
+        out.extend_from_slice(&payload_len.to_le_bytes());
+        let body = out.len();
+        match self {
+            Self::Hello(h) => {
+                put_u32(out, h.version);
+                put_u16(out, h.lane);
+                put_u16(out, h.n_lanes);
+                put_str16(out, &h.src_key, super::limits::MAX_KEY_BYTES);
+                put_str16(out, &h.dst_key, super::limits::MAX_KEY_BYTES);
+            }
+            Self::HelloAck(a) => {
+                put_u32(out, a.version);
+                put_u32(out, a.code);
+                put_str16(out, &a.key, super::limits::MAX_KEY_BYTES);
+                put_msg(out, &a.msg);
+            }
+            Self::Write { chunk, .. } | Self::Read { chunk, .. } => {
+                put_u64(out, chunk.tag);
+                put_u64(out, chunk.uid);
+                put_u32(out, chunk.chunk);
+                put_u32(out, chunk.n_chunks);
+                put_u32(out, chunk.mem_id);
+                put_u64(out, chunk.extent.0);
+                put_u64(out, chunk.extent.1);
+                put_u32(out, chunk.segs.len() as u32);
+                for s in &chunk.segs {
+                    put_u64(out, s.off);
+                    put_u64(out, s.len);
+                }
+            }
+            Self::Ack(r) | Self::Complete(r) | Self::ReadData { reply: r, .. } => {
+                put_u64(out, r.tag);
+                put_u64(out, r.uid);
+                put_u32(out, r.chunk);
+                put_u32(out, r.code);
+                put_msg(out, &r.msg);
+            }
+            Self::Finish(f) => {
+                put_u64(out, f.tag);
+                put_u64(out, f.uid);
+                out.push(f.op as u8);
+                put_u32(out, f.n_chunks);
+                put_u64(out, f.total_bytes);
+                put_u32(out, f.code);
+                put_msg(out, &f.msg);
+            }
+            Self::GoAway { code, msg } => {
+                put_u32(out, *code);
+                put_msg(out, msg);
+            }
+        }
+        let body_len = (out.len() - body) as u32;
+        out[start + 4..start + 8].copy_from_slice(&body_len.to_le_bytes());
+        debug_assert_eq!(body - start, HEADER_BYTES);
+    }
+}
+
+fn put_u16(out: &mut Vec<u8>, v: u16) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+fn put_u32(out: &mut Vec<u8>, v: u32) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+fn put_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+fn put_str16(out: &mut Vec<u8>, s: &str, max: usize) {
+    let b = truncate(s, max);
+    put_u16(out, b.len() as u16);
+    out.extend_from_slice(b);
+}
+fn put_msg(out: &mut Vec<u8>, s: &str) {
+    let b = truncate(s, super::limits::MAX_MSG_BYTES);
+    put_u32(out, b.len() as u32);
+    out.extend_from_slice(b);
+}
+/// Longest prefix of `s` of at most `max` bytes that ends on a char boundary.
+fn truncate(s: &str, max: usize) -> &[u8] {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s.as_bytes()[..end]
+}

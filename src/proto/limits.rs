@@ -1,0 +1,25 @@
+//! Named limits: every length read from the wire is checked against one of these before it
+//! allocates or places a byte.
+
+/// Protocol version carried in HELLO; peers must match exactly.
+pub const VERSION: u32 = 1;
+/// Magic at the start of every frame header ("MO" little-endian).
+pub const FRAME_MAGIC: u16 = 0x4F4D;
+/// Size of the fixed frame header.
+pub const HEADER_BYTES: usize = 16;
+/// Largest engine key accepted in a HELLO.
+pub const MAX_KEY_BYTES: usize = 1024;
+/// Largest status message carried in a response.
+pub const MAX_MSG_BYTES: usize = 4096;
+/// Most segments one chunk frame may describe.
+pub const MAX_SEGS_PER_CHUNK: usize = 4096;
+/// Fixed part of a chunk body (tag, uid, chunk, n_chunks, mem id, extent, n_segs).
+pub const CHUNK_FIXED_BYTES: usize = 8 + 8 + 4 + 4 + 4 + 8 + 8 + 4;
+/// Largest frame body: a chunk with the most segments (everything else is smaller).
+pub const MAX_BODY_BYTES: usize = CHUNK_FIXED_BYTES + 16 * MAX_SEGS_PER_CHUNK;
+/// Largest payload one frame may carry; `TcpBackendConfig::chunk_bytes` is capped by it.
+pub const MAX_CHUNK_BYTES: u64 = 64 << 20;
+/// Most lanes (data connections) per peer.
+pub const MAX_LANES: u16 = 16;
+/// Smallest stripe a striped transfer is cut into (keeps per-frame overhead negligible).
+pub const MIN_STRIPE_BYTES: u64 = 64 << 10;
