@@ -1,0 +1,213 @@
+//! Engine and TCP backend configuration, with MORI-IO's knobs and defaults plus morio's own.
+
+use std::time::Duration;
+
+use crate::proto::limits::{MAX_CHUNK_BYTES, MAX_KEY_BYTES, MAX_LANES};
+
+/// `IOEngineConfig`: where the engine listens and what it advertises.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IoEngineConfig {
+    /// Address to listen on and advertise (numeric IPv4 or IPv6; empty = all IPv4 interfaces,
+    /// advertised as 127.0.0.1).
+    pub host: String,
+    /// Port; 0 binds an ephemeral port that [`crate::EngineDesc`] then carries.
+    pub port: u16,
+}
+
+impl IoEngineConfig {
+    /// Config for `host:port`.
+    pub fn new(host: &str, port: u16) -> Self {
+        Self {
+            host: host.to_string(),
+            port,
+        }
+    }
+}
+
+/// `TcpBackendConfig`. The first block mirrors MORI-IO's fields and defaults one to one; the
+/// second holds morio's thread-per-core knobs. Defaults are tuned for 100–400 GbE with
+/// sub-millisecond RTT and 8 lanes per peer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TcpBackendConfig {
+    /// `SO_SNDBUF` on data connections if > 0 (MORI default 32 MiB).
+    pub sock_sndbuf_bytes: usize,
+    /// `SO_RCVBUF` on data connections if > 0 (MORI default 32 MiB). Set on the listening and
+    /// dialing sockets before the handshake so TCP window scaling follows it.
+    pub sock_rcvbuf_bytes: usize,
+    /// Deadline of every transfer from submission to terminal status (MORI default 30 s).
+    /// Also bounds a stalled frame on the target side.
+    pub op_timeout: Duration,
+    /// `SO_KEEPALIVE` and the three settings below.
+    pub enable_keepalive: bool,
+    /// `TCP_KEEPIDLE` (MORI default 30 s).
+    pub keepalive_idle: Duration,
+    /// `TCP_KEEPINTVL` (MORI default 10 s).
+    pub keepalive_intvl: Duration,
+    /// `TCP_KEEPCNT` (MORI default 3).
+    pub keepalive_cnt: u32,
+    /// `TCP_NODELAY` on connections (MORI: the control connection; morio's lanes carry both
+    /// control and data, so it applies to all of them).
+    pub enable_ctrl_nodelay: bool,
+    /// Lanes (data connections) per peer, 1..=16 (MORI default 8).
+    pub num_data_conns: usize,
+    /// Transfers of at least this many bytes are striped over all lanes (MORI default 64 KiB).
+    pub striping_threshold_bytes: usize,
+
+    /// Number of shards (pinned executors). `None`: one per allowed CPU, at most
+    /// `num_data_conns`.
+    pub num_shards: Option<usize>,
+    /// Explicit CPUs to pin shards to (overrides `num_shards` and the topology plan).
+    pub cpus: Option<Vec<usize>>,
+    /// Pin shards to CPUs (turn off when several engines share a small machine).
+    pub pin_shards: bool,
+    /// Largest chunk one frame carries; striped transfers are cut into stripes of at most this.
+    pub chunk_bytes: usize,
+    /// Payloads up to this size are copied next to their header and sent with one syscall;
+    /// larger ones are sent straight from registered memory.
+    pub inline_write_bytes: usize,
+    /// Busy-poll a shard this long before parking it (lower wake-up latency, burns the core).
+    pub spin_before_park: Option<Duration>,
+    /// How long an accepted connection may take to send its HELLO.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for TcpBackendConfig {
+    fn default() -> Self {
+        Self {
+            sock_sndbuf_bytes: 32 << 20,
+            sock_rcvbuf_bytes: 32 << 20,
+            op_timeout: Duration::from_secs(30),
+            enable_keepalive: true,
+            keepalive_idle: Duration::from_secs(30),
+            keepalive_intvl: Duration::from_secs(10),
+            keepalive_cnt: 3,
+            enable_ctrl_nodelay: true,
+            num_data_conns: 8,
+            striping_threshold_bytes: 64 << 10,
+            num_shards: None,
+            cpus: None,
+            pin_shards: true,
+            chunk_bytes: 1 << 20,
+            inline_write_bytes: 16 << 10,
+            spin_before_park: None,
+            handshake_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A configuration value that cannot work.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// `num_data_conns` outside 1..=16.
+    #[error("num_data_conns must be in [1, {MAX_LANES}], got {0}")]
+    DataConns(usize),
+    /// `op_timeout` or `handshake_timeout` is zero.
+    #[error("{0} must be greater than zero")]
+    ZeroTimeout(&'static str),
+    /// `chunk_bytes` outside 4 KiB..=64 MiB.
+    #[error("chunk_bytes must be in [4096, {MAX_CHUNK_BYTES}], got {0}")]
+    ChunkBytes(usize),
+    /// `num_shards` is zero.
+    #[error("num_shards must be at least 1")]
+    ZeroShards,
+    /// An explicit CPU list is empty or repeats a CPU.
+    #[error("cpus must be a non-empty list of distinct CPUs")]
+    BadCpus,
+    /// Keepalive values that the kernel refuses (zero or too large).
+    #[error("keepalive settings must be between 1 s and 32767 s and count 1..=127")]
+    Keepalive,
+    /// An engine key that is empty or longer than the protocol allows.
+    #[error("engine key must be 1..={MAX_KEY_BYTES} bytes")]
+    Key,
+    /// A host that is not a numeric IP address.
+    #[error("host {0:?} is not a numeric IP address")]
+    Host(String),
+    /// Socket buffer sizes above what `setsockopt` takes.
+    #[error("socket buffer sizes must fit in an i32")]
+    SockBuf,
+}
+
+impl TcpBackendConfig {
+    /// Check every field and cross-field rule; nothing panics on a bad value.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        // MORI-compat: numDataConns in [1,16].
+        if !(1..=MAX_LANES as usize).contains(&self.num_data_conns) {
+            return Err(ConfigError::DataConns(self.num_data_conns));
+        }
+        if self.op_timeout.is_zero() {
+            return Err(ConfigError::ZeroTimeout("op_timeout"));
+        }
+        if self.handshake_timeout.is_zero() {
+            return Err(ConfigError::ZeroTimeout("handshake_timeout"));
+        }
+        if self.chunk_bytes < 4096 || self.chunk_bytes as u64 > MAX_CHUNK_BYTES {
+            return Err(ConfigError::ChunkBytes(self.chunk_bytes));
+        }
+        if self.num_shards == Some(0) {
+            return Err(ConfigError::ZeroShards);
+        }
+        if let Some(cpus) = &self.cpus {
+            let mut c = cpus.clone();
+            c.sort_unstable();
+            c.dedup();
+            if cpus.is_empty() || c.len() != cpus.len() {
+                return Err(ConfigError::BadCpus);
+            }
+        }
+        if self.enable_keepalive {
+            let ok = |d: Duration| (1..=32767).contains(&d.as_secs());
+            if !ok(self.keepalive_idle)
+                || !ok(self.keepalive_intvl)
+                || !(1..=127).contains(&self.keepalive_cnt)
+            {
+                return Err(ConfigError::Keepalive);
+            }
+        }
+        if self.sock_sndbuf_bytes > i32::MAX as usize || self.sock_rcvbuf_bytes > i32::MAX as usize
+        {
+            return Err(ConfigError::SockBuf);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_mori_and_validate() {
+        let c = TcpBackendConfig::default();
+        assert_eq!(c.sock_sndbuf_bytes, 32 << 20);
+        assert_eq!(c.sock_rcvbuf_bytes, 32 << 20);
+        assert_eq!(c.op_timeout, Duration::from_secs(30));
+        assert_eq!(c.num_data_conns, 8);
+        assert_eq!(c.striping_threshold_bytes, 65536);
+        assert_eq!((c.keepalive_idle.as_secs(), c.keepalive_intvl.as_secs()), (30, 10));
+        assert_eq!(c.keepalive_cnt, 3);
+        assert!(c.enable_keepalive && c.enable_ctrl_nodelay);
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn bad_values_are_typed_errors() {
+        let d = TcpBackendConfig::default;
+        let cases = [
+            (TcpBackendConfig { num_data_conns: 0, ..d() }, ConfigError::DataConns(0)),
+            (TcpBackendConfig { num_data_conns: 17, ..d() }, ConfigError::DataConns(17)),
+            (TcpBackendConfig { op_timeout: Duration::ZERO, ..d() }, ConfigError::ZeroTimeout("op_timeout")),
+            (TcpBackendConfig { chunk_bytes: 10, ..d() }, ConfigError::ChunkBytes(10)),
+            (TcpBackendConfig { num_shards: Some(0), ..d() }, ConfigError::ZeroShards),
+            (TcpBackendConfig { cpus: Some(vec![1, 1]), ..d() }, ConfigError::BadCpus),
+            (TcpBackendConfig { cpus: Some(vec![]), ..d() }, ConfigError::BadCpus),
+            (TcpBackendConfig { keepalive_cnt: 0, ..d() }, ConfigError::Keepalive),
+            (TcpBackendConfig { sock_sndbuf_bytes: usize::MAX, ..d() }, ConfigError::SockBuf),
+        ];
+        for (c, e) in cases {
+            assert_eq!(c.validate(), Err(e));
+        }
+        for n in 1..=16 {
+            TcpBackendConfig { num_data_conns: n, ..d() }.validate().unwrap();
+        }
+    }
+}

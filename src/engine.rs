@@ -1,0 +1,568 @@
+//! `IoEngine`: MORI-IO's engine object over morio's thread-per-core TCP data plane.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use morio_shards::{PoolConfig, ShardPool};
+
+use crate::config::{ConfigError, IoEngineConfig, TcpBackendConfig};
+use crate::desc::{EngineDesc, MemoryDesc, MemoryLocationType};
+use crate::error::EngineError;
+use crate::inbound_status::InboundStatuses;
+use crate::placement;
+use crate::proto::frame::Op;
+use crate::proto::limits::MAX_KEY_BYTES;
+use crate::proto::plan;
+use crate::region::{Region, SharedRegion};
+use crate::service::{self, now_ns, Peer, ShardMsg, Shared, Submission};
+use crate::session::IoEngineSession;
+use crate::status::{wait_all, StatusCode, TransferStatus};
+
+struct Backend {
+    pool: ShardPool<ShardMsg>,
+    shared: Arc<Shared>,
+}
+
+pub(crate) struct Inner {
+    key: String,
+    cfg: IoEngineConfig,
+    desc: Mutex<EngineDesc>,
+    backend: RwLock<Option<Arc<Backend>>>,
+    next_mem_id: AtomicU32,
+    next_uid: AtomicU64,
+    regions: RwLock<HashMap<u32, SharedRegion>>,
+    remotes: RwLock<HashMap<String, Arc<Peer>>>,
+    inbound: Mutex<Option<Arc<InboundStatuses>>>,
+}
+
+/// One engine per process endpoint, named by a unique key (MORI-IO's `IOEngine`).
+///
+/// Create it, add the TCP backend, register memory, exchange [`EngineDesc`] and
+/// [`MemoryDesc`] with peers out of band, then read and write their memory. Every transfer
+/// call returns at once with a [`TransferStatus`] already `IN_PROGRESS` (or terminal, for
+/// argument errors); completion happens on the engine's shards. Dropping the engine fails
+/// everything in flight with `ERR_BAD_STATE` and joins every shard thread.
+pub struct IoEngine {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for IoEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IoEngine").field("key", &self.inner.key).finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+fn read<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(|e| e.into_inner())
+}
+fn write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(|e| e.into_inner())
+}
+
+fn failed(code: StatusCode, msg: &str) -> Arc<TransferStatus> {
+    let s = Arc::new(TransferStatus::new());
+    s.update(code, msg);
+    s
+}
+
+impl IoEngine {
+    /// A new engine named `key` (1..=1024 bytes) that will listen on `cfg.host:cfg.port`.
+    pub fn new(key: &str, cfg: IoEngineConfig) -> Result<Self, EngineError> {
+        if key.is_empty() || key.len() > MAX_KEY_BYTES {
+            return Err(ConfigError::Key.into());
+        }
+        if !cfg.host.is_empty() && cfg.host.parse::<IpAddr>().is_err() {
+            return Err(ConfigError::Host(cfg.host.clone()).into());
+        }
+        let desc = EngineDesc::local(key, &cfg.host, cfg.port);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                key: key.to_string(),
+                cfg,
+                desc: Mutex::new(desc),
+                backend: RwLock::new(None),
+                next_mem_id: AtomicU32::new(0),
+                next_uid: AtomicU64::new(0),
+                regions: RwLock::new(HashMap::new()),
+                remotes: RwLock::new(HashMap::new()),
+                inbound: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// This engine's key.
+    pub fn key(&self) -> &str {
+        &self.inner.key
+    }
+
+    /// Create the TCP backend: bind the listener (port 0 picks an ephemeral port, which the
+    /// engine descriptor then carries), plan and start the shards. A second call is ignored
+    /// with a warning, as in MORI-IO. On error nothing is left running.
+    pub fn create_backend(&self, cfg: TcpBackendConfig) -> Result<(), EngineError> {
+        cfg.validate()?;
+        let mut slot = write(&self.inner.backend);
+        if slot.is_some() {
+            log::warn!("TCP backend already created for engine {}; ignoring", self.inner.key);
+            return Ok(());
+        }
+        let (listener, port) = listen(&self.inner.cfg, &cfg)?;
+        let cpus = placement::shard_cpus(&cfg)?;
+        let inbound = Arc::new(InboundStatuses::new((cfg.op_timeout * 4).max(Duration::from_secs(60))));
+        let shared = Arc::new(Shared {
+            key: self.inner.key.clone(),
+            cfg: cfg.clone(),
+            inbound: inbound.clone(),
+            listener: Mutex::new(Some(listener)),
+        });
+        let mut pool_cfg = match &cpus {
+            Some(c) => PoolConfig::pinned(c, "morio-shard"),
+            None => PoolConfig::unpinned(placement::default_shards(&cfg), "morio-shard"),
+        };
+        pool_cfg.spin_before_park = cfg.spin_before_park;
+        let sh = shared.clone();
+        let pool = ShardPool::start(pool_cfg, move |ctx| service::run(ctx, sh.clone()))?;
+        let backend = Arc::new(Backend { pool, shared });
+        let regions: Vec<SharedRegion> = read(&self.inner.regions).values().cloned().collect();
+        for r in regions {
+            broadcast(&backend, |ack| ShardMsg::AddRegion(r.clone(), ack))?;
+        }
+        lock(&self.inner.desc).port = port;
+        *lock(&self.inner.inbound) = Some(inbound);
+        *slot = Some(backend);
+        log::info!("engine {} listening on port {port}", self.inner.key);
+        Ok(())
+    }
+
+    /// The engine's descriptor, to hand to peers (fetch it after `create_backend`).
+    pub fn engine_desc(&self) -> EngineDesc {
+        lock(&self.inner.desc).clone()
+    }
+
+    /// Number of shards the backend runs (0 before `create_backend`).
+    pub fn n_shards(&self) -> usize {
+        self.backend().map_or(0, |b| b.pool.n_shards())
+    }
+
+    /// Make a peer reachable by its descriptor (a later call with the same key replaces it;
+    /// open connections to an old address are closed on next use).
+    pub fn register_remote_engine(&self, desc: &EngineDesc) -> Result<(), EngineError> {
+        let bad = || EngineError::BadRemoteAddress {
+            key: desc.key.clone(),
+            host: desc.host.clone(),
+            port: desc.port,
+        };
+        let ip: IpAddr = desc.host.parse().map_err(|_| bad())?;
+        if desc.key.is_empty() || desc.port == 0 {
+            return Err(bad());
+        }
+        let peer = Arc::new(Peer {
+            key: desc.key.as_str().into(),
+            addr: SocketAddr::new(ip, desc.port),
+        });
+        write(&self.inner.remotes).insert(desc.key.clone(), peer);
+        Ok(())
+    }
+
+    /// Forget a peer and close its connections; its transfers in flight fail.
+    pub fn deregister_remote_engine(&self, desc: &EngineDesc) {
+        if write(&self.inner.remotes).remove(&desc.key).is_some() {
+            if let Some(b) = self.backend() {
+                for s in 0..b.pool.n_shards() {
+                    let _ = b.pool.mesh().send(s, ShardMsg::DropPeer(desc.key.as_str().into()));
+                }
+            }
+        }
+    }
+
+    /// Register host memory that the caller owns.
+    ///
+    /// # Safety
+    /// `ptr..ptr+size` must stay valid for reads and writes until [`Self::deregister_memory`]
+    /// for it has returned `Ok`. Peers may read and write it at any time in between.
+    pub unsafe fn register_memory(
+        &self,
+        ptr: *mut u8,
+        size: usize,
+        device_id: i32,
+        loc: MemoryLocationType,
+    ) -> Result<MemoryDesc, EngineError> {
+        if loc != MemoryLocationType::Cpu || device_id != -1 {
+            return Err(EngineError::UnsupportedMemory(format!(
+                "{loc} memory on device {device_id} (this build moves host memory only)"
+            )));
+        }
+        let id = self.inner.next_mem_id.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded from the caller's contract.
+        let region = Arc::new(unsafe { Region::from_raw(id, ptr, size) });
+        self.add_region(region)
+    }
+
+    /// Register a buffer the engine owns (the safe form). Access it through the returned
+    /// [`RegisteredBuffer`].
+    pub fn register_buffer(&self, buf: Vec<u8>) -> Result<RegisteredBuffer, EngineError> {
+        let id = self.inner.next_mem_id.fetch_add(1, Ordering::Relaxed);
+        let region = Arc::new(Region::owned(id, buf.into_boxed_slice()));
+        let desc = self.add_region(region.clone())?;
+        Ok(RegisteredBuffer { desc, region })
+    }
+
+    /// A zero-filled registered buffer of `size` bytes.
+    pub fn alloc_buffer(&self, size: usize) -> Result<RegisteredBuffer, EngineError> {
+        self.register_buffer(vec![0u8; size])
+    }
+
+    fn add_region(&self, region: SharedRegion) -> Result<MemoryDesc, EngineError> {
+        let desc = MemoryDesc::cpu(&self.inner.key, region.id, region.addr(), region.len() as u64);
+        write(&self.inner.regions).insert(region.id, region.clone());
+        if let Some(b) = self.backend() {
+            if let Err(e) = broadcast(&b, |ack| ShardMsg::AddRegion(region.clone(), ack)) {
+                write(&self.inner.regions).remove(&region.id);
+                return Err(e);
+            }
+        }
+        Ok(desc)
+    }
+
+    /// Deregister memory. Safe with transfers in flight: new transfers cannot resolve it once
+    /// this returns, and it returns only when no chunk is placing into or sending from it.
+    /// Transfers that were using it complete or fail within their deadline.
+    pub fn deregister_memory(&self, desc: &MemoryDesc) -> Result<(), EngineError> {
+        if desc.engine_key != self.inner.key {
+            return Err(EngineError::UnknownMemory(desc.id));
+        }
+        let region = write(&self.inner.regions)
+            .remove(&desc.id)
+            .ok_or(EngineError::UnknownMemory(desc.id))?;
+        let mut limit = Duration::from_secs(5);
+        if let Some(b) = self.backend() {
+            broadcast(&b, |ack| ShardMsg::RemoveRegion(desc.id, ack))?;
+            limit = b.shared.cfg.op_timeout * 3;
+        }
+        let t0 = Instant::now();
+        while Arc::strong_count(&region) > 1 {
+            if t0.elapsed() > limit {
+                // Keep it alive forever rather than free it under a placement.
+                std::mem::forget(region);
+                return Err(EngineError::Busy(format!("memory {} still in use after {limit:?}", desc.id)));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        Ok(())
+    }
+
+    /// A fresh transfer uid (engine-wide counter from 0; 64-bit, so it does not wrap where
+    /// MORI-IO's 32-bit counter does).
+    pub fn allocate_transfer_uid(&self) -> u64 {
+        self.inner.allocate_uid()
+    }
+
+    /// Read `size` bytes at `remote_off` of `remote` into `local` at `local_off`.
+    pub fn read(
+        &self,
+        local: &MemoryDesc,
+        local_off: usize,
+        remote: &MemoryDesc,
+        remote_off: usize,
+        size: usize,
+        uid: u64,
+    ) -> Arc<TransferStatus> {
+        self.inner.submit_one(Op::Read, local, local_off, remote, remote_off, size, uid)
+    }
+
+    /// Write `size` bytes at `local_off` of `local` to `remote` at `remote_off`.
+    pub fn write(
+        &self,
+        local: &MemoryDesc,
+        local_off: usize,
+        remote: &MemoryDesc,
+        remote_off: usize,
+        size: usize,
+        uid: u64,
+    ) -> Arc<TransferStatus> {
+        self.inner.submit_one(Op::Write, local, local_off, remote, remote_off, size, uid)
+    }
+
+    /// MORI's `batch_read`: entry *i* of every outer list forms one transfer (its own uid and
+    /// status) of the segments `local_offs[i][j]`, `remote_offs[i][j]`, `sizes[i][j]`.
+    pub fn batch_read(
+        &self,
+        local: &[MemoryDesc],
+        local_offs: &[Vec<usize>],
+        remote: &[MemoryDesc],
+        remote_offs: &[Vec<usize>],
+        sizes: &[Vec<usize>],
+        uids: &[u64],
+    ) -> Vec<Arc<TransferStatus>> {
+        self.inner.submit_pairs(Op::Read, local, local_offs, remote, remote_offs, sizes, uids)
+    }
+
+    /// MORI's `batch_write`, shaped as [`Self::batch_read`].
+    pub fn batch_write(
+        &self,
+        local: &[MemoryDesc],
+        local_offs: &[Vec<usize>],
+        remote: &[MemoryDesc],
+        remote_offs: &[Vec<usize>],
+        sizes: &[Vec<usize>],
+        uids: &[u64],
+    ) -> Vec<Arc<TransferStatus>> {
+        self.inner.submit_pairs(Op::Write, local, local_offs, remote, remote_offs, sizes, uids)
+    }
+
+    /// A session over a (local, remote) pair; `None` until the backend exists (MORI-IO).
+    pub fn create_session(&self, local: &MemoryDesc, remote: &MemoryDesc) -> Option<IoEngineSession> {
+        self.backend()?;
+        Some(IoEngineSession::new(self.inner.clone(), local.clone(), remote.clone()))
+    }
+
+    /// Remove and return how transfer `uid` from engine `remote_key` ended here (as target).
+    /// `None` if it has not ended, was popped already, or aged out.
+    pub fn pop_inbound_transfer_status(&self, remote_key: &str, uid: u64) -> Option<TransferStatus> {
+        let store = lock(&self.inner.inbound).clone()?;
+        let (code, msg) = store.pop(remote_key, uid)?;
+        let s = TransferStatus::new();
+        s.set_message(msg);
+        s.set_code(code);
+        Some(s)
+    }
+
+    /// MORI's `WaitAll`: see [`crate::status::wait_all`].
+    pub fn wait_all(&self, statuses: &[Arc<TransferStatus>], timeout_ms: i64) -> StatusCode {
+        wait_all(statuses, timeout_ms)
+    }
+
+    fn backend(&self) -> Option<Arc<Backend>> {
+        self.inner.backend()
+    }
+}
+
+impl Drop for IoEngine {
+    fn drop(&mut self) {
+        let b = write(&self.inner.backend).take();
+        if let Some(b) = b {
+            // Sessions may hold the engine's inner state; the shards go now regardless.
+            match Arc::try_unwrap(b) {
+                Ok(b) => b.pool.shutdown(),
+                Err(b) => {
+                    // A submission is being prepared on another thread right now; it holds
+                    // a reference for microseconds. Wait for it, then stop the shards.
+                    let mut b = b;
+                    loop {
+                        match Arc::try_unwrap(b) {
+                            Ok(inner) => break inner.pool.shutdown(),
+                            Err(again) => {
+                                b = again;
+                                std::thread::sleep(Duration::from_micros(100));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Inner {
+    pub(crate) fn allocate_uid(&self) -> u64 {
+        self.next_uid.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn backend(&self) -> Option<Arc<Backend>> {
+        read(&self.backend).clone()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn submit_one(
+        &self,
+        op: Op,
+        local: &MemoryDesc,
+        local_off: usize,
+        remote: &MemoryDesc,
+        remote_off: usize,
+        size: usize,
+        uid: u64,
+    ) -> Arc<TransferStatus> {
+        self.submit(op, local, &[local_off as u64], remote, &[remote_off as u64], &[size as u64], uid)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn submit_pairs(
+        &self,
+        op: Op,
+        local: &[MemoryDesc],
+        local_offs: &[Vec<usize>],
+        remote: &[MemoryDesc],
+        remote_offs: &[Vec<usize>],
+        sizes: &[Vec<usize>],
+        uids: &[u64],
+    ) -> Vec<Arc<TransferStatus>> {
+        let n = uids.len();
+        if [local.len(), local_offs.len(), remote.len(), remote_offs.len(), sizes.len()]
+            .iter()
+            .any(|&l| l != n)
+        {
+            return (0..n.max(1))
+                .map(|_| failed(StatusCode::ErrInvalidArgs, "batch vector size mismatch"))
+                .collect();
+        }
+        let u = |v: &Vec<usize>| v.iter().map(|&x| x as u64).collect::<Vec<u64>>();
+        (0..n)
+            .map(|i| self.submit(op, &local[i], &u(&local_offs[i]), &remote[i], &u(&remote_offs[i]), &u(&sizes[i]), uids[i]))
+            .collect()
+    }
+
+    /// Validate synchronously, then hand the transfer to its owner shard without blocking.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn submit(
+        &self,
+        op: Op,
+        local: &MemoryDesc,
+        local_offs: &[u64],
+        remote: &MemoryDesc,
+        remote_offs: &[u64],
+        sizes: &[u64],
+        uid: u64,
+    ) -> Arc<TransferStatus> {
+        let Some(backend) = self.backend() else {
+            return failed(StatusCode::ErrBadState, "No available backend found, create backend first");
+        };
+        if local.engine_key != self.key {
+            return failed(StatusCode::ErrInvalidArgs, "local memory belongs to another engine");
+        }
+        if remote.loc != MemoryLocationType::Cpu || local.loc != MemoryLocationType::Cpu {
+            return failed(StatusCode::ErrInvalidArgs, "this build moves host memory only");
+        }
+        let Some(region) = read(&self.regions).get(&local.id).cloned() else {
+            return failed(StatusCode::ErrNotFound, "local memory not registered");
+        };
+        let Some(peer) = read(&self.remotes).get(&remote.engine_key).cloned() else {
+            return failed(StatusCode::ErrNotFound, "remote engine not registered");
+        };
+        let pieces = match plan::normalize(local_offs, remote_offs, sizes, region.len() as u64, remote.size) {
+            Ok(p) => p,
+            Err(e) => return failed(StatusCode::ErrInvalidArgs, &e.to_string()),
+        };
+        let total = plan::total_bytes(&pieces);
+        if total == 0 {
+            return failed(StatusCode::Success, "");
+        }
+        let status = Arc::new(TransferStatus::new());
+        status.set_code(StatusCode::InProgress);
+        let shared = &backend.shared;
+        let owner = (uid % shared.n_owners(backend.pool.n_shards()) as u64) as usize;
+        let sub = Submission {
+            peer,
+            op,
+            uid,
+            local: region,
+            remote_mem: remote.id,
+            pieces,
+            total,
+            deadline_ns: now_ns() + shared.cfg.op_timeout.as_nanos() as u64,
+            status: status.clone(),
+        };
+        if backend.pool.mesh().send(owner, ShardMsg::Submit(Box::new(sub))).is_err() {
+            status.update(StatusCode::ErrBadState, "engine shut down");
+        }
+        status
+    }
+}
+
+/// Send a registry change to every shard and wait until each has applied it.
+fn broadcast(b: &Backend, msg: impl Fn(mpsc::Sender<()>) -> ShardMsg) -> Result<(), EngineError> {
+    let (tx, rx) = mpsc::channel();
+    let n = b.pool.n_shards();
+    for s in 0..n {
+        b.pool.mesh().send(s, msg(tx.clone())).map_err(|_| EngineError::ShuttingDown)?;
+    }
+    for _ in 0..n {
+        rx.recv_timeout(Duration::from_secs(30))
+            .map_err(|_| EngineError::Busy("a shard did not acknowledge a registry change".into()))?;
+    }
+    Ok(())
+}
+
+fn listen(ecfg: &IoEngineConfig, cfg: &TcpBackendConfig) -> Result<(socket2::Socket, u16), EngineError> {
+    let ip: IpAddr = if ecfg.host.is_empty() {
+        IpAddr::from([0, 0, 0, 0])
+    } else {
+        ecfg.host.parse().map_err(|_| ConfigError::Host(ecfg.host.clone()))?
+    };
+    let addr = SocketAddr::new(ip, ecfg.port);
+    let bind_err = |source| EngineError::Bind { addr: addr.to_string(), source };
+    let sock = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, Some(socket2::Protocol::TCP))
+        .map_err(bind_err)?;
+    sock.set_reuse_address(true).map_err(bind_err)?;
+    service::configure_buffers(&sock, cfg).map_err(bind_err)?;
+    sock.bind(&addr.into()).map_err(bind_err)?;
+    sock.listen(1024).map_err(bind_err)?;
+    let port = sock
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_socket())
+        .map(|a| a.port())
+        .ok_or_else(|| bind_err(std::io::Error::other("no local address")))?;
+    Ok((sock, port))
+}
+
+/// A registered buffer the engine owns. Copy data in and out with [`Self::write_at`] and
+/// [`Self::read_at`]; peers may access it concurrently, exactly like RDMA-registered memory.
+#[derive(Debug, Clone)]
+pub struct RegisteredBuffer {
+    desc: MemoryDesc,
+    region: SharedRegion,
+}
+
+impl RegisteredBuffer {
+    /// Its descriptor (to pass to transfers, or pack and send to peers).
+    pub fn desc(&self) -> &MemoryDesc {
+        &self.desc
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.region.len()
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.region.is_empty()
+    }
+
+    /// Copy `src` into the buffer at `off`; `false` if out of range.
+    pub fn write_at(&self, off: usize, src: &[u8]) -> bool {
+        // SAFETY: bounds-checked; concurrent peer access is the registered-memory contract.
+        match unsafe { self.region.slice_mut(off as u64, src.len() as u64) } {
+            Some(d) => {
+                d.copy_from_slice(src);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Copy from the buffer at `off` into `dst`; `false` if out of range.
+    pub fn read_at(&self, off: usize, dst: &mut [u8]) -> bool {
+        // SAFETY: bounds-checked; concurrent peer access is the registered-memory contract.
+        match unsafe { self.region.slice(off as u64, dst.len() as u64) } {
+            Some(s) => {
+                dst.copy_from_slice(s);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The whole buffer as a new vector.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.len()];
+        self.read_at(0, &mut v);
+        v
+    }
+}

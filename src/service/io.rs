@@ -1,0 +1,219 @@
+//! Byte-level connection helpers: a bounded frame reader that places payloads straight into
+//! registered memory, frame writing, and socket options.
+
+use std::io;
+use std::time::Duration;
+
+use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use morio_shards::rt;
+
+use crate::config::TcpBackendConfig;
+use crate::proto::decode::{decode_frame, DecodeError};
+use crate::proto::frame::Frame;
+use crate::proto::limits::{HEADER_BYTES, MAX_BODY_BYTES};
+
+/// Why a connection ended.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ConnError {
+    /// The socket failed or closed.
+    #[error("connection lost: {0}")]
+    Io(#[from] io::Error),
+    /// The peer sent bytes that are not a valid frame.
+    #[error("protocol error: {0}")]
+    Decode(#[from] DecodeError),
+    /// The peer sent a valid frame that makes no sense here.
+    #[error("protocol violation: {0}")]
+    Violation(String),
+    /// A frame started but did not finish within the deadline.
+    #[error("peer stalled mid-frame for longer than {0:?}")]
+    Stalled(Duration),
+    /// The peer closed the connection.
+    #[error("connection closed by peer")]
+    Closed,
+}
+
+/// Reads frames from a stream. Header and body go through an internal buffer that never
+/// holds more than one read's worth beyond `HEADER_BYTES + MAX_BODY_BYTES`; payloads are read
+/// into the caller's destination (registered memory) directly once the buffered part is used.
+pub(crate) struct FrameReader<R> {
+    r: R,
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+    stall: Duration,
+}
+
+const READ_BUF_BYTES: usize = 256 << 10;
+const _: () = assert!(READ_BUF_BYTES >= HEADER_BYTES + MAX_BODY_BYTES);
+
+impl<R: AsyncRead + Unpin> FrameReader<R> {
+    /// A reader that fails a frame which stalls for longer than `stall` once it has begun.
+    pub(crate) fn new(r: R, stall: Duration) -> Self {
+        Self {
+            r,
+            buf: vec![0u8; READ_BUF_BYTES].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            stall,
+        }
+    }
+
+    /// The next frame and its payload length; `Ok(None)` on a clean EOF between frames.
+    /// Waiting for a frame to *start* is unbounded (idle connections are normal); once its
+    /// first byte is in, the rest must arrive within the stall deadline.
+    pub(crate) async fn next_frame(&mut self) -> Result<Option<(Frame, u64)>, ConnError> {
+        loop {
+            if let Some((f, payload, used)) = decode_frame(&self.buf[self.start..self.end])? {
+                self.start += used;
+                return Ok(Some((f, payload)));
+            }
+            if self.start > 0 {
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            }
+            let partial = self.end > 0;
+            let n = if partial {
+                let stall = self.stall;
+                rt::timeout(stall, self.r.read(&mut self.buf[self.end..]))
+                    .await
+                    .ok_or(ConnError::Stalled(stall))??
+            } else {
+                self.r.read(&mut self.buf[self.end..]).await?
+            };
+            if n == 0 {
+                return if partial {
+                    Err(ConnError::Closed)
+                } else {
+                    Ok(None)
+                };
+            }
+            self.end += n;
+        }
+    }
+
+    /// Fill `dst` with the next payload bytes.
+    pub(crate) async fn read_payload(&mut self, dst: &mut [u8]) -> Result<(), ConnError> {
+        let have = (self.end - self.start).min(dst.len());
+        dst[..have].copy_from_slice(&self.buf[self.start..self.start + have]);
+        self.start += have;
+        let rest = &mut dst[have..];
+        if rest.is_empty() {
+            return Ok(());
+        }
+        let stall = self.stall;
+        rt::timeout(stall, self.r.read_exact(rest))
+            .await
+            .ok_or(ConnError::Stalled(stall))?
+            .map_err(|e| {
+                if e.kind() == io::ErrorKind::UnexpectedEof {
+                    ConnError::Closed
+                } else {
+                    ConnError::Io(e)
+                }
+            })
+    }
+
+    /// Skip `n` payload bytes (a refused chunk, or a response nobody waits for any more).
+    pub(crate) async fn discard_payload(&mut self, mut n: u64) -> Result<(), ConnError> {
+        let mut scratch = [0u8; 16 << 10];
+        while n > 0 {
+            let k = n.min(scratch.len() as u64) as usize;
+            self.read_payload(&mut scratch[..k]).await?;
+            n -= k as u64;
+        }
+        Ok(())
+    }
+}
+
+/// Writes frames, copying small payloads next to their header so the whole frame leaves in
+/// one `send`, and sending large ones straight from registered memory.
+pub(crate) struct FrameWriter<W> {
+    w: W,
+    buf: Vec<u8>,
+    inline_bytes: usize,
+}
+
+impl<W: AsyncWrite + Unpin> FrameWriter<W> {
+    pub(crate) fn new(w: W, inline_bytes: usize) -> Self {
+        Self {
+            w,
+            buf: Vec::with_capacity(64 << 10),
+            inline_bytes,
+        }
+    }
+
+    /// Send `frame` followed by the concatenation of `payload`.
+    pub(crate) async fn send(&mut self, frame: &Frame, payload: &[&[u8]]) -> io::Result<()> {
+        let total: usize = payload.iter().map(|p| p.len()).sum();
+        self.buf.clear();
+        frame.encode(total as u64, &mut self.buf);
+        if total <= self.inline_bytes {
+            for p in payload {
+                self.buf.extend_from_slice(p);
+            }
+            self.w.write_all(&self.buf).await
+        } else {
+            self.w.write_all(&self.buf).await?;
+            for p in payload {
+                self.w.write_all(p).await?;
+            }
+            Ok(())
+        }
+    }
+
+    /// The underlying writer.
+    pub(crate) fn inner(&self) -> &W {
+        &self.w
+    }
+}
+
+/// Options every lane socket gets (both ends): nodelay, keepalive, and a user timeout so a
+/// peer that stops acknowledging data fails the connection instead of hanging it.
+pub(crate) fn configure_conn(sock: &socket2::SockRef<'_>, cfg: &TcpBackendConfig) -> io::Result<()> {
+    sock.set_tcp_nodelay(cfg.enable_ctrl_nodelay)?;
+    if cfg.enable_keepalive {
+        let ka = socket2::TcpKeepalive::new()
+            .with_time(cfg.keepalive_idle)
+            .with_interval(cfg.keepalive_intvl)
+            .with_retries(cfg.keepalive_cnt);
+        sock.set_tcp_keepalive(&ka)?;
+    }
+    sock.set_tcp_user_timeout(Some(cfg.op_timeout))?;
+    Ok(())
+}
+
+/// Buffer sizes, set before connect/listen so window scaling follows them.
+pub(crate) fn configure_buffers(sock: &socket2::Socket, cfg: &TcpBackendConfig) -> io::Result<()> {
+    if cfg.sock_sndbuf_bytes > 0 {
+        sock.set_send_buffer_size(cfg.sock_sndbuf_bytes)?;
+    }
+    if cfg.sock_rcvbuf_bytes > 0 {
+        sock.set_recv_buffer_size(cfg.sock_rcvbuf_bytes)?;
+    }
+    Ok(())
+}
+
+/// Read exactly one frame without payload and without reading past it (handshakes, where
+/// the connection may be handed to another shard right after).
+pub(crate) async fn read_frame_exact<R: AsyncRead + Unpin>(r: &mut R) -> Result<Frame, ConnError> {
+    use crate::proto::decode::{decode_body, decode_header};
+    let mut h = [0u8; HEADER_BYTES];
+    r.read_exact(&mut h).await.map_err(eof_is_closed)?;
+    let header = decode_header(&h)?;
+    let mut body = vec![0u8; header.body_len as usize];
+    r.read_exact(&mut body).await.map_err(eof_is_closed)?;
+    let frame = decode_body(&header, &body)?;
+    if header.payload_len != 0 {
+        return Err(ConnError::Violation("handshake frame with a payload".into()));
+    }
+    Ok(frame)
+}
+
+fn eof_is_closed(e: io::Error) -> ConnError {
+    if e.kind() == io::ErrorKind::UnexpectedEof {
+        ConnError::Closed
+    } else {
+        ConnError::Io(e)
+    }
+}

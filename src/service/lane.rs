@@ -1,0 +1,402 @@
+//! Initiator lanes: one connection per (peer, lane), dialed by the shard that runs it, with a
+//! writer task sending queued chunks and a reader task placing read data and routing results
+//! to each transfer's owner.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::os::fd::{AsRawFd, RawFd};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use futures_lite::AsyncWriteExt;
+use morio_shards::{rt, ShardId};
+
+use super::io::{configure_buffers, configure_conn, read_frame_exact, ConnError, FrameReader, FrameWriter};
+use super::owner::{LaneEvent, LaneEventKind};
+use super::{Peer, Shard, ShardMsg};
+use crate::proto::codes;
+use crate::proto::frame::{Chunk, Finish, Frame, Hello, Op, Seg};
+use crate::proto::limits::VERSION;
+use crate::proto::plan::Piece;
+use crate::region::SharedRegion;
+
+/// Work for one lane, sent by a transfer's owner to the lane's shard.
+#[derive(Debug)]
+pub(crate) struct LaneWork {
+    pub peer: Arc<Peer>,
+    pub lane: u16,
+    pub items: Vec<LaneItem>,
+}
+
+/// One frame to send on a lane, and whom to tell about its answer.
+#[derive(Debug)]
+pub(crate) struct LaneItem {
+    pub owner: ShardId,
+    pub uid: u64,
+    pub gen: u64,
+    pub kind: ItemKind,
+}
+
+#[derive(Debug)]
+pub(crate) enum ItemKind {
+    Chunk {
+        op: Op,
+        chunk: u32,
+        n_chunks: u32,
+        mem_id: u32,
+        extent: (u64, u64),
+        pieces: Vec<Piece>,
+        final_: bool,
+        local: SharedRegion,
+    },
+    Finish {
+        op: Op,
+        n_chunks: u32,
+        total: u64,
+        code: u32,
+        msg: String,
+    },
+}
+
+/// A sent frame waiting for its answer, keyed by its lane-local tag.
+#[derive(Debug)]
+struct Outstanding {
+    owner: ShardId,
+    uid: u64,
+    gen: u64,
+    wait: Wait,
+}
+
+#[derive(Debug)]
+enum Wait {
+    Write { chunk: u32, final_: bool },
+    Read { chunk: u32, final_: bool, local: SharedRegion, pieces: Vec<Piece>, bytes: u64 },
+    Finish,
+}
+
+/// One connection to a peer, owned by one shard.
+pub(crate) struct Lane {
+    peer: Arc<Peer>,
+    lane: u16,
+    queue: RefCell<VecDeque<LaneItem>>,
+    bell: (async_channel::Sender<()>, async_channel::Receiver<()>),
+    outstanding: RefCell<HashMap<u64, Outstanding>>,
+    next_tag: Cell<u64>,
+    writing: Cell<Option<(u64, u64)>>,
+    fd: Cell<Option<RawFd>>,
+    dead: Cell<bool>,
+}
+
+/// Queue work on a lane of this shard, dialing it first if needed.
+pub(crate) fn enqueue(shard: &Rc<Shard>, work: LaneWork) {
+    let lane = lane_for(shard, &work.peer, work.lane);
+    lane.queue.borrow_mut().extend(work.items);
+    let _ = lane.bell.0.try_send(());
+}
+
+fn lane_for(shard: &Rc<Shard>, peer: &Arc<Peer>, idx: u16) -> Rc<Lane> {
+    let key = (peer.key.clone(), idx);
+    let existing = shard.lanes.borrow().get(&key).cloned();
+    if let Some(l) = existing {
+        if l.peer.addr == peer.addr && !l.dead.get() {
+            return l;
+        }
+        die(shard, &l, "remote engine address changed");
+    }
+    let lane = Rc::new(Lane {
+        peer: peer.clone(),
+        lane: idx,
+        queue: RefCell::new(VecDeque::new()),
+        bell: async_channel::bounded(1),
+        outstanding: RefCell::new(HashMap::new()),
+        next_tag: Cell::new(0),
+        writing: Cell::new(None),
+        fd: Cell::new(None),
+        dead: Cell::new(false),
+    });
+    shard.lanes.borrow_mut().insert(key, lane.clone());
+    rt::spawn_local(run(shard.clone(), lane.clone())).detach();
+    lane
+}
+
+/// Drop queued and pending work of a transfer that ended early.
+pub(crate) fn cancel(shard: &Rc<Shard>, peer: &str, uid: u64, gen: u64) {
+    let lanes: Vec<_> = shard
+        .lanes
+        .borrow()
+        .iter()
+        .filter(|((p, _), _)| &**p == peer)
+        .map(|(_, l)| l.clone())
+        .collect();
+    for l in lanes {
+        l.queue.borrow_mut().retain(|i| (i.uid, i.gen) != (uid, gen));
+        l.outstanding.borrow_mut().retain(|_, o| (o.uid, o.gen) != (uid, gen));
+        if l.writing.get() == Some((uid, gen)) {
+            // Its bytes are half on the wire: the stream cannot be resynchronised.
+            die(shard, &l, "a transfer on this connection timed out mid-frame");
+        }
+    }
+}
+
+/// Close every lane to `peer`.
+pub(crate) fn drop_peer(shard: &Rc<Shard>, peer: &str) {
+    let lanes: Vec<_> = shard
+        .lanes
+        .borrow()
+        .iter()
+        .filter(|((p, _), _)| &**p == peer)
+        .map(|(_, l)| l.clone())
+        .collect();
+    for l in lanes {
+        die(shard, &l, "remote engine deregistered");
+    }
+}
+
+/// Close every lane (shutdown).
+pub(crate) fn close_all(shard: &Rc<Shard>) {
+    let lanes: Vec<_> = shard.lanes.borrow().values().cloned().collect();
+    for l in lanes {
+        die(shard, &l, "engine shut down");
+    }
+}
+
+/// Mark the lane dead, close its socket, and fail every transfer that had work on it.
+fn die(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: &str) {
+    if lane.dead.replace(true) {
+        return;
+    }
+    {
+        let mut lanes = shard.lanes.borrow_mut();
+        let key = (lane.peer.key.clone(), lane.lane);
+        if lanes.get(&key).is_some_and(|l| Rc::ptr_eq(l, lane)) {
+            lanes.remove(&key);
+        }
+    }
+    lane.bell.0.close();
+    if let Some(fd) = lane.fd.take() {
+        // SAFETY: the fd is open: the stream that owns it lives until both lane tasks end,
+        // and they end only after this point. shutdown(2) wakes the reader with EOF.
+        unsafe {
+            libc::shutdown(fd, libc::SHUT_RDWR);
+        }
+    }
+    let mut hit: HashSet<(ShardId, u64, u64)> = HashSet::new();
+    hit.extend(lane.queue.borrow_mut().drain(..).map(|i| (i.owner, i.uid, i.gen)));
+    hit.extend(lane.outstanding.borrow_mut().drain().map(|(_, o)| (o.owner, o.uid, o.gen)));
+    let msg = format!("connection to {} lost: {msg}", lane.peer.key);
+    for (owner, uid, gen) in hit {
+        report(shard, owner, &lane.peer.key, uid, gen, LaneEventKind::Lost { msg: msg.clone() });
+    }
+}
+
+fn report(shard: &Rc<Shard>, owner: ShardId, peer: &Arc<str>, uid: u64, gen: u64, kind: LaneEventKind) {
+    let ev = LaneEvent {
+        peer: peer.clone(),
+        uid,
+        gen,
+        kind,
+    };
+    shard.send(owner, ShardMsg::Owner(Box::new(ev)));
+}
+
+/// Dial, handshake, then write queued items until the lane dies.
+async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
+    let stream = match connect(&shard, &lane).await {
+        Ok(s) => s,
+        Err(e) => return die(&shard, &lane, &e),
+    };
+    if lane.dead.get() {
+        return;
+    }
+    lane.fd.set(Some(stream.as_raw_fd()));
+    let cfg = &shard.shared.cfg;
+    let (r, w) = rt::split(stream);
+    let reader = FrameReader::new(r, cfg.op_timeout);
+    rt::spawn_local(read_loop(shard.clone(), lane.clone(), reader)).detach();
+    let mut writer = FrameWriter::new(w, cfg.inline_write_bytes);
+    loop {
+        let next = lane.queue.borrow_mut().pop_front();
+        let Some(item) = next else {
+            if lane.bell.1.recv().await.is_err() {
+                return;
+            }
+            continue;
+        };
+        if lane.dead.get() {
+            return;
+        }
+        if let Err(e) = write_item(&lane, &mut writer, item).await {
+            return die(&shard, &lane, &format!("send failed: {e}"));
+        }
+        lane.writing.set(None);
+        rt::yield_if_needed().await;
+    }
+}
+
+async fn connect(shard: &Rc<Shard>, lane: &Rc<Lane>) -> Result<rt::TcpStream, String> {
+    let cfg = &shard.shared.cfg;
+    let addr = lane.peer.addr;
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )
+    .map_err(|e| format!("socket: {e}"))?;
+    configure_buffers(&sock, cfg)
+        .and_then(|_| configure_conn(&socket2::SockRef::from(&sock), cfg))
+        .map_err(|e| format!("socket options: {e}"))?;
+    let handshake = async {
+        let mut s = rt::connect(sock, addr, cfg.op_timeout)
+            .await
+            .map_err(|e| format!("connect to {addr}: {e}"))?;
+        let hello = Frame::Hello(Hello {
+            version: VERSION,
+            lane: lane.lane,
+            n_lanes: cfg.num_data_conns as u16,
+            src_key: shard.shared.key.clone(),
+            dst_key: lane.peer.key.to_string(),
+        });
+        let mut buf = Vec::new();
+        hello.encode(0, &mut buf);
+        s.write_all(&buf).await.map_err(|e| format!("send HELLO: {e}"))?;
+        match read_frame_exact(&mut s).await {
+            Ok(Frame::HelloAck(a)) if a.code != codes::SUCCESS => {
+                Err(format!("peer refused the connection: {}", a.msg))
+            }
+            Ok(Frame::HelloAck(a)) if a.version != VERSION => {
+                Err(format!("peer speaks protocol version {}, we speak {VERSION}", a.version))
+            }
+            Ok(Frame::HelloAck(a)) if *a.key != *lane.peer.key => {
+                Err(format!("peer at {addr} is engine {:?}, expected {:?}", a.key, lane.peer.key))
+            }
+            Ok(Frame::HelloAck(_)) => Ok(s),
+            Ok(f) => Err(format!("expected HELLO_ACK, got {:?}", f.kind())),
+            Err(e) => Err(format!("handshake: {e}")),
+        }
+    };
+    rt::timeout(cfg.op_timeout, handshake)
+        .await
+        .unwrap_or_else(|| Err(format!("connect to {addr} timed out")))
+}
+
+async fn write_item(
+    lane: &Lane,
+    writer: &mut FrameWriter<rt::WriteHalf>,
+    item: LaneItem,
+) -> std::io::Result<()> {
+    let tag = lane.next_tag.get();
+    lane.next_tag.set(tag + 1);
+    let (uid, gen, owner) = (item.uid, item.gen, item.owner);
+    let pending = |wait| Outstanding { owner, uid, gen, wait };
+    match item.kind {
+        ItemKind::Chunk { op, chunk, n_chunks, mem_id, extent, pieces, final_, local } => {
+            let c = Chunk {
+                tag,
+                uid,
+                chunk,
+                n_chunks,
+                mem_id,
+                extent,
+                segs: pieces.iter().map(|p| Seg { off: p.remote, len: p.len }).collect(),
+            };
+            match op {
+                Op::Write => {
+                    let mut slices = Vec::with_capacity(pieces.len());
+                    for p in &pieces {
+                        // SAFETY: the range was checked against the region at submission and
+                        // the region lives while `local` does; reading it is the transfer.
+                        let s = unsafe { local.slice(p.local, p.len) };
+                        slices.push(s.ok_or_else(|| std::io::Error::other("local range out of bounds"))?);
+                    }
+                    lane.outstanding.borrow_mut().insert(tag, pending(Wait::Write { chunk, final_ }));
+                    lane.writing.set(Some((uid, gen)));
+                    writer.send(&Frame::Write { chunk: c, final_ }, &slices).await
+                }
+                Op::Read => {
+                    let bytes = c.bytes();
+                    // Registered before the request leaves: the answer can never come early.
+                    lane.outstanding.borrow_mut().insert(
+                        tag,
+                        pending(Wait::Read { chunk, final_, local, pieces, bytes }),
+                    );
+                    writer.send(&Frame::Read { chunk: c, final_ }, &[]).await
+                }
+            }
+        }
+        ItemKind::Finish { op, n_chunks, total, code, msg } => {
+            lane.outstanding.borrow_mut().insert(tag, pending(Wait::Finish));
+            let f = Finish { tag, uid, op, n_chunks, total_bytes: total, code, msg };
+            writer.send(&Frame::Finish(f), &[]).await
+        }
+    }
+}
+
+async fn read_loop(shard: Rc<Shard>, lane: Rc<Lane>, mut reader: FrameReader<rt::ReadHalf>) {
+    loop {
+        let r = match reader.next_frame().await {
+            Ok(Some((frame, payload))) => on_frame(&shard, &lane, &mut reader, frame, payload).await,
+            Ok(None) => Err(ConnError::Closed),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = r {
+            return die(&shard, &lane, &e.to_string());
+        }
+        if lane.dead.get() {
+            return;
+        }
+    }
+}
+
+async fn on_frame(
+    shard: &Rc<Shard>,
+    lane: &Rc<Lane>,
+    reader: &mut FrameReader<rt::ReadHalf>,
+    frame: Frame,
+    payload: u64,
+) -> Result<(), ConnError> {
+    let violation = |what: &str| Err(ConnError::Violation(what.to_string()));
+    let (tag, uid) = match &frame {
+        Frame::Ack(r) | Frame::Complete(r) | Frame::ReadData { reply: r, .. } => (r.tag, r.uid),
+        Frame::GoAway { msg, .. } => return Err(ConnError::Violation(format!("peer closed the lane: {msg}"))),
+        _ => return violation("unexpected frame kind from target"),
+    };
+    let Some(o) = lane.outstanding.borrow_mut().remove(&tag) else {
+        // The transfer was cancelled (timeout): drop its answer.
+        return reader.discard_payload(payload).await;
+    };
+    if o.uid != uid {
+        return violation("answer names another transfer");
+    }
+    let kind = match (frame, o.wait) {
+        (Frame::Ack(r), Wait::Write { chunk, final_: false }) if r.chunk == chunk => {
+            LaneEventKind::Chunk { chunk, code: r.code, msg: r.msg }
+        }
+        (Frame::Complete(r), Wait::Write { final_: true, .. } | Wait::Finish) => {
+            LaneEventKind::Complete { code: r.code, msg: r.msg }
+        }
+        (Frame::ReadData { reply, final_ }, Wait::Read { chunk, final_: f, local, pieces, bytes })
+            if final_ == f && reply.chunk == chunk =>
+        {
+            if reply.code == codes::SUCCESS {
+                if payload != bytes {
+                    return violation("read data length differs from the request");
+                }
+                for p in &pieces {
+                    // SAFETY: the range was checked at submission; the bytes placed are the
+                    // ones this side requested, into the range it requested them for.
+                    let dst = unsafe { local.slice_mut(p.local, p.len) };
+                    let dst = dst.ok_or_else(|| ConnError::Violation("local range out of bounds".into()))?;
+                    reader.read_payload(dst).await?;
+                }
+            }
+            if final_ {
+                LaneEventKind::Complete { code: reply.code, msg: reply.msg }
+            } else {
+                LaneEventKind::Chunk { chunk, code: reply.code, msg: reply.msg }
+            }
+        }
+        _ => return violation("answer does not match its request"),
+    };
+    report(shard, o.owner, &lane.peer.key, o.uid, o.gen, kind);
+    Ok(())
+}

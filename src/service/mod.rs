@@ -1,0 +1,197 @@
+//! The per-shard service: everything one core does for the engine. It owns the transfers
+//! whose owner it is, the lanes (connections to peers) assigned to it, the connections peers
+//! opened to it, and a replica of the region table. It talks to other shards by message only.
+//!
+//! Flow of a transfer: the application thread validates and plans nothing heavier than a
+//! segment list, then sends [`ShardMsg::Submit`] to the owner shard (derived from the uid).
+//! The owner cuts the transfer into chunks ([`owner`]), queues them on lanes — its own lane
+//! when the transfer fits one, else lanes on every shard ([`ShardMsg::LaneWork`]). Lane shards
+//! send frames and report per-chunk results back to the owner ([`ShardMsg::Owner`]), which
+//! drives [`crate::proto::outbound::Outbound`] and completes the user's status. On the target,
+//! every connection is served by the shard it was handed to ([`serve`]).
+
+mod io;
+mod lane;
+mod owner;
+mod serve;
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
+use std::rc::Rc;
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use morio_shards::{rt, Mesh, ShardCtx, ShardId};
+
+use crate::config::TcpBackendConfig;
+use crate::inbound_status::InboundStatuses;
+use crate::proto::frame::{Hello, Op};
+use crate::proto::plan::Piece;
+use crate::region::SharedRegion;
+use crate::status::TransferStatus;
+
+pub(crate) use io::configure_buffers;
+pub(crate) use lane::LaneWork;
+pub(crate) use owner::LaneEvent;
+
+/// Nanoseconds since the process-wide epoch: the time base of every deadline.
+pub(crate) fn now_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// A remote engine as the data plane needs it.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Peer {
+    /// Its engine key.
+    pub key: Arc<str>,
+    /// Where to dial it.
+    pub addr: SocketAddr,
+}
+
+/// A transfer as the application thread hands it to its owner shard.
+#[derive(Debug)]
+pub(crate) struct Submission {
+    pub peer: Arc<Peer>,
+    pub op: Op,
+    pub uid: u64,
+    pub local: SharedRegion,
+    pub remote_mem: u32,
+    pub pieces: Vec<Piece>,
+    pub total: u64,
+    pub deadline_ns: u64,
+    pub status: Arc<TransferStatus>,
+}
+
+/// Everything a shard can be asked to do.
+#[derive(Debug)]
+pub(crate) enum ShardMsg {
+    /// A new transfer this shard owns.
+    Submit(Box<Submission>),
+    /// Chunks (or a FINISH) to send on one of this shard's lanes.
+    LaneWork(Box<LaneWork>),
+    /// A lane's report about a transfer this shard owns.
+    Owner(Box<LaneEvent>),
+    /// A transfer ended early (timeout, lost lane): drop its queued and pending chunks.
+    Cancel { peer: Arc<str>, uid: u64, gen: u64 },
+    /// Replicate a registered region; answer on the channel once resolvable here.
+    AddRegion(SharedRegion, mpsc::Sender<()>),
+    /// Forget a region; answer once no new chunk can resolve it here.
+    RemoveRegion(u32, mpsc::Sender<()>),
+    /// Close every lane to this peer (it was deregistered).
+    DropPeer(Arc<str>),
+    /// Serve a connection a peer opened (accepted and HELLO-checked by shard 0).
+    Adopt(OwnedFd, Hello),
+}
+
+/// What every shard shares (read-only after start, or internally synchronised).
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub key: String,
+    pub cfg: TcpBackendConfig,
+    pub inbound: Arc<InboundStatuses>,
+    /// The listening socket, taken by shard 0 when it starts.
+    pub listener: Mutex<Option<socket2::Socket>>,
+}
+
+impl Shared {
+    /// Shards that own transfers: each of them also owns at least one lane per peer.
+    pub fn n_owners(&self, n_shards: usize) -> usize {
+        n_shards.min(self.cfg.num_data_conns).max(1)
+    }
+}
+
+/// One shard's state. `Rc`-shared by the shard's tasks; never leaves its thread.
+pub(crate) struct Shard {
+    pub id: ShardId,
+    pub mesh: Mesh<ShardMsg>,
+    pub shared: Arc<Shared>,
+    pub regions: RefCell<HashMap<u32, SharedRegion>>,
+    pub owner: RefCell<owner::OwnerTable>,
+    pub lanes: RefCell<HashMap<(Arc<str>, u16), Rc<lane::Lane>>>,
+    pub next_gen: Cell<u64>,
+    pub closing: Cell<bool>,
+}
+
+impl Shard {
+    pub fn n_shards(&self) -> usize {
+        self.mesh.n_shards()
+    }
+
+    /// The shard that runs lane `lane` of every peer.
+    pub fn lane_shard(&self, lane: u16) -> ShardId {
+        lane as usize % self.n_shards()
+    }
+
+    /// Deliver a message to `to`, handling it inline when `to` is this shard.
+    pub fn send(self: &Rc<Self>, to: ShardId, msg: ShardMsg) {
+        if to == self.id {
+            self.handle(msg);
+        } else if let Err(m) = self.mesh.send(to, msg) {
+            // The pool is shutting down; whatever the message carried fails with it.
+            log::debug!("shard {to} gone, dropping {m:?}");
+        }
+    }
+
+    fn handle(self: &Rc<Self>, msg: ShardMsg) {
+        match msg {
+            ShardMsg::Submit(s) => owner::submit(self, *s),
+            ShardMsg::LaneWork(w) => lane::enqueue(self, *w),
+            ShardMsg::Owner(ev) => owner::on_event(self, *ev),
+            ShardMsg::Cancel { peer, uid, gen } => lane::cancel(self, &peer, uid, gen),
+            ShardMsg::AddRegion(r, ack) => {
+                self.regions.borrow_mut().insert(r.id, r);
+                let _ = ack.send(());
+            }
+            ShardMsg::RemoveRegion(id, ack) => {
+                self.regions.borrow_mut().remove(&id);
+                let _ = ack.send(());
+            }
+            ShardMsg::DropPeer(key) => lane::drop_peer(self, &key),
+            ShardMsg::Adopt(fd, hello) => serve::adopt(self, fd, hello),
+        }
+    }
+}
+
+/// The shard's main future: serve messages until the pool closes, then fail what is left.
+pub(crate) async fn run(ctx: ShardCtx<ShardMsg>, shared: Arc<Shared>) {
+    let shard = Rc::new(Shard {
+        id: ctx.id,
+        mesh: ctx.mesh,
+        shared,
+        regions: RefCell::new(HashMap::new()),
+        owner: RefCell::new(owner::OwnerTable::default()),
+        lanes: RefCell::new(HashMap::new()),
+        next_gen: Cell::new(0),
+        closing: Cell::new(false),
+    });
+    let listener = shard
+        .shared
+        .listener
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
+    let accept = listener.map(|l| rt::spawn_local(serve::accept_loop(shard.clone(), l)));
+    let ticker = rt::spawn_local(tick_loop(shard.clone()));
+    while let Ok(msg) = ctx.inbox.recv().await {
+        if ctx.inbox.is_closed() {
+            shard.closing.set(true);
+        }
+        shard.handle(msg);
+    }
+    shard.closing.set(true);
+    drop(accept);
+    drop(ticker);
+    owner::fail_all(&shard, "engine shut down");
+    lane::close_all(&shard);
+}
+
+async fn tick_loop(shard: Rc<Shard>) {
+    let every = (shard.shared.cfg.op_timeout / 20).clamp(Duration::from_millis(1), Duration::from_millis(20));
+    loop {
+        rt::sleep(every).await;
+        owner::tick(&shard, now_ns());
+    }
+}

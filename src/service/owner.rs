@@ -1,0 +1,256 @@
+//! Owner side of transfers: plan chunks onto lanes, collect lane reports, complete statuses.
+
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use super::lane::{ItemKind, LaneItem, LaneWork};
+use super::{Peer, Shard, ShardMsg, Submission};
+use crate::proto::codes;
+use crate::proto::frame::Op;
+use crate::proto::outbound::{Action, Outbound};
+use crate::proto::plan;
+use crate::status::{StatusCode, TransferStatus};
+
+/// What a lane reports to a transfer's owner.
+#[derive(Debug)]
+pub(crate) struct LaneEvent {
+    pub peer: Arc<str>,
+    pub uid: u64,
+    pub gen: u64,
+    pub kind: LaneEventKind,
+}
+
+#[derive(Debug)]
+pub(crate) enum LaneEventKind {
+    /// A non-final chunk was answered (write placed / read data placed, or refused).
+    Chunk { chunk: u32, code: u32, msg: String },
+    /// The target recorded the inbound status (COMPLETE or final READ_DATA).
+    Complete { code: u32, msg: String },
+    /// The lane carrying part of the transfer failed.
+    Lost { msg: String },
+}
+
+#[derive(Debug)]
+struct Entry {
+    gen: u64,
+    sm: Outbound,
+    status: Arc<TransferStatus>,
+    peer: Arc<Peer>,
+    op: Op,
+    total: u64,
+    n_chunks: u32,
+    home_lane: u16,
+    lanes: Vec<u16>,
+}
+
+/// Transfers owned by one shard, keyed by (peer key, uid): uids are unique per initiator, so
+/// this is also where duplicates are refused.
+#[derive(Debug, Default)]
+pub(crate) struct OwnerTable {
+    map: HashMap<(Arc<str>, u64), Entry>,
+    cursor: HashMap<Arc<str>, usize>,
+}
+
+fn fail_status(status: &TransferStatus, code: u32, msg: &str) {
+    status.update(StatusCode::from_u32(code).unwrap_or(StatusCode::ErrBadState), msg);
+}
+
+/// A new transfer arrives at its owner.
+pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
+    if shard.closing.get() {
+        return fail_status(&s.status, codes::ERR_BAD_STATE, "engine shut down");
+    }
+    let cfg = &shard.shared.cfg;
+    let key = (s.peer.key.clone(), s.uid);
+    if shard.owner.borrow().map.contains_key(&key) {
+        // MORI-compat: a second in-flight op with the same (peer, uid) fails; the first proceeds.
+        return fail_status(&s.status, codes::ERR_BAD_STATE, "duplicate peer/op id");
+    }
+    let n_lanes = cfg.num_data_conns as u16;
+    let striped = n_lanes > 1 && s.total >= cfg.striping_threshold_bytes as u64;
+    if striped && plan::destination_overlaps(&s.pieces, s.op == Op::Write) {
+        return fail_status(
+            &s.status,
+            codes::ERR_INVALID_ARGS,
+            "overlapping destination segments cannot be striped",
+        );
+    }
+    let chunk_bytes = if striped {
+        plan::stripe_bytes(s.total, n_lanes as u64, cfg.chunk_bytes as u64)
+    } else {
+        cfg.chunk_bytes as u64
+    };
+    let chunks = plan::cut(&s.pieces, chunk_bytes);
+    let Ok(n_chunks) = u32::try_from(chunks.len()) else {
+        return fail_status(&s.status, codes::ERR_INVALID_ARGS, "transfer has too many chunks");
+    };
+    // Lanes this shard runs: a single-lane transfer uses one of them, so it never leaves
+    // this core; a striped one starts there and fans out over every lane.
+    let own: Vec<u16> = (0..n_lanes)
+        .filter(|&l| shard.lane_shard(l) == shard.id)
+        .collect();
+    let Some(home) = ({
+        let mut t = shard.owner.borrow_mut();
+        let c = t.cursor.entry(s.peer.key.clone()).or_insert(0);
+        let home = own.get(*c % own.len().max(1)).copied();
+        *c = c.wrapping_add(1);
+        home
+    }) else {
+        return fail_status(&s.status, codes::ERR_BAD_STATE, "no lane available on owner shard");
+    };
+    let gen = shard.next_gen.get();
+    shard.next_gen.set(gen + 1);
+    let final_ = n_chunks == 1;
+    let extent = plan::remote_extent(&s.pieces);
+    let mut per_lane: HashMap<u16, Vec<LaneItem>> = HashMap::new();
+    for (i, pieces) in chunks.into_iter().enumerate() {
+        let lane = if striped {
+            ((home as usize + i) % n_lanes as usize) as u16
+        } else {
+            home
+        };
+        per_lane.entry(lane).or_default().push(LaneItem {
+            owner: shard.id,
+            uid: s.uid,
+            gen,
+            kind: ItemKind::Chunk {
+                op: s.op,
+                chunk: i as u32,
+                n_chunks,
+                mem_id: s.remote_mem,
+                extent,
+                pieces,
+                final_,
+                local: s.local.clone(),
+            },
+        });
+    }
+    let mut lanes: Vec<u16> = per_lane.keys().copied().collect();
+    lanes.sort_unstable();
+    shard.owner.borrow_mut().map.insert(
+        key,
+        Entry {
+            gen,
+            sm: Outbound::new(n_chunks, s.deadline_ns),
+            status: s.status,
+            peer: s.peer.clone(),
+            op: s.op,
+            total: s.total,
+            n_chunks,
+            home_lane: home,
+            lanes,
+        },
+    );
+    for (lane, items) in per_lane {
+        let work = LaneWork {
+            peer: s.peer.clone(),
+            lane,
+            items,
+        };
+        shard.send(shard.lane_shard(lane), ShardMsg::LaneWork(Box::new(work)));
+    }
+}
+
+/// A lane reports on a transfer this shard owns.
+pub(crate) fn on_event(shard: &Rc<Shard>, ev: LaneEvent) {
+    let key = (ev.peer, ev.uid);
+    let mut t = shard.owner.borrow_mut();
+    let Some(e) = t.map.get_mut(&key).filter(|e| e.gen == ev.gen) else {
+        return; // A late report for a transfer that already ended.
+    };
+    let step = match ev.kind {
+        LaneEventKind::Chunk { chunk, code, msg } => e.sm.on_chunk(chunk, code, &msg),
+        LaneEventKind::Complete { code, msg } => e.sm.on_complete(code, &msg).map(Some),
+        LaneEventKind::Lost { msg } => Ok(e.sm.on_lane_lost(&msg)),
+    };
+    let (action, early) = match step {
+        Ok(a) => (a, false),
+        Err(v) => (e.sm.fail(codes::ERR_BAD_STATE, &format!("protocol violation: {v}")), true),
+    };
+    match action {
+        None => {}
+        Some(Action::SendFinish { code, msg }) => {
+            let work = LaneWork {
+                peer: e.peer.clone(),
+                lane: e.home_lane,
+                items: vec![LaneItem {
+                    owner: shard.id,
+                    uid: key.1,
+                    gen: e.gen,
+                    kind: ItemKind::Finish {
+                        op: e.op,
+                        n_chunks: e.n_chunks,
+                        total: e.total,
+                        code,
+                        msg,
+                    },
+                }],
+            };
+            let to = shard.lane_shard(e.home_lane);
+            drop(t);
+            shard.send(to, ShardMsg::LaneWork(Box::new(work)));
+        }
+        Some(Action::Complete { code, msg }) => {
+            let Some(e) = t.map.remove(&key) else { return };
+            drop(t);
+            let ended_early = early || code == codes::ERR_BAD_STATE;
+            finish(shard, &key.0, key.1, e, code, &msg, ended_early);
+        }
+    }
+}
+
+fn finish(shard: &Rc<Shard>, peer: &Arc<str>, uid: u64, e: Entry, code: u32, msg: &str, cancel: bool) {
+    if cancel {
+        let mut shards: Vec<usize> = e.lanes.iter().map(|&l| shard.lane_shard(l)).collect();
+        shards.sort_unstable();
+        shards.dedup();
+        for s in shards {
+            let m = ShardMsg::Cancel {
+                peer: peer.clone(),
+                uid,
+                gen: e.gen,
+            };
+            shard.send(s, m);
+        }
+    }
+    if code == codes::SUCCESS {
+        e.status.update(StatusCode::Success, "");
+    } else {
+        log::debug!("transfer {uid} to {peer} failed: code {code} {msg}");
+        fail_status(&e.status, code, msg);
+    }
+}
+
+/// Fail every transfer whose deadline has passed.
+pub(crate) fn tick(shard: &Rc<Shard>, now: u64) {
+    let expired: Vec<_> = {
+        let mut t = shard.owner.borrow_mut();
+        let keys: Vec<_> = t
+            .map
+            .iter()
+            .filter(|(_, e)| e.sm.deadline() <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        keys.into_iter()
+            .filter_map(|k| {
+                let mut e = t.map.remove(&k)?;
+                match e.sm.on_tick(now) {
+                    Some(Action::Complete { code, msg }) => Some((k, e, code, msg)),
+                    _ => None,
+                }
+            })
+            .collect()
+    };
+    for ((peer, uid), e, code, msg) in expired {
+        finish(shard, &peer, uid, e, code, &msg, true);
+    }
+}
+
+/// Fail everything this shard owns (shutdown).
+pub(crate) fn fail_all(shard: &Rc<Shard>, msg: &str) {
+    let all: Vec<_> = shard.owner.borrow_mut().map.drain().collect();
+    for (_, e) in all {
+        fail_status(&e.status, codes::ERR_BAD_STATE, msg);
+    }
+}

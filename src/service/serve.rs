@@ -1,0 +1,249 @@
+//! Target side: accept connections, check their HELLO, hand each to the shard that serves its
+//! lane, and answer WRITE / READ / FINISH frames by placing into or sending from registered
+//! memory.
+
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::rc::Rc;
+
+use futures_lite::AsyncWriteExt;
+use morio_shards::rt;
+
+use super::io::{configure_conn, read_frame_exact, ConnError, FrameReader, FrameWriter};
+use super::{Shard, ShardMsg};
+use crate::proto::codes;
+use crate::proto::frame::{Chunk, Frame, Hello, HelloAck, Reply};
+use crate::proto::inbound::check_chunk;
+use crate::proto::limits::{MAX_LANES, VERSION};
+use crate::status::StatusCode;
+
+/// Accept connections forever (shard 0). Each gets its own task, so a slow or hostile client
+/// holds up nobody.
+pub(crate) async fn accept_loop(shard: Rc<Shard>, sock: socket2::Socket) {
+    let listener = rt::listener_from_socket(sock);
+    loop {
+        match listener.accept().await {
+            Ok(stream) => {
+                rt::spawn_local(handshake(shard.clone(), stream)).detach();
+            }
+            Err(e) => {
+                log::warn!("accept failed: {e}");
+                rt::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+async fn refuse(stream: &mut rt::TcpStream, code: u32, msg: String) {
+    let ack = Frame::HelloAck(HelloAck {
+        version: VERSION,
+        code,
+        key: String::new(),
+        msg,
+    });
+    let mut buf = Vec::new();
+    ack.encode(0, &mut buf);
+    let _ = stream.write_all(&buf).await;
+}
+
+async fn handshake(shard: Rc<Shard>, mut stream: rt::TcpStream) {
+    let cfg = &shard.shared.cfg;
+    let hello = match rt::timeout(cfg.handshake_timeout, read_frame_exact(&mut stream)).await {
+        Some(Ok(Frame::Hello(h))) => h,
+        Some(Ok(f)) => {
+            return refuse(&mut stream, codes::ERR_INVALID_ARGS, format!("expected HELLO, got {:?}", f.kind())).await;
+        }
+        Some(Err(e)) => {
+            log::debug!("dropping connection before HELLO: {e}");
+            return;
+        }
+        None => {
+            log::debug!("dropping connection: no HELLO within {:?}", cfg.handshake_timeout);
+            return;
+        }
+    };
+    let problem = if hello.version != VERSION {
+        Some(format!("protocol version {} not supported (want {VERSION})", hello.version))
+    } else if hello.dst_key != shard.shared.key {
+        Some(format!("this is engine {:?}, not {:?}", shard.shared.key, hello.dst_key))
+    } else if hello.src_key.is_empty() {
+        Some("empty engine key".to_string())
+    } else if hello.n_lanes == 0 || hello.n_lanes > MAX_LANES || hello.lane >= hello.n_lanes {
+        Some(format!("bad lane {} of {}", hello.lane, hello.n_lanes))
+    } else {
+        None
+    };
+    if let Some(msg) = problem {
+        let code = if hello.dst_key != shard.shared.key { codes::ERR_NOT_FOUND } else { codes::ERR_INVALID_ARGS };
+        return refuse(&mut stream, code, msg).await;
+    }
+    let to = shard.lane_shard(hello.lane);
+    if to == shard.id {
+        rt::spawn_local(serve(shard.clone(), stream, hello)).detach();
+        return;
+    }
+    // Hand the socket to the lane's shard: duplicate the fd, drop our stream.
+    // SAFETY: the fd is open for as long as `stream` lives.
+    let dup = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) }.try_clone_to_owned();
+    drop(stream);
+    match dup {
+        Ok(fd) => shard.send(to, ShardMsg::Adopt(fd, hello)),
+        Err(e) => log::warn!("cannot hand a connection to shard {to}: {e}"),
+    }
+}
+
+/// Serve a connection handed over by the accepting shard.
+pub(crate) fn adopt(shard: &Rc<Shard>, fd: OwnedFd, hello: Hello) {
+    // SAFETY: we own `fd`; the stream takes it over.
+    let sock = unsafe { socket2::Socket::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(fd)) };
+    match rt::stream_from_socket(sock) {
+        Ok(stream) => {
+            rt::spawn_local(serve(shard.clone(), stream, hello)).detach();
+        }
+        Err(e) => log::warn!("cannot adopt a connection: {e}"),
+    }
+}
+
+async fn serve(shard: Rc<Shard>, stream: rt::TcpStream, hello: Hello) {
+    let cfg = &shard.shared.cfg;
+    // SAFETY: the fd is open while `stream` lives, which outlasts this borrow.
+    let fd = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) };
+    if let Err(e) = configure_conn(&socket2::SockRef::from(&fd), cfg) {
+        log::debug!("socket options on an accepted connection: {e}");
+    }
+    let peer = hello.src_key;
+    let (r, w) = rt::split(stream);
+    let mut reader = FrameReader::new(r, cfg.op_timeout);
+    let mut writer = FrameWriter::new(w, cfg.inline_write_bytes);
+    let ack = Frame::HelloAck(HelloAck {
+        version: VERSION,
+        code: codes::SUCCESS,
+        key: shard.shared.key.clone(),
+        msg: String::new(),
+    });
+    if writer.send(&ack, &[]).await.is_err() {
+        return;
+    }
+    loop {
+        let r = match reader.next_frame().await {
+            Ok(Some((frame, payload))) => on_frame(&shard, &peer, &mut reader, &mut writer, frame, payload).await,
+            Ok(None) => return,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = r {
+            log::debug!("closing connection from {peer}: {e}");
+            let bye = Frame::GoAway {
+                code: codes::ERR_BAD_STATE,
+                msg: e.to_string(),
+            };
+            let _ = writer.send(&bye, &[]).await;
+            writer.inner().shutdown_both();
+            return;
+        }
+        rt::yield_if_needed().await;
+    }
+}
+
+fn status_of(code: u32) -> StatusCode {
+    StatusCode::from_u32(code).unwrap_or(StatusCode::ErrBadState)
+}
+
+async fn on_frame(
+    shard: &Rc<Shard>,
+    peer: &str,
+    reader: &mut FrameReader<rt::ReadHalf>,
+    writer: &mut FrameWriter<rt::WriteHalf>,
+    frame: Frame,
+    payload: u64,
+) -> Result<(), ConnError> {
+    let inbound = &shard.shared.inbound;
+    match frame {
+        Frame::Write { chunk, final_ } => {
+            let (code, msg) = place(shard, reader, &chunk, payload).await?;
+            let reply = Reply { tag: chunk.tag, uid: chunk.uid, chunk: chunk.chunk, code, msg };
+            let out = if final_ {
+                // The inbound status exists before the initiator can see the completion.
+                inbound.record(peer, chunk.uid, status_of(code), &reply.msg);
+                Frame::Complete(reply)
+            } else {
+                Frame::Ack(reply)
+            };
+            writer.send(&out, &[]).await?;
+        }
+        Frame::Read { chunk, final_ } => {
+            let region = shard.regions.borrow().get(&chunk.mem_id).cloned();
+            let checked = check_chunk(&chunk, region.as_ref().map(|r| r.len() as u64));
+            let mut reply = Reply { tag: chunk.tag, uid: chunk.uid, chunk: chunk.chunk, code: codes::SUCCESS, msg: String::new() };
+            let mut slices = Vec::new();
+            match (checked, &region) {
+                (Ok(()), Some(region)) => {
+                    for s in &chunk.segs {
+                        // SAFETY: bounds checked above against the live region; reading it is
+                        // what the peer's read request asks for.
+                        match unsafe { region.slice(s.off, s.len) } {
+                            Some(b) => slices.push(b),
+                            None => return Err(ConnError::Violation("segment out of range".into())),
+                        }
+                    }
+                }
+                (Err(refusal), _) => {
+                    reply.code = refusal.code;
+                    reply.msg = refusal.msg.to_string();
+                }
+                (Ok(()), None) => unreachable_refusal(&mut reply),
+            }
+            if final_ {
+                // Recorded before the bytes leave: once the initiator has them all, the
+                // target's status already exists. A failed send aborts the connection and the
+                // initiator fails too.
+                inbound.record(peer, chunk.uid, status_of(reply.code), &reply.msg);
+            }
+            let payload: Vec<&[u8]> = if reply.code == codes::SUCCESS { slices } else { Vec::new() };
+            writer.send(&Frame::ReadData { reply, final_ }, &payload).await?;
+        }
+        Frame::Finish(f) => {
+            inbound.record(peer, f.uid, status_of(f.code), &f.msg);
+            let reply = Reply { tag: f.tag, uid: f.uid, chunk: 0, code: f.code, msg: f.msg };
+            writer.send(&Frame::Complete(reply), &[]).await?;
+        }
+        other => {
+            return Err(ConnError::Violation(format!("unexpected {:?} from initiator", other.kind())));
+        }
+    }
+    Ok(())
+}
+
+fn unreachable_refusal(reply: &mut Reply) {
+    // check_chunk refuses a missing region, so this arm cannot run; answer sanely anyway.
+    reply.code = codes::ERR_NOT_FOUND;
+    reply.msg = "remote memory region not registered".into();
+}
+
+/// Validate a WRITE chunk and place its payload, or drain it if refused.
+async fn place(
+    shard: &Rc<Shard>,
+    reader: &mut FrameReader<rt::ReadHalf>,
+    chunk: &Chunk,
+    payload: u64,
+) -> Result<(u32, String), ConnError> {
+    let region = shard.regions.borrow().get(&chunk.mem_id).cloned();
+    match (check_chunk(chunk, region.as_ref().map(|r| r.len() as u64)), region) {
+        (Ok(()), Some(region)) => {
+            for s in &chunk.segs {
+                // SAFETY: bounds checked above against the live region (kept alive by
+                // `region` across the awaits); the peer may write it because it is registered.
+                let dst = unsafe { region.slice_mut(s.off, s.len) };
+                let dst = dst.ok_or_else(|| ConnError::Violation("segment out of range".into()))?;
+                reader.read_payload(dst).await?;
+            }
+            Ok((codes::SUCCESS, String::new()))
+        }
+        (Err(refusal), _) => {
+            reader.discard_payload(payload).await?;
+            Ok((refusal.code, refusal.msg.to_string()))
+        }
+        (Ok(()), None) => {
+            reader.discard_payload(payload).await?;
+            Ok((codes::ERR_NOT_FOUND, "remote memory region not registered".into()))
+        }
+    }
+}
