@@ -183,7 +183,10 @@ mod tests {
         assert_eq!(c.op_timeout, Duration::from_secs(30));
         assert_eq!(c.num_data_conns, 8);
         assert_eq!(c.striping_threshold_bytes, 65536);
-        assert_eq!((c.keepalive_idle.as_secs(), c.keepalive_intvl.as_secs()), (30, 10));
+        assert_eq!(
+            (c.keepalive_idle.as_secs(), c.keepalive_intvl.as_secs()),
+            (30, 10)
+        );
         assert_eq!(c.keepalive_cnt, 3);
         assert!(c.enable_keepalive && c.enable_ctrl_nodelay);
         c.validate().unwrap();
@@ -193,21 +196,80 @@ mod tests {
     fn bad_values_are_typed_errors() {
         let d = TcpBackendConfig::default;
         let cases = [
-            (TcpBackendConfig { num_data_conns: 0, ..d() }, ConfigError::DataConns(0)),
-            (TcpBackendConfig { num_data_conns: 17, ..d() }, ConfigError::DataConns(17)),
-            (TcpBackendConfig { op_timeout: Duration::ZERO, ..d() }, ConfigError::ZeroTimeout("op_timeout")),
-            (TcpBackendConfig { chunk_bytes: 10, ..d() }, ConfigError::ChunkBytes(10)),
-            (TcpBackendConfig { num_shards: Some(0), ..d() }, ConfigError::ZeroShards),
-            (TcpBackendConfig { cpus: Some(vec![1, 1]), ..d() }, ConfigError::BadCpus),
-            (TcpBackendConfig { cpus: Some(vec![]), ..d() }, ConfigError::BadCpus),
-            (TcpBackendConfig { keepalive_cnt: 0, ..d() }, ConfigError::Keepalive),
-            (TcpBackendConfig { sock_sndbuf_bytes: usize::MAX, ..d() }, ConfigError::SockBuf),
+            (
+                TcpBackendConfig {
+                    num_data_conns: 0,
+                    ..d()
+                },
+                ConfigError::DataConns(0),
+            ),
+            (
+                TcpBackendConfig {
+                    num_data_conns: 17,
+                    ..d()
+                },
+                ConfigError::DataConns(17),
+            ),
+            (
+                TcpBackendConfig {
+                    op_timeout: Duration::ZERO,
+                    ..d()
+                },
+                ConfigError::ZeroTimeout("op_timeout"),
+            ),
+            (
+                TcpBackendConfig {
+                    chunk_bytes: 10,
+                    ..d()
+                },
+                ConfigError::ChunkBytes(10),
+            ),
+            (
+                TcpBackendConfig {
+                    num_shards: Some(0),
+                    ..d()
+                },
+                ConfigError::ZeroShards,
+            ),
+            (
+                TcpBackendConfig {
+                    cpus: Some(vec![1, 1]),
+                    ..d()
+                },
+                ConfigError::BadCpus,
+            ),
+            (
+                TcpBackendConfig {
+                    cpus: Some(vec![]),
+                    ..d()
+                },
+                ConfigError::BadCpus,
+            ),
+            (
+                TcpBackendConfig {
+                    keepalive_cnt: 0,
+                    ..d()
+                },
+                ConfigError::Keepalive,
+            ),
+            (
+                TcpBackendConfig {
+                    sock_sndbuf_bytes: usize::MAX,
+                    ..d()
+                },
+                ConfigError::SockBuf,
+            ),
         ];
         for (c, e) in cases {
             assert_eq!(c.validate(), Err(e));
         }
         for n in 1..=16 {
-            TcpBackendConfig { num_data_conns: n, ..d() }.validate().unwrap();
+            TcpBackendConfig {
+                num_data_conns: n,
+                ..d()
+            }
+            .validate()
+            .unwrap();
         }
     }
 }

@@ -51,7 +51,9 @@ pub struct IoEngine {
 
 impl std::fmt::Debug for IoEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IoEngine").field("key", &self.inner.key).finish()
+        f.debug_struct("IoEngine")
+            .field("key", &self.inner.key)
+            .finish()
     }
 }
 
@@ -108,12 +110,17 @@ impl IoEngine {
         cfg.validate()?;
         let mut slot = write(&self.inner.backend);
         if slot.is_some() {
-            log::warn!("TCP backend already created for engine {}; ignoring", self.inner.key);
+            log::warn!(
+                "TCP backend already created for engine {}; ignoring",
+                self.inner.key
+            );
             return Ok(());
         }
         let (listener, port) = listen(&self.inner.cfg, &cfg)?;
         let cpus = placement::shard_cpus(&cfg)?;
-        let inbound = Arc::new(InboundStatuses::new((cfg.op_timeout * 4).max(Duration::from_secs(60))));
+        let inbound = Arc::new(InboundStatuses::new(
+            (cfg.op_timeout * 4).max(Duration::from_secs(60)),
+        ));
         let shared = Arc::new(Shared {
             key: self.inner.key.clone(),
             cfg: cfg.clone(),
@@ -174,7 +181,10 @@ impl IoEngine {
         if write(&self.inner.remotes).remove(&desc.key).is_some() {
             if let Some(b) = self.backend() {
                 for s in 0..b.pool.n_shards() {
-                    let _ = b.pool.mesh().send(s, ShardMsg::DropPeer(desc.key.as_str().into()));
+                    let _ = b
+                        .pool
+                        .mesh()
+                        .send(s, ShardMsg::DropPeer(desc.key.as_str().into()));
                 }
             }
         }
@@ -218,7 +228,12 @@ impl IoEngine {
     }
 
     fn add_region(&self, region: SharedRegion) -> Result<MemoryDesc, EngineError> {
-        let desc = MemoryDesc::cpu(&self.inner.key, region.id, region.addr(), region.len() as u64);
+        let desc = MemoryDesc::cpu(
+            &self.inner.key,
+            region.id,
+            region.addr(),
+            region.len() as u64,
+        );
         write(&self.inner.regions).insert(region.id, region.clone());
         if let Some(b) = self.backend() {
             if let Err(e) = broadcast(&b, |ack| ShardMsg::AddRegion(region.clone(), ack)) {
@@ -249,7 +264,10 @@ impl IoEngine {
             if t0.elapsed() > limit {
                 // Keep it alive forever rather than free it under a placement.
                 std::mem::forget(region);
-                return Err(EngineError::Busy(format!("memory {} still in use after {limit:?}", desc.id)));
+                return Err(EngineError::Busy(format!(
+                    "memory {} still in use after {limit:?}",
+                    desc.id
+                )));
             }
             std::thread::sleep(Duration::from_micros(200));
         }
@@ -272,7 +290,8 @@ impl IoEngine {
         size: usize,
         uid: u64,
     ) -> Arc<TransferStatus> {
-        self.inner.submit_one(Op::Read, local, local_off, remote, remote_off, size, uid)
+        self.inner
+            .submit_one(Op::Read, local, local_off, remote, remote_off, size, uid)
     }
 
     /// Write `size` bytes at `local_off` of `local` to `remote` at `remote_off`.
@@ -285,7 +304,8 @@ impl IoEngine {
         size: usize,
         uid: u64,
     ) -> Arc<TransferStatus> {
-        self.inner.submit_one(Op::Write, local, local_off, remote, remote_off, size, uid)
+        self.inner
+            .submit_one(Op::Write, local, local_off, remote, remote_off, size, uid)
     }
 
     /// MORI's `batch_read`: entry *i* of every outer list forms one transfer (its own uid and
@@ -299,7 +319,15 @@ impl IoEngine {
         sizes: &[Vec<usize>],
         uids: &[u64],
     ) -> Vec<Arc<TransferStatus>> {
-        self.inner.submit_pairs(Op::Read, local, local_offs, remote, remote_offs, sizes, uids)
+        self.inner.submit_pairs(
+            Op::Read,
+            local,
+            local_offs,
+            remote,
+            remote_offs,
+            sizes,
+            uids,
+        )
     }
 
     /// MORI's `batch_write`, shaped as [`Self::batch_read`].
@@ -312,18 +340,38 @@ impl IoEngine {
         sizes: &[Vec<usize>],
         uids: &[u64],
     ) -> Vec<Arc<TransferStatus>> {
-        self.inner.submit_pairs(Op::Write, local, local_offs, remote, remote_offs, sizes, uids)
+        self.inner.submit_pairs(
+            Op::Write,
+            local,
+            local_offs,
+            remote,
+            remote_offs,
+            sizes,
+            uids,
+        )
     }
 
     /// A session over a (local, remote) pair; `None` until the backend exists (MORI-IO).
-    pub fn create_session(&self, local: &MemoryDesc, remote: &MemoryDesc) -> Option<IoEngineSession> {
+    pub fn create_session(
+        &self,
+        local: &MemoryDesc,
+        remote: &MemoryDesc,
+    ) -> Option<IoEngineSession> {
         self.backend()?;
-        Some(IoEngineSession::new(self.inner.clone(), local.clone(), remote.clone()))
+        Some(IoEngineSession::new(
+            self.inner.clone(),
+            local.clone(),
+            remote.clone(),
+        ))
     }
 
     /// Remove and return how transfer `uid` from engine `remote_key` ended here (as target).
     /// `None` if it has not ended, was popped already, or aged out.
-    pub fn pop_inbound_transfer_status(&self, remote_key: &str, uid: u64) -> Option<TransferStatus> {
+    pub fn pop_inbound_transfer_status(
+        &self,
+        remote_key: &str,
+        uid: u64,
+    ) -> Option<TransferStatus> {
         let store = lock(&self.inner.inbound).clone()?;
         let (code, msg) = store.pop(remote_key, uid)?;
         let s = TransferStatus::new();
@@ -388,7 +436,15 @@ impl Inner {
         size: usize,
         uid: u64,
     ) -> Arc<TransferStatus> {
-        self.submit(op, local, &[local_off as u64], remote, &[remote_off as u64], &[size as u64], uid)
+        self.submit(
+            op,
+            local,
+            &[local_off as u64],
+            remote,
+            &[remote_off as u64],
+            &[size as u64],
+            uid,
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -403,9 +459,15 @@ impl Inner {
         uids: &[u64],
     ) -> Vec<Arc<TransferStatus>> {
         let n = uids.len();
-        if [local.len(), local_offs.len(), remote.len(), remote_offs.len(), sizes.len()]
-            .iter()
-            .any(|&l| l != n)
+        if [
+            local.len(),
+            local_offs.len(),
+            remote.len(),
+            remote_offs.len(),
+            sizes.len(),
+        ]
+        .iter()
+        .any(|&l| l != n)
         {
             return (0..n.max(1))
                 .map(|_| failed(StatusCode::ErrInvalidArgs, "batch vector size mismatch"))
@@ -413,7 +475,17 @@ impl Inner {
         }
         let u = |v: &Vec<usize>| v.iter().map(|&x| x as u64).collect::<Vec<u64>>();
         (0..n)
-            .map(|i| self.submit(op, &local[i], &u(&local_offs[i]), &remote[i], &u(&remote_offs[i]), &u(&sizes[i]), uids[i]))
+            .map(|i| {
+                self.submit(
+                    op,
+                    &local[i],
+                    &u(&local_offs[i]),
+                    &remote[i],
+                    &u(&remote_offs[i]),
+                    &u(&sizes[i]),
+                    uids[i],
+                )
+            })
             .collect()
     }
 
@@ -430,13 +502,22 @@ impl Inner {
         uid: u64,
     ) -> Arc<TransferStatus> {
         let Some(backend) = self.backend() else {
-            return failed(StatusCode::ErrBadState, "No available backend found, create backend first");
+            return failed(
+                StatusCode::ErrBadState,
+                "No available backend found, create backend first",
+            );
         };
         if local.engine_key != self.key {
-            return failed(StatusCode::ErrInvalidArgs, "local memory belongs to another engine");
+            return failed(
+                StatusCode::ErrInvalidArgs,
+                "local memory belongs to another engine",
+            );
         }
         if remote.loc != MemoryLocationType::Cpu || local.loc != MemoryLocationType::Cpu {
-            return failed(StatusCode::ErrInvalidArgs, "this build moves host memory only");
+            return failed(
+                StatusCode::ErrInvalidArgs,
+                "this build moves host memory only",
+            );
         }
         let Some(region) = read(&self.regions).get(&local.id).cloned() else {
             return failed(StatusCode::ErrNotFound, "local memory not registered");
@@ -444,7 +525,13 @@ impl Inner {
         let Some(peer) = read(&self.remotes).get(&remote.engine_key).cloned() else {
             return failed(StatusCode::ErrNotFound, "remote engine not registered");
         };
-        let pieces = match plan::normalize(local_offs, remote_offs, sizes, region.len() as u64, remote.size) {
+        let pieces = match plan::normalize(
+            local_offs,
+            remote_offs,
+            sizes,
+            region.len() as u64,
+            remote.size,
+        ) {
             Ok(p) => p,
             Err(e) => return failed(StatusCode::ErrInvalidArgs, &e.to_string()),
         };
@@ -467,7 +554,12 @@ impl Inner {
             deadline_ns: now_ns() + shared.cfg.op_timeout.as_nanos() as u64,
             status: status.clone(),
         };
-        if backend.pool.mesh().send(owner, ShardMsg::Submit(Box::new(sub))).is_err() {
+        if backend
+            .pool
+            .mesh()
+            .send(owner, ShardMsg::Submit(Box::new(sub)))
+            .is_err()
+        {
             status.update(StatusCode::ErrBadState, "engine shut down");
         }
         status
@@ -479,25 +571,41 @@ fn broadcast(b: &Backend, msg: impl Fn(mpsc::Sender<()>) -> ShardMsg) -> Result<
     let (tx, rx) = mpsc::channel();
     let n = b.pool.n_shards();
     for s in 0..n {
-        b.pool.mesh().send(s, msg(tx.clone())).map_err(|_| EngineError::ShuttingDown)?;
+        b.pool
+            .mesh()
+            .send(s, msg(tx.clone()))
+            .map_err(|_| EngineError::ShuttingDown)?;
     }
     for _ in 0..n {
-        rx.recv_timeout(Duration::from_secs(30))
-            .map_err(|_| EngineError::Busy("a shard did not acknowledge a registry change".into()))?;
+        rx.recv_timeout(Duration::from_secs(30)).map_err(|_| {
+            EngineError::Busy("a shard did not acknowledge a registry change".into())
+        })?;
     }
     Ok(())
 }
 
-fn listen(ecfg: &IoEngineConfig, cfg: &TcpBackendConfig) -> Result<(socket2::Socket, u16), EngineError> {
+fn listen(
+    ecfg: &IoEngineConfig,
+    cfg: &TcpBackendConfig,
+) -> Result<(socket2::Socket, u16), EngineError> {
     let ip: IpAddr = if ecfg.host.is_empty() {
         IpAddr::from([0, 0, 0, 0])
     } else {
-        ecfg.host.parse().map_err(|_| ConfigError::Host(ecfg.host.clone()))?
+        ecfg.host
+            .parse()
+            .map_err(|_| ConfigError::Host(ecfg.host.clone()))?
     };
     let addr = SocketAddr::new(ip, ecfg.port);
-    let bind_err = |source| EngineError::Bind { addr: addr.to_string(), source };
-    let sock = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, Some(socket2::Protocol::TCP))
-        .map_err(bind_err)?;
+    let bind_err = |source| EngineError::Bind {
+        addr: addr.to_string(),
+        source,
+    };
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )
+    .map_err(bind_err)?;
     sock.set_reuse_address(true).map_err(bind_err)?;
     service::configure_buffers(&sock, cfg).map_err(bind_err)?;
     sock.bind(&addr.into()).map_err(bind_err)?;

@@ -85,7 +85,10 @@ mod tests {
         s.record("b", 1, StatusCode::ErrNotFound, "nope");
         assert_eq!(s.pop("a", 1), Some((StatusCode::Success, String::new())));
         assert_eq!(s.pop("a", 1), None);
-        assert_eq!(s.pop("b", 1), Some((StatusCode::ErrNotFound, "nope".into())));
+        assert_eq!(
+            s.pop("b", 1),
+            Some((StatusCode::ErrNotFound, "nope".into()))
+        );
     }
 
     #[test]

@@ -40,7 +40,11 @@ pub(crate) fn shard_cpus(cfg: &TcpBackendConfig) -> Result<Option<Vec<usize>>, E
         Topology::flat(std::thread::available_parallelism().map_or(1, |n| n.get()))
     });
     let req = ShardRequest {
-        n_shards: if cfg.cpus.is_some() { None } else { Some(default_shards(cfg)) },
+        n_shards: if cfg.cpus.is_some() {
+            None
+        } else {
+            Some(default_shards(cfg))
+        },
         cpus: cfg.cpus.clone(),
         prefer_node: None,
     };

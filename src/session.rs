@@ -25,7 +25,11 @@ impl std::fmt::Debug for IoEngineSession {
 
 impl IoEngineSession {
     pub(crate) fn new(inner: Arc<Inner>, local: MemoryDesc, remote: MemoryDesc) -> Self {
-        Self { inner, local, remote }
+        Self {
+            inner,
+            local,
+            remote,
+        }
     }
 
     /// A fresh uid from the engine's counter.
@@ -34,28 +38,76 @@ impl IoEngineSession {
     }
 
     /// Read `size` bytes at `remote_off` into `local_off`.
-    pub fn read(&self, local_off: usize, remote_off: usize, size: usize, uid: u64) -> Arc<TransferStatus> {
-        self.inner.submit_one(Op::Read, &self.local, local_off, &self.remote, remote_off, size, uid)
+    pub fn read(
+        &self,
+        local_off: usize,
+        remote_off: usize,
+        size: usize,
+        uid: u64,
+    ) -> Arc<TransferStatus> {
+        self.inner.submit_one(
+            Op::Read,
+            &self.local,
+            local_off,
+            &self.remote,
+            remote_off,
+            size,
+            uid,
+        )
     }
 
     /// Write `size` bytes at `local_off` to `remote_off`.
-    pub fn write(&self, local_off: usize, remote_off: usize, size: usize, uid: u64) -> Arc<TransferStatus> {
-        self.inner.submit_one(Op::Write, &self.local, local_off, &self.remote, remote_off, size, uid)
+    pub fn write(
+        &self,
+        local_off: usize,
+        remote_off: usize,
+        size: usize,
+        uid: u64,
+    ) -> Arc<TransferStatus> {
+        self.inner.submit_one(
+            Op::Write,
+            &self.local,
+            local_off,
+            &self.remote,
+            remote_off,
+            size,
+            uid,
+        )
     }
 
     /// One transfer (one status) of many segments, read from the remote side.
-    pub fn batch_read(&self, local_offs: &[usize], remote_offs: &[usize], sizes: &[usize], uid: u64) -> Arc<TransferStatus> {
+    pub fn batch_read(
+        &self,
+        local_offs: &[usize],
+        remote_offs: &[usize],
+        sizes: &[usize],
+        uid: u64,
+    ) -> Arc<TransferStatus> {
         self.batch(Op::Read, local_offs, remote_offs, sizes, uid)
     }
 
     /// One transfer (one status) of many segments, written to the remote side.
-    pub fn batch_write(&self, local_offs: &[usize], remote_offs: &[usize], sizes: &[usize], uid: u64) -> Arc<TransferStatus> {
+    pub fn batch_write(
+        &self,
+        local_offs: &[usize],
+        remote_offs: &[usize],
+        sizes: &[usize],
+        uid: u64,
+    ) -> Arc<TransferStatus> {
         self.batch(Op::Write, local_offs, remote_offs, sizes, uid)
     }
 
-    fn batch(&self, op: Op, lo: &[usize], ro: &[usize], sz: &[usize], uid: u64) -> Arc<TransferStatus> {
+    fn batch(
+        &self,
+        op: Op,
+        lo: &[usize],
+        ro: &[usize],
+        sz: &[usize],
+        uid: u64,
+    ) -> Arc<TransferStatus> {
         let u = |v: &[usize]| v.iter().map(|&x| x as u64).collect::<Vec<u64>>();
-        self.inner.submit(op, &self.local, &u(lo), &self.remote, &u(ro), &u(sz), uid)
+        self.inner
+            .submit(op, &self.local, &u(lo), &self.remote, &u(ro), &u(sz), uid)
     }
 
     /// Always true for TCP sessions (MORI-IO).

@@ -286,9 +286,10 @@ mod tests {
 
     #[test]
     fn bad_cpu_fails_whole_pool() {
-        let r = ShardPool::<()>::start(PoolConfig::pinned(&[0, 100_000], "bad"), |ctx| async move {
-            while ctx.inbox.recv().await.is_ok() {}
-        });
+        let r =
+            ShardPool::<()>::start(PoolConfig::pinned(&[0, 100_000], "bad"), |ctx| async move {
+                while ctx.inbox.recv().await.is_ok() {}
+            });
         assert!(matches!(r, Err(ShardError::Start { .. })), "{r:?}");
         assert!(matches!(
             ShardPool::<()>::start(PoolConfig::unpinned(0, "none"), |_| async {}),

@@ -88,7 +88,12 @@ impl Outbound {
     }
 
     /// A chunk was answered (ACK or READ_DATA of a multi-chunk transfer).
-    pub fn on_chunk(&mut self, chunk: u32, code: u32, msg: &str) -> Result<Option<Action>, Violation> {
+    pub fn on_chunk(
+        &mut self,
+        chunk: u32,
+        code: u32,
+        msg: &str,
+    ) -> Result<Option<Action>, Violation> {
         if self.phase != Phase::Chunks || self.single {
             return Err(Violation::WrongPhase(self.phase));
         }
@@ -117,7 +122,11 @@ impl Outbound {
 
     /// COMPLETE arrived (or a FINAL READ_DATA): the target has recorded its inbound status.
     pub fn on_complete(&mut self, code: u32, msg: &str) -> Result<Action, Violation> {
-        let expected = if self.single { Phase::Chunks } else { Phase::Finishing };
+        let expected = if self.single {
+            Phase::Chunks
+        } else {
+            Phase::Finishing
+        };
         if self.phase != expected {
             return Err(Violation::WrongPhase(self.phase));
         }
@@ -167,7 +176,10 @@ mod tests {
         assert!(o.on_chunk(0, 0, "").is_err());
         assert_eq!(
             o.on_complete(0, "").unwrap(),
-            Action::Complete { code: 0, msg: String::new() }
+            Action::Complete {
+                code: 0,
+                msg: String::new()
+            }
         );
         assert_eq!(o.on_tick(100), None);
     }
@@ -181,11 +193,17 @@ mod tests {
         assert_eq!(o.on_chunk(7, 0, ""), Err(Violation::UnknownChunk(7)));
         assert_eq!(
             o.on_chunk(0, 11, "later").unwrap(),
-            Some(Action::SendFinish { code: 12, msg: "gone".into() })
+            Some(Action::SendFinish {
+                code: 12,
+                msg: "gone".into()
+            })
         );
         assert_eq!(
             o.on_complete(0, "").unwrap(),
-            Action::Complete { code: 12, msg: "gone".into() }
+            Action::Complete {
+                code: 12,
+                msg: "gone".into()
+            }
         );
     }
 
@@ -193,10 +211,16 @@ mod tests {
     fn deadline_and_lane_loss() {
         let mut o = Outbound::new(2, 10);
         assert_eq!(o.on_tick(9), None);
-        assert!(matches!(o.on_tick(10), Some(Action::Complete { code: 14, .. })));
+        assert!(matches!(
+            o.on_tick(10),
+            Some(Action::Complete { code: 14, .. })
+        ));
         assert_eq!(o.on_lane_lost("x"), None);
         let mut o = Outbound::new(2, 10);
-        assert!(matches!(o.on_lane_lost("lost"), Some(Action::Complete { code: 14, .. })));
+        assert!(matches!(
+            o.on_lane_lost("lost"),
+            Some(Action::Complete { code: 14, .. })
+        ));
         assert!(o.on_chunk(0, 0, "").is_err());
     }
 }

@@ -155,20 +155,51 @@ mod tests {
         assert_eq!(
             p,
             vec![
-                Piece { local: 0, remote: 100, len: 16 },
-                Piece { local: 20, remote: 200, len: 4 }
+                Piece {
+                    local: 0,
+                    remote: 100,
+                    len: 16
+                },
+                Piece {
+                    local: 20,
+                    remote: 200,
+                    len: 4
+                }
             ]
         );
-        assert_eq!(normalize(&[0], &[0], &[], 8, 8), Err(PlanError::LengthMismatch));
-        assert_eq!(normalize(&[1], &[0], &[8], 8, 8), Err(PlanError::LocalOutOfRange));
-        assert_eq!(normalize(&[0], &[1], &[8], 8, 8), Err(PlanError::RemoteOutOfRange));
-        assert_eq!(normalize(&[u64::MAX], &[0], &[2], 8, 8), Err(PlanError::Overflow));
+        assert_eq!(
+            normalize(&[0], &[0], &[], 8, 8),
+            Err(PlanError::LengthMismatch)
+        );
+        assert_eq!(
+            normalize(&[1], &[0], &[8], 8, 8),
+            Err(PlanError::LocalOutOfRange)
+        );
+        assert_eq!(
+            normalize(&[0], &[1], &[8], 8, 8),
+            Err(PlanError::RemoteOutOfRange)
+        );
+        assert_eq!(
+            normalize(&[u64::MAX], &[0], &[2], 8, 8),
+            Err(PlanError::Overflow)
+        );
         assert!(normalize(&[0], &[0], &[0], 0, 0).unwrap().is_empty());
     }
 
     #[test]
     fn overlap_detection() {
-        let a = [Piece { local: 0, remote: 0, len: 10 }, Piece { local: 20, remote: 5, len: 10 }];
+        let a = [
+            Piece {
+                local: 0,
+                remote: 0,
+                len: 10,
+            },
+            Piece {
+                local: 20,
+                remote: 5,
+                len: 10,
+            },
+        ];
         assert!(destination_overlaps(&a, true));
         assert!(!destination_overlaps(&a, false));
     }

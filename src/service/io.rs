@@ -170,7 +170,10 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
 
 /// Options every lane socket gets (both ends): nodelay, keepalive, and a user timeout so a
 /// peer that stops acknowledging data fails the connection instead of hanging it.
-pub(crate) fn configure_conn(sock: &socket2::SockRef<'_>, cfg: &TcpBackendConfig) -> io::Result<()> {
+pub(crate) fn configure_conn(
+    sock: &socket2::SockRef<'_>,
+    cfg: &TcpBackendConfig,
+) -> io::Result<()> {
     sock.set_tcp_nodelay(cfg.enable_ctrl_nodelay)?;
     if cfg.enable_keepalive {
         let ka = socket2::TcpKeepalive::new()
@@ -205,7 +208,9 @@ pub(crate) async fn read_frame_exact<R: AsyncRead + Unpin>(r: &mut R) -> Result<
     r.read_exact(&mut body).await.map_err(eof_is_closed)?;
     let frame = decode_body(&header, &body)?;
     if header.payload_len != 0 {
-        return Err(ConnError::Violation("handshake frame with a payload".into()));
+        return Err(ConnError::Violation(
+            "handshake frame with a payload".into(),
+        ));
     }
     Ok(frame)
 }

@@ -11,7 +11,9 @@ use std::sync::Arc;
 use futures_lite::AsyncWriteExt;
 use morio_shards::{rt, ShardId};
 
-use super::io::{configure_buffers, configure_conn, read_frame_exact, ConnError, FrameReader, FrameWriter};
+use super::io::{
+    configure_buffers, configure_conn, read_frame_exact, ConnError, FrameReader, FrameWriter,
+};
 use super::owner::{LaneEvent, LaneEventKind};
 use super::{Peer, Shard, ShardMsg};
 use crate::proto::codes;
@@ -69,10 +71,22 @@ struct Outstanding {
 
 #[derive(Debug)]
 enum Wait {
-    Write { chunk: u32, final_: bool },
-    Read { chunk: u32, final_: bool, local: SharedRegion, pieces: Vec<Piece>, bytes: u64 },
+    Write {
+        chunk: u32,
+        final_: bool,
+    },
+    Read {
+        chunk: u32,
+        final_: bool,
+        local: SharedRegion,
+        pieces: Vec<Piece>,
+        bytes: u64,
+    },
     Finish,
 }
+
+/// A shard's lanes, by (peer key, lane index).
+pub(crate) type LaneMap = HashMap<(Arc<str>, u16), Rc<Lane>>;
 
 /// One connection to a peer, owned by one shard.
 pub(crate) struct Lane {
@@ -129,11 +143,19 @@ pub(crate) fn cancel(shard: &Rc<Shard>, peer: &str, uid: u64, gen: u64) {
         .map(|(_, l)| l.clone())
         .collect();
     for l in lanes {
-        l.queue.borrow_mut().retain(|i| (i.uid, i.gen) != (uid, gen));
-        l.outstanding.borrow_mut().retain(|_, o| (o.uid, o.gen) != (uid, gen));
+        l.queue
+            .borrow_mut()
+            .retain(|i| (i.uid, i.gen) != (uid, gen));
+        l.outstanding
+            .borrow_mut()
+            .retain(|_, o| (o.uid, o.gen) != (uid, gen));
         if l.writing.get() == Some((uid, gen)) {
             // Its bytes are half on the wire: the stream cannot be resynchronised.
-            die(shard, &l, "a transfer on this connection timed out mid-frame");
+            die(
+                shard,
+                &l,
+                "a transfer on this connection timed out mid-frame",
+            );
         }
     }
 }
@@ -181,15 +203,39 @@ fn die(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: &str) {
         }
     }
     let mut hit: HashSet<(ShardId, u64, u64)> = HashSet::new();
-    hit.extend(lane.queue.borrow_mut().drain(..).map(|i| (i.owner, i.uid, i.gen)));
-    hit.extend(lane.outstanding.borrow_mut().drain().map(|(_, o)| (o.owner, o.uid, o.gen)));
+    hit.extend(
+        lane.queue
+            .borrow_mut()
+            .drain(..)
+            .map(|i| (i.owner, i.uid, i.gen)),
+    );
+    hit.extend(
+        lane.outstanding
+            .borrow_mut()
+            .drain()
+            .map(|(_, o)| (o.owner, o.uid, o.gen)),
+    );
     let msg = format!("connection to {} lost: {msg}", lane.peer.key);
     for (owner, uid, gen) in hit {
-        report(shard, owner, &lane.peer.key, uid, gen, LaneEventKind::Lost { msg: msg.clone() });
+        report(
+            shard,
+            owner,
+            &lane.peer.key,
+            uid,
+            gen,
+            LaneEventKind::Lost { msg: msg.clone() },
+        );
     }
 }
 
-fn report(shard: &Rc<Shard>, owner: ShardId, peer: &Arc<str>, uid: u64, gen: u64, kind: LaneEventKind) {
+fn report(
+    shard: &Rc<Shard>,
+    owner: ShardId,
+    peer: &Arc<str>,
+    uid: u64,
+    gen: u64,
+    kind: LaneEventKind,
+) {
     let ev = LaneEvent {
         peer: peer.clone(),
         uid,
@@ -258,17 +304,21 @@ async fn connect(shard: &Rc<Shard>, lane: &Rc<Lane>) -> Result<rt::TcpStream, St
         });
         let mut buf = Vec::new();
         hello.encode(0, &mut buf);
-        s.write_all(&buf).await.map_err(|e| format!("send HELLO: {e}"))?;
+        s.write_all(&buf)
+            .await
+            .map_err(|e| format!("send HELLO: {e}"))?;
         match read_frame_exact(&mut s).await {
             Ok(Frame::HelloAck(a)) if a.code != codes::SUCCESS => {
                 Err(format!("peer refused the connection: {}", a.msg))
             }
-            Ok(Frame::HelloAck(a)) if a.version != VERSION => {
-                Err(format!("peer speaks protocol version {}, we speak {VERSION}", a.version))
-            }
-            Ok(Frame::HelloAck(a)) if *a.key != *lane.peer.key => {
-                Err(format!("peer at {addr} is engine {:?}, expected {:?}", a.key, lane.peer.key))
-            }
+            Ok(Frame::HelloAck(a)) if a.version != VERSION => Err(format!(
+                "peer speaks protocol version {}, we speak {VERSION}",
+                a.version
+            )),
+            Ok(Frame::HelloAck(a)) if *a.key != *lane.peer.key => Err(format!(
+                "peer at {addr} is engine {:?}, expected {:?}",
+                a.key, lane.peer.key
+            )),
             Ok(Frame::HelloAck(_)) => Ok(s),
             Ok(f) => Err(format!("expected HELLO_ACK, got {:?}", f.kind())),
             Err(e) => Err(format!("handshake: {e}")),
@@ -287,9 +337,23 @@ async fn write_item(
     let tag = lane.next_tag.get();
     lane.next_tag.set(tag + 1);
     let (uid, gen, owner) = (item.uid, item.gen, item.owner);
-    let pending = |wait| Outstanding { owner, uid, gen, wait };
+    let pending = |wait| Outstanding {
+        owner,
+        uid,
+        gen,
+        wait,
+    };
     match item.kind {
-        ItemKind::Chunk { op, chunk, n_chunks, mem_id, extent, pieces, final_, local } => {
+        ItemKind::Chunk {
+            op,
+            chunk,
+            n_chunks,
+            mem_id,
+            extent,
+            pieces,
+            final_,
+            local,
+        } => {
             let c = Chunk {
                 tag,
                 uid,
@@ -297,7 +361,13 @@ async fn write_item(
                 n_chunks,
                 mem_id,
                 extent,
-                segs: pieces.iter().map(|p| Seg { off: p.remote, len: p.len }).collect(),
+                segs: pieces
+                    .iter()
+                    .map(|p| Seg {
+                        off: p.remote,
+                        len: p.len,
+                    })
+                    .collect(),
             };
             match op {
                 Op::Write => {
@@ -306,26 +376,54 @@ async fn write_item(
                         // SAFETY: the range was checked against the region at submission and
                         // the region lives while `local` does; reading it is the transfer.
                         let s = unsafe { local.slice(p.local, p.len) };
-                        slices.push(s.ok_or_else(|| std::io::Error::other("local range out of bounds"))?);
+                        slices.push(
+                            s.ok_or_else(|| std::io::Error::other("local range out of bounds"))?,
+                        );
                     }
-                    lane.outstanding.borrow_mut().insert(tag, pending(Wait::Write { chunk, final_ }));
+                    lane.outstanding
+                        .borrow_mut()
+                        .insert(tag, pending(Wait::Write { chunk, final_ }));
                     lane.writing.set(Some((uid, gen)));
-                    writer.send(&Frame::Write { chunk: c, final_ }, &slices).await
+                    writer
+                        .send(&Frame::Write { chunk: c, final_ }, &slices)
+                        .await
                 }
                 Op::Read => {
                     let bytes = c.bytes();
                     // Registered before the request leaves: the answer can never come early.
                     lane.outstanding.borrow_mut().insert(
                         tag,
-                        pending(Wait::Read { chunk, final_, local, pieces, bytes }),
+                        pending(Wait::Read {
+                            chunk,
+                            final_,
+                            local,
+                            pieces,
+                            bytes,
+                        }),
                     );
                     writer.send(&Frame::Read { chunk: c, final_ }, &[]).await
                 }
             }
         }
-        ItemKind::Finish { op, n_chunks, total, code, msg } => {
-            lane.outstanding.borrow_mut().insert(tag, pending(Wait::Finish));
-            let f = Finish { tag, uid, op, n_chunks, total_bytes: total, code, msg };
+        ItemKind::Finish {
+            op,
+            n_chunks,
+            total,
+            code,
+            msg,
+        } => {
+            lane.outstanding
+                .borrow_mut()
+                .insert(tag, pending(Wait::Finish));
+            let f = Finish {
+                tag,
+                uid,
+                op,
+                n_chunks,
+                total_bytes: total,
+                code,
+                msg,
+            };
             writer.send(&Frame::Finish(f), &[]).await
         }
     }
@@ -334,7 +432,9 @@ async fn write_item(
 async fn read_loop(shard: Rc<Shard>, lane: Rc<Lane>, mut reader: FrameReader<rt::ReadHalf>) {
     loop {
         let r = match reader.next_frame().await {
-            Ok(Some((frame, payload))) => on_frame(&shard, &lane, &mut reader, frame, payload).await,
+            Ok(Some((frame, payload))) => {
+                on_frame(&shard, &lane, &mut reader, frame, payload).await
+            }
             Ok(None) => Err(ConnError::Closed),
             Err(e) => Err(e),
         };
@@ -357,7 +457,9 @@ async fn on_frame(
     let violation = |what: &str| Err(ConnError::Violation(what.to_string()));
     let (tag, uid) = match &frame {
         Frame::Ack(r) | Frame::Complete(r) | Frame::ReadData { reply: r, .. } => (r.tag, r.uid),
-        Frame::GoAway { msg, .. } => return Err(ConnError::Violation(format!("peer closed the lane: {msg}"))),
+        Frame::GoAway { msg, .. } => {
+            return Err(ConnError::Violation(format!("peer closed the lane: {msg}")))
+        }
         _ => return violation("unexpected frame kind from target"),
     };
     let Some(o) = lane.outstanding.borrow_mut().remove(&tag) else {
@@ -368,15 +470,33 @@ async fn on_frame(
         return violation("answer names another transfer");
     }
     let kind = match (frame, o.wait) {
-        (Frame::Ack(r), Wait::Write { chunk, final_: false }) if r.chunk == chunk => {
-            LaneEventKind::Chunk { chunk, code: r.code, msg: r.msg }
-        }
+        (
+            Frame::Ack(r),
+            Wait::Write {
+                chunk,
+                final_: false,
+            },
+        ) if r.chunk == chunk => LaneEventKind::Chunk {
+            chunk,
+            code: r.code,
+            msg: r.msg,
+        },
         (Frame::Complete(r), Wait::Write { final_: true, .. } | Wait::Finish) => {
-            LaneEventKind::Complete { code: r.code, msg: r.msg }
+            LaneEventKind::Complete {
+                code: r.code,
+                msg: r.msg,
+            }
         }
-        (Frame::ReadData { reply, final_ }, Wait::Read { chunk, final_: f, local, pieces, bytes })
-            if final_ == f && reply.chunk == chunk =>
-        {
+        (
+            Frame::ReadData { reply, final_ },
+            Wait::Read {
+                chunk,
+                final_: f,
+                local,
+                pieces,
+                bytes,
+            },
+        ) if final_ == f && reply.chunk == chunk => {
             if reply.code == codes::SUCCESS {
                 if payload != bytes {
                     return violation("read data length differs from the request");
@@ -385,14 +505,22 @@ async fn on_frame(
                     // SAFETY: the range was checked at submission; the bytes placed are the
                     // ones this side requested, into the range it requested them for.
                     let dst = unsafe { local.slice_mut(p.local, p.len) };
-                    let dst = dst.ok_or_else(|| ConnError::Violation("local range out of bounds".into()))?;
+                    let dst = dst
+                        .ok_or_else(|| ConnError::Violation("local range out of bounds".into()))?;
                     reader.read_payload(dst).await?;
                 }
             }
             if final_ {
-                LaneEventKind::Complete { code: reply.code, msg: reply.msg }
+                LaneEventKind::Complete {
+                    code: reply.code,
+                    msg: reply.msg,
+                }
             } else {
-                LaneEventKind::Chunk { chunk, code: reply.code, msg: reply.msg }
+                LaneEventKind::Chunk {
+                    chunk,
+                    code: reply.code,
+                    msg: reply.msg,
+                }
             }
         }
         _ => return violation("answer does not match its request"),

@@ -110,7 +110,7 @@ pub(crate) struct Shard {
     pub shared: Arc<Shared>,
     pub regions: RefCell<HashMap<u32, SharedRegion>>,
     pub owner: RefCell<owner::OwnerTable>,
-    pub lanes: RefCell<HashMap<(Arc<str>, u16), Rc<lane::Lane>>>,
+    pub lanes: RefCell<lane::LaneMap>,
     pub next_gen: Cell<u64>,
     pub closing: Cell<bool>,
 }
@@ -189,7 +189,8 @@ pub(crate) async fn run(ctx: ShardCtx<ShardMsg>, shared: Arc<Shared>) {
 }
 
 async fn tick_loop(shard: Rc<Shard>) {
-    let every = (shard.shared.cfg.op_timeout / 20).clamp(Duration::from_millis(1), Duration::from_millis(20));
+    let every = (shard.shared.cfg.op_timeout / 20)
+        .clamp(Duration::from_millis(1), Duration::from_millis(20));
     loop {
         rt::sleep(every).await;
         owner::tick(&shard, now_ns());

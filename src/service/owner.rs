@@ -53,7 +53,10 @@ pub(crate) struct OwnerTable {
 }
 
 fn fail_status(status: &TransferStatus, code: u32, msg: &str) {
-    status.update(StatusCode::from_u32(code).unwrap_or(StatusCode::ErrBadState), msg);
+    status.update(
+        StatusCode::from_u32(code).unwrap_or(StatusCode::ErrBadState),
+        msg,
+    );
 }
 
 /// A new transfer arrives at its owner.
@@ -83,7 +86,11 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
     };
     let chunks = plan::cut(&s.pieces, chunk_bytes);
     let Ok(n_chunks) = u32::try_from(chunks.len()) else {
-        return fail_status(&s.status, codes::ERR_INVALID_ARGS, "transfer has too many chunks");
+        return fail_status(
+            &s.status,
+            codes::ERR_INVALID_ARGS,
+            "transfer has too many chunks",
+        );
     };
     // Lanes this shard runs: a single-lane transfer uses one of them, so it never leaves
     // this core; a striped one starts there and fans out over every lane.
@@ -97,7 +104,11 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
         *c = c.wrapping_add(1);
         home
     }) else {
-        return fail_status(&s.status, codes::ERR_BAD_STATE, "no lane available on owner shard");
+        return fail_status(
+            &s.status,
+            codes::ERR_BAD_STATE,
+            "no lane available on owner shard",
+        );
     };
     let gen = shard.next_gen.get();
     shard.next_gen.set(gen + 1);
@@ -166,7 +177,10 @@ pub(crate) fn on_event(shard: &Rc<Shard>, ev: LaneEvent) {
     };
     let (action, early) = match step {
         Ok(a) => (a, false),
-        Err(v) => (e.sm.fail(codes::ERR_BAD_STATE, &format!("protocol violation: {v}")), true),
+        Err(v) => (
+            e.sm.fail(codes::ERR_BAD_STATE, &format!("protocol violation: {v}")),
+            true,
+        ),
     };
     match action {
         None => {}
@@ -200,7 +214,15 @@ pub(crate) fn on_event(shard: &Rc<Shard>, ev: LaneEvent) {
     }
 }
 
-fn finish(shard: &Rc<Shard>, peer: &Arc<str>, uid: u64, e: Entry, code: u32, msg: &str, cancel: bool) {
+fn finish(
+    shard: &Rc<Shard>,
+    peer: &Arc<str>,
+    uid: u64,
+    e: Entry,
+    code: u32,
+    msg: &str,
+    cancel: bool,
+) {
     if cancel {
         let mut shards: Vec<usize> = e.lanes.iter().map(|&l| shard.lane_shard(l)).collect();
         shards.sort_unstable();

@@ -50,21 +50,35 @@ async fn handshake(shard: Rc<Shard>, mut stream: rt::TcpStream) {
     let hello = match rt::timeout(cfg.handshake_timeout, read_frame_exact(&mut stream)).await {
         Some(Ok(Frame::Hello(h))) => h,
         Some(Ok(f)) => {
-            return refuse(&mut stream, codes::ERR_INVALID_ARGS, format!("expected HELLO, got {:?}", f.kind())).await;
+            return refuse(
+                &mut stream,
+                codes::ERR_INVALID_ARGS,
+                format!("expected HELLO, got {:?}", f.kind()),
+            )
+            .await;
         }
         Some(Err(e)) => {
             log::debug!("dropping connection before HELLO: {e}");
             return;
         }
         None => {
-            log::debug!("dropping connection: no HELLO within {:?}", cfg.handshake_timeout);
+            log::debug!(
+                "dropping connection: no HELLO within {:?}",
+                cfg.handshake_timeout
+            );
             return;
         }
     };
     let problem = if hello.version != VERSION {
-        Some(format!("protocol version {} not supported (want {VERSION})", hello.version))
+        Some(format!(
+            "protocol version {} not supported (want {VERSION})",
+            hello.version
+        ))
     } else if hello.dst_key != shard.shared.key {
-        Some(format!("this is engine {:?}, not {:?}", shard.shared.key, hello.dst_key))
+        Some(format!(
+            "this is engine {:?}, not {:?}",
+            shard.shared.key, hello.dst_key
+        ))
     } else if hello.src_key.is_empty() {
         Some("empty engine key".to_string())
     } else if hello.n_lanes == 0 || hello.n_lanes > MAX_LANES || hello.lane >= hello.n_lanes {
@@ -73,7 +87,11 @@ async fn handshake(shard: Rc<Shard>, mut stream: rt::TcpStream) {
         None
     };
     if let Some(msg) = problem {
-        let code = if hello.dst_key != shard.shared.key { codes::ERR_NOT_FOUND } else { codes::ERR_INVALID_ARGS };
+        let code = if hello.dst_key != shard.shared.key {
+            codes::ERR_NOT_FOUND
+        } else {
+            codes::ERR_INVALID_ARGS
+        };
         return refuse(&mut stream, code, msg).await;
     }
     let to = shard.lane_shard(hello.lane);
@@ -125,7 +143,9 @@ async fn serve(shard: Rc<Shard>, stream: rt::TcpStream, hello: Hello) {
     }
     loop {
         let r = match reader.next_frame().await {
-            Ok(Some((frame, payload))) => on_frame(&shard, &peer, &mut reader, &mut writer, frame, payload).await,
+            Ok(Some((frame, payload))) => {
+                on_frame(&shard, &peer, &mut reader, &mut writer, frame, payload).await
+            }
             Ok(None) => return,
             Err(e) => Err(e),
         };
@@ -159,7 +179,13 @@ async fn on_frame(
     match frame {
         Frame::Write { chunk, final_ } => {
             let (code, msg) = place(shard, reader, &chunk, payload).await?;
-            let reply = Reply { tag: chunk.tag, uid: chunk.uid, chunk: chunk.chunk, code, msg };
+            let reply = Reply {
+                tag: chunk.tag,
+                uid: chunk.uid,
+                chunk: chunk.chunk,
+                code,
+                msg,
+            };
             let out = if final_ {
                 // The inbound status exists before the initiator can see the completion.
                 inbound.record(peer, chunk.uid, status_of(code), &reply.msg);
@@ -172,7 +198,13 @@ async fn on_frame(
         Frame::Read { chunk, final_ } => {
             let region = shard.regions.borrow().get(&chunk.mem_id).cloned();
             let checked = check_chunk(&chunk, region.as_ref().map(|r| r.len() as u64));
-            let mut reply = Reply { tag: chunk.tag, uid: chunk.uid, chunk: chunk.chunk, code: codes::SUCCESS, msg: String::new() };
+            let mut reply = Reply {
+                tag: chunk.tag,
+                uid: chunk.uid,
+                chunk: chunk.chunk,
+                code: codes::SUCCESS,
+                msg: String::new(),
+            };
             let mut slices = Vec::new();
             match (checked, &region) {
                 (Ok(()), Some(region)) => {
@@ -181,7 +213,9 @@ async fn on_frame(
                         // what the peer's read request asks for.
                         match unsafe { region.slice(s.off, s.len) } {
                             Some(b) => slices.push(b),
-                            None => return Err(ConnError::Violation("segment out of range".into())),
+                            None => {
+                                return Err(ConnError::Violation("segment out of range".into()))
+                            }
                         }
                     }
                 }
@@ -197,16 +231,31 @@ async fn on_frame(
                 // initiator fails too.
                 inbound.record(peer, chunk.uid, status_of(reply.code), &reply.msg);
             }
-            let payload: Vec<&[u8]> = if reply.code == codes::SUCCESS { slices } else { Vec::new() };
-            writer.send(&Frame::ReadData { reply, final_ }, &payload).await?;
+            let payload: Vec<&[u8]> = if reply.code == codes::SUCCESS {
+                slices
+            } else {
+                Vec::new()
+            };
+            writer
+                .send(&Frame::ReadData { reply, final_ }, &payload)
+                .await?;
         }
         Frame::Finish(f) => {
             inbound.record(peer, f.uid, status_of(f.code), &f.msg);
-            let reply = Reply { tag: f.tag, uid: f.uid, chunk: 0, code: f.code, msg: f.msg };
+            let reply = Reply {
+                tag: f.tag,
+                uid: f.uid,
+                chunk: 0,
+                code: f.code,
+                msg: f.msg,
+            };
             writer.send(&Frame::Complete(reply), &[]).await?;
         }
         other => {
-            return Err(ConnError::Violation(format!("unexpected {:?} from initiator", other.kind())));
+            return Err(ConnError::Violation(format!(
+                "unexpected {:?} from initiator",
+                other.kind()
+            )));
         }
     }
     Ok(())
@@ -226,7 +275,10 @@ async fn place(
     payload: u64,
 ) -> Result<(u32, String), ConnError> {
     let region = shard.regions.borrow().get(&chunk.mem_id).cloned();
-    match (check_chunk(chunk, region.as_ref().map(|r| r.len() as u64)), region) {
+    match (
+        check_chunk(chunk, region.as_ref().map(|r| r.len() as u64)),
+        region,
+    ) {
         (Ok(()), Some(region)) => {
             for s in &chunk.segs {
                 // SAFETY: bounds checked above against the live region (kept alive by
@@ -243,7 +295,10 @@ async fn place(
         }
         (Ok(()), None) => {
             reader.discard_payload(payload).await?;
-            Ok((codes::ERR_NOT_FOUND, "remote memory region not registered".into()))
+            Ok((
+                codes::ERR_NOT_FOUND,
+                "remote memory region not registered".into(),
+            ))
         }
     }
 }
