@@ -1,0 +1,72 @@
+//! Hot-path micro-benchmarks of the sans-IO protocol: chunk encoding, decoding and planning.
+//! Run with `cargo bench --bench proto`; CI only builds it.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use morio::proto::decode::decode_frame;
+use morio::proto::frame::{Chunk, Frame, Seg};
+use morio::proto::plan::{cut, normalize, stripe_bytes};
+
+fn time<F: FnMut()>(name: &str, iters: u64, mut f: F) {
+    for _ in 0..iters / 10 {
+        f();
+    }
+    let t = Instant::now();
+    for _ in 0..iters {
+        f();
+    }
+    let ns = t.elapsed().as_nanos() as f64 / iters as f64;
+    println!("{name:<44} {ns:>10.1} ns/iter");
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--test");
+    let iters = if quick { 1_000 } else { 200_000 };
+    for n_segs in [1usize, 256] {
+        let chunk = Chunk {
+            tag: 1,
+            uid: 2,
+            chunk: 0,
+            n_chunks: 1,
+            mem_id: 3,
+            extent: (0, 1 << 30),
+            segs: (0..n_segs as u64)
+                .map(|i| Seg {
+                    off: i * 16,
+                    len: 8,
+                })
+                .collect(),
+        };
+        let frame = Frame::Write {
+            chunk,
+            final_: true,
+        };
+        let mut buf = Vec::with_capacity(1 << 16);
+        time(
+            &format!("encode WRITE header, {n_segs} segs"),
+            iters,
+            || {
+                buf.clear();
+                black_box(&frame).encode(8 * n_segs as u64, &mut buf);
+            },
+        );
+        time(
+            &format!("decode WRITE header, {n_segs} segs"),
+            iters,
+            || {
+                black_box(decode_frame(black_box(&buf)).ok());
+            },
+        );
+    }
+    let offs: Vec<u64> = (0..256u64).map(|i| i * (1 << 20)).collect();
+    let sizes = vec![1u64 << 20; 256];
+    time(
+        "normalize + cut 256 x 1 MiB over 8 lanes",
+        iters / 10,
+        || {
+            let p = normalize(&offs, &offs, &sizes, 1 << 40, 1 << 40).unwrap_or_default();
+            black_box(cut(&p, stripe_bytes(256 << 20, 8, 1 << 20)));
+        },
+    );
+}
