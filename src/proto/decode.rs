@@ -56,7 +56,8 @@ pub enum DecodeError {
     /// A zero-length segment, or one whose end overflows u64.
     #[error("bad segment")]
     BadSeg,
-    /// `chunk >= n_chunks`, `n_chunks == 0`, or an inverted extent.
+    /// `chunk >= n_chunks`, `n_chunks == 0`, an inverted extent, or FINAL on a chunk that is
+    /// not the whole transfer.
     #[error("bad chunk index or extent")]
     BadChunk,
     /// A status code that cannot end a transfer.
@@ -147,16 +148,16 @@ pub fn decode_body(h: &Header, body: &[u8]) -> Result<Frame, DecodeError> {
         }),
         Kind::HelloAck => Frame::HelloAck(HelloAck {
             version: r.u32()?,
-            code: r.u32()?,
+            code: r.code()?,
             key: r.str16(MAX_KEY_BYTES)?,
             msg: r.msg()?,
         }),
         Kind::Write => Frame::Write {
-            chunk: r.chunk()?,
+            chunk: r.chunk(final_)?,
             final_,
         },
         Kind::Read => Frame::Read {
-            chunk: r.chunk()?,
+            chunk: r.chunk(final_)?,
             final_,
         },
         Kind::Ack => Frame::Ack(r.reply()?),
@@ -270,7 +271,8 @@ impl<'a> Reader<'a> {
             msg: self.msg()?,
         })
     }
-    fn chunk(&mut self) -> Result<Chunk, DecodeError> {
+    /// A chunk body; `final_` chunks must be the whole transfer (`n_chunks == 1`).
+    fn chunk(&mut self, final_: bool) -> Result<Chunk, DecodeError> {
         let tag = self.u64()?;
         let uid = self.u64()?;
         let chunk = self.u32()?;
@@ -278,7 +280,7 @@ impl<'a> Reader<'a> {
         let mem_id = self.u32()?;
         let lo = self.u64()?;
         let hi = self.u64()?;
-        if chunk >= n_chunks || lo > hi {
+        if chunk >= n_chunks || lo > hi || (final_ && n_chunks != 1) {
             return Err(DecodeError::BadChunk);
         }
         let n = self.u32()?;

@@ -32,8 +32,7 @@ pub fn check_chunk(chunk: &Chunk, region_size: Option<u64>) -> Result<(), Refusa
         });
     }
     for s in &chunk.segs {
-        // The decoder guarantees off + len does not overflow.
-        if s.off < lo || s.off + s.len > hi {
+        if s.off < lo || s.off.checked_add(s.len).is_none_or(|end| end > hi) {
             return Err(Refusal {
                 code: codes::ERR_INVALID_ARGS,
                 msg: "segment outside the transfer's declared extent",

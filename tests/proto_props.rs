@@ -1,0 +1,1052 @@
+//! Property tests for the sans-IO protocol (`morio::proto`): frame round trips and strict
+//! prefixes, decoder robustness against garbage, transfer planning (`normalize`, `cut`,
+//! `stripe_bytes`, ...), target-side `check_chunk`, and the `Outbound` state machine.
+
+use std::collections::HashSet;
+
+use morio::proto::codes::{ERR_BAD_STATE, ERR_GPU_OP, ERR_INVALID_ARGS, ERR_NOT_FOUND, SUCCESS};
+use morio::proto::decode::{decode_frame, DecodeError};
+use morio::proto::frame::{
+    Chunk, Finish, Frame, Hello, HelloAck, Kind, Op, Reply, Seg, FLAG_FINAL,
+};
+use morio::proto::inbound::check_chunk;
+use morio::proto::limits::{
+    FRAME_MAGIC, HEADER_BYTES, MAX_BODY_BYTES, MAX_CHUNK_BYTES, MAX_KEY_BYTES, MAX_MSG_BYTES,
+    MAX_SEGS_PER_CHUNK, MIN_STRIPE_BYTES,
+};
+use morio::proto::outbound::{Action, Outbound, Phase, Violation};
+use morio::proto::plan::{
+    cut, destination_overlaps, normalize, remote_extent, stripe_bytes, total_bytes, Piece,
+    PlanError,
+};
+use proptest::prelude::*;
+use proptest::sample::select;
+
+/// Every code that may end a transfer (what the decoder accepts in a status field).
+const TERMINAL: [u32; 6] = [0, 11, 12, 13, 14, 15];
+
+// ---------------------------------------------------------------------------------------------
+// Strategies
+// ---------------------------------------------------------------------------------------------
+
+/// A string of at most `max` bytes: short arbitrary text, ASCII up to the limit, or 3-byte
+/// characters up to the limit.
+fn text(max: usize) -> BoxedStrategy<String> {
+    prop_oneof![
+        4 => "\\PC{0,24}".prop_filter("within limit", move |s: &String| s.len() <= max),
+        1 => (0..=max).prop_map(|n| "k".repeat(n)),
+        1 => (0..=max / 3).prop_map(|n| "€".repeat(n)),
+        1 => Just("x".repeat(max)),
+    ]
+    .boxed()
+}
+
+fn terminal_code() -> impl Strategy<Value = u32> {
+    select(TERMINAL.to_vec())
+}
+
+/// 1..=max_segs segments, each non-empty and not overflowing, totalling at most
+/// `MAX_CHUNK_BYTES`.
+fn segs(max_segs: usize) -> impl Strategy<Value = Vec<Seg>> {
+    let max_len = MAX_CHUNK_BYTES / max_segs as u64;
+    proptest::collection::vec(
+        (
+            prop_oneof![
+                0..1u64 << 20,
+                any::<u64>(),
+                (u64::MAX - (1 << 20))..=u64::MAX
+            ],
+            prop_oneof![1..=16u64, 1..=max_len],
+        ),
+        1..=max_segs,
+    )
+    .prop_map(|v| {
+        v.into_iter()
+            .map(|(off, len)| Seg {
+                off: off.min(u64::MAX - len),
+                len,
+            })
+            .collect()
+    })
+}
+
+fn chunk() -> impl Strategy<Value = Chunk> {
+    (
+        any::<u64>(),
+        any::<u64>(),
+        (1..=u32::MAX).prop_flat_map(|n| (0..n, Just(n))),
+        any::<u32>(),
+        (any::<u64>(), any::<u64>()),
+        prop_oneof![3 => segs(8), 1 => segs(300)],
+    )
+        .prop_map(
+            |(tag, uid, (chunk, n_chunks), mem_id, (a, b), segs)| Chunk {
+                tag,
+                uid,
+                chunk,
+                n_chunks,
+                mem_id,
+                extent: (a.min(b), a.max(b)),
+                segs,
+            },
+        )
+}
+
+fn reply() -> impl Strategy<Value = Reply> {
+    (
+        any::<u64>(),
+        any::<u64>(),
+        any::<u32>(),
+        terminal_code(),
+        text(MAX_MSG_BYTES),
+    )
+        .prop_map(|(tag, uid, chunk, code, msg)| Reply {
+            tag,
+            uid,
+            chunk,
+            code,
+            msg,
+        })
+}
+
+/// A valid frame together with the payload length its sender would declare.
+fn frame_and_payload() -> impl Strategy<Value = (Frame, u64)> {
+    let hello = (
+        any::<u32>(),
+        any::<u16>(),
+        any::<u16>(),
+        text(MAX_KEY_BYTES),
+        text(MAX_KEY_BYTES),
+    )
+        .prop_map(|(version, lane, n_lanes, src_key, dst_key)| {
+            (
+                Frame::Hello(Hello {
+                    version,
+                    lane,
+                    n_lanes,
+                    src_key,
+                    dst_key,
+                }),
+                0,
+            )
+        });
+    let hello_ack = (
+        any::<u32>(),
+        terminal_code(),
+        text(MAX_KEY_BYTES),
+        text(MAX_MSG_BYTES),
+    )
+        .prop_map(|(version, code, key, msg)| {
+            (
+                Frame::HelloAck(HelloAck {
+                    version,
+                    code,
+                    key,
+                    msg,
+                }),
+                0,
+            )
+        });
+    // FINAL marks a chunk that is the whole transfer: such chunks have n_chunks == 1.
+    let as_final = |mut c: Chunk, final_: bool| {
+        if final_ {
+            c.chunk = 0;
+            c.n_chunks = 1;
+        }
+        c
+    };
+    let write = (chunk(), any::<bool>()).prop_map(move |(chunk, final_)| {
+        let chunk = as_final(chunk, final_);
+        let n = chunk.bytes();
+        (Frame::Write { chunk, final_ }, n)
+    });
+    let read = (chunk(), any::<bool>()).prop_map(move |(chunk, final_)| {
+        (
+            Frame::Read {
+                chunk: as_final(chunk, final_),
+                final_,
+            },
+            0,
+        )
+    });
+    let ack = reply().prop_map(|r| (Frame::Ack(r), 0));
+    let read_data = (
+        reply(),
+        any::<bool>(),
+        prop_oneof![0..=4096u64, 0..=MAX_CHUNK_BYTES, Just(MAX_CHUNK_BYTES)],
+    )
+        .prop_map(|(reply, final_, n)| {
+            let n = if reply.code == SUCCESS { n } else { 0 };
+            (Frame::ReadData { reply, final_ }, n)
+        });
+    let finish = (
+        any::<u64>(),
+        any::<u64>(),
+        select(vec![Op::Read, Op::Write]),
+        any::<u32>(),
+        any::<u64>(),
+        terminal_code(),
+        text(MAX_MSG_BYTES),
+    )
+        .prop_map(|(tag, uid, op, n_chunks, total_bytes, code, msg)| {
+            (
+                Frame::Finish(Finish {
+                    tag,
+                    uid,
+                    op,
+                    n_chunks,
+                    total_bytes,
+                    code,
+                    msg,
+                }),
+                0,
+            )
+        });
+    let complete = reply().prop_map(|r| (Frame::Complete(r), 0));
+    let go_away = (terminal_code(), text(MAX_MSG_BYTES))
+        .prop_map(|(code, msg)| (Frame::GoAway { code, msg }, 0));
+    prop_oneof![hello, hello_ack, write, read, ack, read_data, finish, complete, go_away]
+}
+
+fn encoded(frame: &Frame, payload_len: u64) -> Vec<u8> {
+    let mut v = Vec::new();
+    frame.encode(payload_len, &mut v);
+    v
+}
+
+/// Invariants that must hold for any input, whatever decode_frame decides.
+fn check_decode_invariants(buf: &[u8]) -> Result<(), TestCaseError> {
+    match decode_frame(buf) {
+        Ok(None) => {
+            prop_assert!(
+                buf.len() < HEADER_BYTES + MAX_BODY_BYTES,
+                "Ok(None) with {} bytes buffered",
+                buf.len()
+            );
+            if buf.len() >= HEADER_BYTES {
+                let body_len = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]) as usize;
+                prop_assert!(buf.len() < HEADER_BYTES + body_len);
+            }
+        }
+        Ok(Some((frame, payload, consumed))) => {
+            prop_assert!(consumed <= buf.len());
+            prop_assert!(consumed >= HEADER_BYTES);
+            prop_assert!(payload <= MAX_CHUNK_BYTES);
+            // A decoded frame re-encodes to exactly the bytes it was decoded from.
+            prop_assert_eq!(&encoded(&frame, payload)[..], &buf[..consumed]);
+        }
+        Err(_) => {}
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Round trips
+// ---------------------------------------------------------------------------------------------
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn frame_round_trip_and_prefixes(
+        (frame, payload_len) in frame_and_payload(),
+        junk in proptest::collection::vec(any::<u8>(), 0..8),
+    ) {
+        // Encode after unrelated bytes: encode must only append.
+        let mut out = junk.clone();
+        frame.encode(payload_len, &mut out);
+        prop_assert_eq!(&out[..junk.len()], &junk[..]);
+        let bytes = &out[junk.len()..];
+
+        // Header fields.
+        prop_assert_eq!(u16::from_le_bytes([bytes[0], bytes[1]]), FRAME_MAGIC);
+        prop_assert_eq!(bytes[2], frame.kind() as u8);
+        prop_assert_eq!(Kind::from_u8(bytes[2]), Some(frame.kind()));
+        let body_len = u32::from_le_bytes(bytes[4..8].try_into().unwrap()) as usize;
+        prop_assert_eq!(body_len + HEADER_BYTES, bytes.len());
+        prop_assert!(body_len <= MAX_BODY_BYTES);
+        prop_assert_eq!(u64::from_le_bytes(bytes[8..16].try_into().unwrap()), payload_len);
+        let final_ = matches!(
+            frame,
+            Frame::Write { final_: true, .. }
+                | Frame::Read { final_: true, .. }
+                | Frame::ReadData { final_: true, .. }
+        );
+        prop_assert_eq!(bytes[3], if final_ { FLAG_FINAL } else { 0 });
+
+        let (got, got_payload, consumed) = decode_frame(bytes)
+            .map_err(|e| TestCaseError::fail(format!("decode error {e}")))?
+            .ok_or_else(|| TestCaseError::fail("complete frame decoded to None"))?;
+        prop_assert_eq!(&got, &frame);
+        prop_assert_eq!(got_payload, payload_len);
+        prop_assert_eq!(consumed, bytes.len());
+
+        for n in 0..bytes.len() {
+            match decode_frame(&bytes[..n]) {
+                Ok(None) => {}
+                other => prop_assert!(false, "prefix of {} / {} bytes gave {:?}", n, bytes.len(), other),
+            }
+        }
+    }
+
+    /// Several frames back to back, each followed by its payload, with trailing junk: a reader
+    /// that skips payloads gets the same sequence of frames.
+    #[test]
+    fn frame_stream_round_trip(
+        frames in proptest::collection::vec(frame_and_payload(), 1..6),
+        tail in proptest::collection::vec(any::<u8>(), 0..8),
+    ) {
+        // Keep the stream small: materialise payloads of at most 300 bytes.
+        let frames: Vec<(Frame, u64)> = frames
+            .into_iter()
+            .filter(|(_, p)| *p <= 300)
+            .collect();
+        let mut stream = Vec::new();
+        for (i, (f, p)) in frames.iter().enumerate() {
+            f.encode(*p, &mut stream);
+            stream.extend(std::iter::repeat_n(i as u8, *p as usize));
+        }
+        stream.extend_from_slice(&tail);
+        let mut at = 0;
+        for (i, (f, p)) in frames.iter().enumerate() {
+            let (got, gp, consumed) = decode_frame(&stream[at..])
+                .map_err(|e| TestCaseError::fail(format!("frame {i}: {e}")))?
+                .ok_or_else(|| TestCaseError::fail(format!("frame {i}: None")))?;
+            prop_assert_eq!(&got, f);
+            prop_assert_eq!(gp, *p);
+            at += consumed;
+            prop_assert!(stream[at..at + gp as usize].iter().all(|&b| b == i as u8));
+            at += gp as usize;
+        }
+        prop_assert_eq!(at, stream.len() - tail.len());
+    }
+
+    /// Over-long strings are truncated on a char boundary to their limit, and still decode.
+    #[test]
+    fn long_strings_truncate(n in 0usize..6000, pad in 0usize..3, code in terminal_code()) {
+        let msg = format!("{}{}", "a".repeat(pad), "€".repeat(n));
+        let key = format!("{}{}", "b".repeat(pad), "ü".repeat(n));
+        let frames = [
+            Frame::GoAway { code, msg: msg.clone() },
+            Frame::Hello(Hello {
+                version: 1,
+                lane: 0,
+                n_lanes: 1,
+                src_key: key.clone(),
+                dst_key: key.clone(),
+            }),
+        ];
+        for f in frames {
+            let bytes = encoded(&f, 0);
+            let (got, _, consumed) = decode_frame(&bytes).unwrap().unwrap();
+            prop_assert_eq!(consumed, bytes.len());
+            match got {
+                Frame::GoAway { msg: m, .. } => {
+                    prop_assert!(msg.starts_with(&m));
+                    prop_assert!(m.len() <= MAX_MSG_BYTES && m.len() + 3 > MAX_MSG_BYTES.min(msg.len()));
+                }
+                Frame::Hello(h) => {
+                    prop_assert_eq!(&h.src_key, &h.dst_key);
+                    prop_assert!(key.starts_with(&h.src_key));
+                    prop_assert!(
+                        h.src_key.len() <= MAX_KEY_BYTES
+                            && h.src_key.len() + 2 > MAX_KEY_BYTES.min(key.len())
+                    );
+                }
+                other => prop_assert!(false, "unexpected {:?}", other),
+            }
+        }
+    }
+}
+
+#[test]
+fn chunk_with_most_segments_fits_the_body_limit() {
+    let mk = |n: usize| Chunk {
+        tag: 1,
+        uid: 2,
+        chunk: 0,
+        n_chunks: 1,
+        mem_id: 3,
+        extent: (0, 1 << 40),
+        segs: (0..n as u64).map(|i| Seg { off: i * 2, len: 1 }).collect(),
+    };
+    let c = mk(MAX_SEGS_PER_CHUNK);
+    let bytes = encoded(
+        &Frame::Write {
+            chunk: c.clone(),
+            final_: false,
+        },
+        c.bytes(),
+    );
+    assert_eq!(bytes.len(), HEADER_BYTES + MAX_BODY_BYTES);
+    let (f, p, n) = decode_frame(&bytes).unwrap().unwrap();
+    assert_eq!(n, bytes.len());
+    assert_eq!(p, MAX_SEGS_PER_CHUNK as u64);
+    assert_eq!(
+        f,
+        Frame::Write {
+            chunk: c,
+            final_: false
+        }
+    );
+
+    let c = mk(MAX_SEGS_PER_CHUNK + 1);
+    let bytes = encoded(
+        &Frame::Read {
+            chunk: c,
+            final_: false,
+        },
+        0,
+    );
+    assert!(matches!(
+        decode_frame(&bytes),
+        Err(DecodeError::BodyTooLarge(_))
+    ));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Garbage
+// ---------------------------------------------------------------------------------------------
+
+/// How a valid encoding is damaged.
+#[derive(Clone, Debug)]
+enum Damage {
+    Flip(Vec<(usize, u8)>),
+    Truncate(usize),
+    BodyLen(u32),
+    PayloadLen(u64),
+    Splice(usize, Vec<u8>),
+}
+
+fn damage() -> impl Strategy<Value = Damage> {
+    prop_oneof![
+        proptest::collection::vec((any::<usize>(), 1..=255u8), 1..6).prop_map(Damage::Flip),
+        any::<usize>().prop_map(Damage::Truncate),
+        prop_oneof![
+            any::<u32>(),
+            (MAX_BODY_BYTES as u32 + 1)..=u32::MAX,
+            0..64u32
+        ]
+        .prop_map(Damage::BodyLen),
+        prop_oneof![any::<u64>(), (MAX_CHUNK_BYTES + 1)..=u64::MAX, 0..64u64]
+            .prop_map(Damage::PayloadLen),
+        (
+            any::<usize>(),
+            proptest::collection::vec(any::<u8>(), 1..32)
+        )
+            .prop_map(|(at, b)| Damage::Splice(at, b)),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1024))]
+
+    #[test]
+    fn garbage_bytes_never_panic(buf in proptest::collection::vec(any::<u8>(), 0..4096)) {
+        check_decode_invariants(&buf)?;
+    }
+
+    /// A well-formed header (magic, plausible kind and lengths) over a random body reaches the
+    /// body decoder.
+    #[test]
+    fn random_bodies_never_panic(
+        kind in 0u8..=10,
+        flags in 0u8..=3,
+        body in proptest::collection::vec(any::<u8>(), 0..600),
+        body_len_delta in -2i64..=2,
+        payload_len in prop_oneof![Just(0u64), 0..=64u64, any::<u64>()],
+        extra in proptest::collection::vec(any::<u8>(), 0..64),
+    ) {
+        let body_len = (body.len() as i64 + body_len_delta).max(0) as u32;
+        let mut buf = Vec::new();
+        buf.extend_from_slice(&FRAME_MAGIC.to_le_bytes());
+        buf.push(kind);
+        buf.push(flags);
+        buf.extend_from_slice(&body_len.to_le_bytes());
+        buf.extend_from_slice(&payload_len.to_le_bytes());
+        buf.extend_from_slice(&body);
+        buf.extend_from_slice(&extra);
+        check_decode_invariants(&buf)?;
+    }
+
+    #[test]
+    fn damaged_frames_never_panic((frame, payload_len) in frame_and_payload(), d in damage()) {
+        let mut buf = encoded(&frame, payload_len);
+        match &d {
+            Damage::Flip(flips) => {
+                for &(i, x) in flips {
+                    let n = buf.len();
+                    buf[i % n] ^= x;
+                }
+            }
+            Damage::Truncate(n) => {
+                let n = n % buf.len();
+                buf.truncate(n);
+            }
+            Damage::BodyLen(v) => buf[4..8].copy_from_slice(&v.to_le_bytes()),
+            Damage::PayloadLen(v) => buf[8..16].copy_from_slice(&v.to_le_bytes()),
+            Damage::Splice(at, b) => {
+                let at = at % (buf.len() + 1);
+                buf.splice(at..at, b.iter().copied());
+            }
+        }
+        check_decode_invariants(&buf)?;
+        match d {
+            Damage::BodyLen(v) if v as usize > MAX_BODY_BYTES => {
+                prop_assert_eq!(decode_frame(&buf), Err(DecodeError::BodyTooLarge(v)));
+            }
+            Damage::PayloadLen(v) if v > MAX_CHUNK_BYTES => {
+                prop_assert_eq!(decode_frame(&buf), Err(DecodeError::PayloadTooLarge(v)));
+            }
+            Damage::PayloadLen(v) if v != payload_len => {
+                // Only READ_DATA with SUCCESS leaves the payload length free.
+                let free = matches!(&frame, Frame::ReadData { reply, .. } if reply.code == SUCCESS);
+                if free {
+                    prop_assert_eq!(decode_frame(&buf).unwrap().unwrap().1, v);
+                } else {
+                    let is_mismatch = matches!(
+                        decode_frame(&buf),
+                        Err(DecodeError::PayloadMismatch { .. })
+                    );
+                    prop_assert!(is_mismatch);
+                }
+            }
+            Damage::Truncate(_) => {
+                // A truncated valid frame is only ever incomplete.
+                prop_assert_eq!(decode_frame(&buf), Ok(None));
+            }
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn header_rejections() {
+    let ok = encoded(
+        &Frame::GoAway {
+            code: ERR_BAD_STATE,
+            msg: "bye".into(),
+        },
+        0,
+    );
+    let mut b = ok.clone();
+    b[0] ^= 1;
+    assert!(matches!(decode_frame(&b), Err(DecodeError::BadMagic(_))));
+    let mut b = ok.clone();
+    b[2] = 0;
+    assert_eq!(decode_frame(&b), Err(DecodeError::BadKind(0)));
+    let mut b = ok.clone();
+    b[3] = FLAG_FINAL;
+    assert!(matches!(
+        decode_frame(&b),
+        Err(DecodeError::BadFlags { .. })
+    ));
+    // A bad header is reported as soon as the header is complete, before the body arrives.
+    assert!(matches!(
+        decode_frame(&b[..HEADER_BYTES]),
+        Err(DecodeError::BadFlags { .. })
+    ));
+    let mut b = ok.clone();
+    b[HEADER_BYTES..HEADER_BYTES + 4].copy_from_slice(&3u32.to_le_bytes());
+    assert_eq!(decode_frame(&b), Err(DecodeError::BadCode(3)));
+    let mut b = ok.clone();
+    b.push(0);
+    b[4..8].copy_from_slice(&((ok.len() - HEADER_BYTES + 1) as u32).to_le_bytes());
+    assert_eq!(decode_frame(&b), Err(DecodeError::Trailing(1)));
+    // A lying segment count cannot make the decoder allocate or read past the body.
+    let w = Frame::Write {
+        chunk: Chunk {
+            tag: 0,
+            uid: 0,
+            chunk: 0,
+            n_chunks: 1,
+            mem_id: 0,
+            extent: (0, 8),
+            segs: vec![Seg { off: 0, len: 8 }],
+        },
+        final_: true,
+    };
+    let mut b = encoded(&w, 8);
+    let n_at = HEADER_BYTES + 44;
+    b[n_at..n_at + 4].copy_from_slice(&(MAX_SEGS_PER_CHUNK as u32).to_le_bytes());
+    assert_eq!(decode_frame(&b), Err(DecodeError::Truncated));
+    b[n_at..n_at + 4].copy_from_slice(&0u32.to_le_bytes());
+    assert_eq!(decode_frame(&b), Err(DecodeError::BadSegCount(0)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Planning
+// ---------------------------------------------------------------------------------------------
+
+/// `(local, remote)` byte pairs of a piece list, in logical stream order.
+fn pairs(pieces: &[Piece]) -> Vec<(u64, u64)> {
+    pieces
+        .iter()
+        .flat_map(|p| (0..p.len).map(move |i| (p.local + i, p.remote + i)))
+        .collect()
+}
+
+fn offset() -> impl Strategy<Value = u64> {
+    prop_oneof![8 => 0..=80u64, 1 => (u64::MAX - 24)..=u64::MAX]
+}
+
+fn region_size() -> impl Strategy<Value = u64> {
+    prop_oneof![8 => 0..=64u64, 1 => Just(u64::MAX), 1 => (u64::MAX - 40)..=u64::MAX]
+}
+
+/// (local offs, remote offs, sizes, local size, remote size), lists usually of equal length.
+type Request = (Vec<u64>, Vec<u64>, Vec<u64>, u64, u64);
+
+/// Arbitrary requests: mostly out of range for small regions, sometimes overflowing.
+fn random_request() -> impl Strategy<Value = Request> {
+    (
+        proptest::collection::vec(
+            (offset(), offset(), prop_oneof![Just(0u64), 0..=20u64]),
+            0..12,
+        ),
+        region_size(),
+        region_size(),
+    )
+        .prop_map(|(entries, ls, rs)| {
+            let l = entries.iter().map(|e| e.0).collect();
+            let r = entries.iter().map(|e| e.1).collect();
+            let s = entries.iter().map(|e| e.2).collect();
+            (l, r, s, ls, rs)
+        })
+}
+
+/// Requests whose entries fit both regions (some empty, some continuing the previous one on
+/// both sides, some on one side only), in small or huge regions.
+fn valid_request() -> impl Strategy<Value = Request> {
+    (
+        prop_oneof![3 => 1..=64u64, 1 => Just(u64::MAX)],
+        prop_oneof![3 => 1..=64u64, 1 => Just(u64::MAX)],
+        proptest::collection::vec((any::<u64>(), any::<u64>(), 0..=16u64, 0..4u8), 0..12),
+    )
+        .prop_map(|(ls, rs, raw)| {
+            let (mut l, mut r, mut s) = (Vec::new(), Vec::new(), Vec::new());
+            let mut prev: Option<(u64, u64)> = None; // ends of the previous non-empty entry
+            for (a, b, len, how) in raw {
+                let (mut lo, mut ro) = (a % ls, b % rs);
+                match (how, prev) {
+                    (1, Some((pl, pr))) => (lo, ro) = (pl, pr),
+                    (2, Some((pl, _))) => lo = pl,
+                    (3, Some((_, pr))) => ro = pr,
+                    _ => {}
+                }
+                let len = len.min(ls - lo.min(ls)).min(rs - ro.min(rs));
+                l.push(lo);
+                r.push(ro);
+                s.push(len);
+                if len > 0 {
+                    prev = Some((lo + len, ro + len));
+                }
+            }
+            (l, r, s, ls, rs)
+        })
+}
+
+/// Random or valid requests, sometimes with list lengths that disagree.
+fn request() -> impl Strategy<Value = Request> {
+    (
+        prop_oneof![random_request(), valid_request()],
+        prop_oneof![8 => Just(0u8), 1 => 1..=3u8],
+    )
+        .prop_map(|((mut l, mut r, mut s, ls, rs), skew)| {
+            match skew {
+                1 => l.push(0),
+                2 => {
+                    r.pop();
+                }
+                3 => s.push(1),
+                _ => {}
+            }
+            (l, r, s, ls, rs)
+        })
+}
+
+/// Errors `normalize` may legitimately return for one entry, or empty when it is fine.
+fn entry_errors(l: u64, r: u64, len: u64, ls: u64, rs: u64) -> Vec<PlanError> {
+    if len == 0 {
+        return vec![];
+    }
+    let mut errs = vec![];
+    match (l.checked_add(len), r.checked_add(len)) {
+        (Some(le), Some(re)) => {
+            if le > ls {
+                errs.push(PlanError::LocalOutOfRange);
+            }
+            if re > rs {
+                errs.push(PlanError::RemoteOutOfRange);
+            }
+        }
+        (le, re) => {
+            errs.push(PlanError::Overflow);
+            // An overflowing end is also past any region.
+            if le.is_none_or(|e| e > ls) {
+                errs.push(PlanError::LocalOutOfRange);
+            }
+            if re.is_none_or(|e| e > rs) {
+                errs.push(PlanError::RemoteOutOfRange);
+            }
+        }
+    }
+    errs
+}
+
+fn normalized_pieces() -> impl Strategy<Value = Vec<Piece>> {
+    valid_request().prop_map(|(l, r, s, ls, rs)| {
+        normalize(&l, &r, &s, ls, rs).expect("valid_request builds valid requests")
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1024))]
+
+    #[test]
+    fn normalize_checks_and_preserves_mapping((l, r, s, ls, rs) in request()) {
+        let res = normalize(&l, &r, &s, ls, rs);
+        if l.len() != s.len() || r.len() != s.len() {
+            prop_assert_eq!(res, Err(PlanError::LengthMismatch));
+            return Ok(());
+        }
+        let first_bad = (0..s.len())
+            .map(|i| entry_errors(l[i], r[i], s[i], ls, rs))
+            .find(|e| !e.is_empty());
+        match (res, first_bad) {
+            (Err(e), Some(allowed)) => {
+                prop_assert!(allowed.contains(&e), "got {:?}, first bad entry allows {:?}", e, allowed);
+            }
+            (Err(e), None) => prop_assert!(false, "valid request refused with {:?}", e),
+            (Ok(p), Some(allowed)) => {
+                prop_assert!(false, "invalid request ({:?}) accepted as {:?}", allowed, p)
+            }
+            (Ok(pieces), None) => {
+                let want: Vec<(u64, u64)> = (0..s.len())
+                    .flat_map(|i| {
+ let (li, ri) = (l[i], r[i]);
+ (0..s[i]).map(move |k| (li + k, ri + k))
+ })
+                    .collect();
+                prop_assert_eq!(pairs(&pieces), want);
+                prop_assert!(pieces.iter().all(|p| p.len > 0));
+                prop_assert!(pieces.iter().all(|p| p.local + p.len <= ls && p.remote + p.len <= rs));
+                prop_assert_eq!(total_bytes(&pieces), s.iter().sum::<u64>());
+                // Maximal merging: no piece continues the previous one on both sides.
+                for w in pieces.windows(2) {
+                    prop_assert!(
+                        !(w[0].local + w[0].len == w[1].local && w[0].remote + w[0].len == w[1].remote),
+                        "unmerged continuation {:?}", w
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn extent_and_overlap_match_bytes(pieces in normalized_pieces()) {
+        let pr = pairs(&pieces);
+        let ext = remote_extent(&pieces);
+        if pr.is_empty() {
+            prop_assert_eq!(ext, (0, 0));
+        } else {
+            let lo = pr.iter().map(|p| p.1).min().unwrap();
+            let hi = pr.iter().map(|p| p.1).max().unwrap() + 1;
+            prop_assert_eq!(ext, (lo, hi));
+        }
+        let remote_dup = pr.iter().map(|p| p.1).collect::<HashSet<_>>().len() != pr.len();
+        let local_dup = pr.iter().map(|p| p.0).collect::<HashSet<_>>().len() != pr.len();
+        prop_assert_eq!(destination_overlaps(&pieces, true), remote_dup);
+        prop_assert_eq!(destination_overlaps(&pieces, false), local_dup);
+    }
+
+    #[test]
+    fn cut_partitions_the_stream(
+        pieces in normalized_pieces(),
+        chunk_bytes in prop_oneof![1..=8u64, 1..=64u64, Just(u64::MAX)],
+    ) {
+        let chunks = cut(&pieces, chunk_bytes);
+        let total = total_bytes(&pieces);
+        prop_assert_eq!(chunks.is_empty(), total == 0);
+        let mut flat = Vec::new();
+        for (i, c) in chunks.iter().enumerate() {
+            prop_assert!(!c.is_empty(), "empty chunk {}", i);
+            prop_assert!(c.len() <= MAX_SEGS_PER_CHUNK);
+            prop_assert!(c.iter().all(|p| p.len > 0), "zero-length piece in chunk {}", i);
+            let b = total_bytes(c);
+            prop_assert!(b <= chunk_bytes);
+            // Greedy: every chunk but the last is full (bytes or pieces).
+            if i + 1 < chunks.len() {
+                prop_assert!(b == chunk_bytes || c.len() == MAX_SEGS_PER_CHUNK);
+            }
+            flat.extend(pairs(c));
+        }
+        prop_assert_eq!(flat, pairs(&pieces));
+        if total > 0 {
+            prop_assert_eq!(chunks.len() as u64, total.div_ceil(chunk_bytes));
+        }
+    }
+
+    #[test]
+    fn stripe_bytes_bounds(
+        total in prop_oneof![0..=(1u64 << 24), any::<u64>()],
+        n_lanes in 0..=64u64,
+        chunk_bytes in prop_oneof![1..=4096u64, 1..=(1u64 << 30), any::<u64>().prop_map(|v| v.max(1))],
+    ) {
+        let s = stripe_bytes(total, n_lanes, chunk_bytes);
+        prop_assert!((1..=chunk_bytes).contains(&s), "stripe {} cap {}", s, chunk_bytes);
+        prop_assert!(s >= MIN_STRIPE_BYTES.min(chunk_bytes));
+        // Unless capped, n_lanes stripes cover the transfer.
+        prop_assert!(s == chunk_bytes || s >= total.div_ceil(n_lanes.max(1)));
+    }
+}
+
+#[test]
+fn cut_splits_at_the_piece_limit() {
+    // Non-mergeable one-byte pieces: only the piece limit cuts.
+    let n = 2 * MAX_SEGS_PER_CHUNK + 5;
+    let pieces: Vec<Piece> = (0..n as u64)
+        .map(|i| Piece {
+            local: 2 * i,
+            remote: 3 * i,
+            len: 1,
+        })
+        .collect();
+    let chunks = cut(&pieces, 1 << 40);
+    let sizes: Vec<usize> = chunks.iter().map(Vec::len).collect();
+    assert_eq!(sizes, vec![MAX_SEGS_PER_CHUNK, MAX_SEGS_PER_CHUNK, 5]);
+    assert_eq!(chunks.concat(), pieces);
+    // chunk_bytes 0 is treated as 1.
+    assert_eq!(cut(&pieces[..3], 0).len(), 3);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. check_chunk
+// ---------------------------------------------------------------------------------------------
+
+/// A region size and a chunk whose extent lies within it and whose segments lie within the
+/// extent.
+fn good_chunk() -> impl Strategy<Value = (u64, Chunk)> {
+    prop_oneof![1..=4096u64, 1..=(1u64 << 40), Just(u64::MAX)]
+        .prop_flat_map(|size| (Just(size), 0..size))
+        .prop_flat_map(|(size, lo)| (Just(size), Just(lo), (lo + 1)..=size))
+        .prop_flat_map(|(size, lo, hi)| {
+            let seg = (lo..hi).prop_flat_map(move |off| (Just(off), 1..=(hi - off)));
+            (
+                Just(size),
+                Just((lo, hi)),
+                proptest::collection::vec(seg, 1..6),
+                any::<u32>(),
+            )
+        })
+        .prop_map(|(size, extent, segs, mem_id)| {
+            (
+                size,
+                Chunk {
+                    tag: 1,
+                    uid: 2,
+                    chunk: 0,
+                    n_chunks: 1,
+                    mem_id,
+                    extent,
+                    segs: segs
+                        .into_iter()
+                        .map(|(off, len)| Seg { off, len })
+                        .collect(),
+                },
+            )
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1024))]
+
+    #[test]
+    fn check_chunk_accepts_contained((size, c) in good_chunk()) {
+        prop_assert_eq!(check_chunk(&c, Some(size)), Ok(()));
+        prop_assert_eq!(check_chunk(&c, None).unwrap_err().code, ERR_NOT_FOUND);
+    }
+
+    #[test]
+    fn check_chunk_refuses_extent_past_region((size, c) in good_chunk(), cut_by in 1..=64u64) {
+        // Shrink the region below the extent's end.
+        let smaller = c.extent.1.saturating_sub(cut_by);
+        let e = check_chunk(&c, Some(smaller)).unwrap_err();
+        prop_assert_eq!(e.code, ERR_INVALID_ARGS);
+        prop_assert!(!e.msg.is_empty());
+        prop_assert!(size >= c.extent.1);
+        // Unknown region wins over range problems.
+        prop_assert_eq!(check_chunk(&c, None).unwrap_err().code, ERR_NOT_FOUND);
+    }
+
+    #[test]
+    fn check_chunk_refuses_inverted_extent((size, mut c) in good_chunk()) {
+        c.extent = (c.extent.1, c.extent.0);
+        prop_assert_eq!(check_chunk(&c, Some(size)).unwrap_err().code, ERR_INVALID_ARGS);
+    }
+
+    #[test]
+    fn check_chunk_refuses_segment_outside_extent(
+        (size, mut c) in good_chunk(),
+        which in any::<prop::sample::Index>(),
+        before in any::<bool>(),
+        by in 1..=64u64,
+    ) {
+        let (lo, hi) = c.extent;
+        let i = which.index(c.segs.len());
+        let s = &mut c.segs[i];
+        if before && lo > 0 {
+            // Start below the extent (keep the end inside).
+            s.off = lo.saturating_sub(by);
+        } else if hi < u64::MAX {
+            // End past the extent (keep the segment from overflowing).
+            s.len = (hi - s.off).saturating_add(by).min(u64::MAX - s.off);
+        } else {
+            s.off = lo.saturating_sub(by);
+            if s.off == lo {
+                return Ok(()); // extent covers all of u64 space from 0: nothing is outside
+            }
+        }
+        prop_assert!(s.off < lo || s.off + s.len > hi);
+        let e = check_chunk(&c, Some(size)).unwrap_err();
+        prop_assert_eq!(e.code, ERR_INVALID_ARGS);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Outbound
+// ---------------------------------------------------------------------------------------------
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Chunks answered in any order, with random codes, duplicates and strays: FINISH is asked
+    /// for exactly once, after the last chunk, with the first error; COMPLETE ends it.
+    #[test]
+    fn outbound_multi_chunk(
+        order in (2..40u32).prop_flat_map(|n| Just((0..n).collect::<Vec<u32>>()).prop_shuffle()),
+        codes in proptest::collection::vec(prop_oneof![6 => Just(SUCCESS), 1 => select(TERMINAL[1..].to_vec())], 40),
+        complete_code in terminal_code(),
+        dup_at in any::<prop::sample::Index>(),
+    ) {
+        let n = order.len() as u32;
+        let mut o = Outbound::new(n, 100);
+        prop_assert_eq!(o.on_complete(SUCCESS, ""), Err(Violation::WrongPhase(Phase::Chunks)));
+        prop_assert_eq!(o.on_chunk(n, SUCCESS, ""), Err(Violation::UnknownChunk(n)));
+        let mut first_err: Option<(u32, String)> = None;
+        let dup = dup_at.index(order.len() - 1);
+        for (k, &c) in order.iter().enumerate() {
+            let code = codes[c as usize];
+            let msg = format!("chunk {c}");
+            if code != SUCCESS && first_err.is_none() {
+                first_err = Some((code, msg.clone()));
+            }
+            let act = o.on_chunk(c, code, &msg).unwrap();
+            if k + 1 < order.len() {
+                prop_assert_eq!(act, None);
+                prop_assert_eq!(o.phase(), Phase::Chunks);
+                if k == dup {
+                    prop_assert_eq!(o.on_chunk(c, SUCCESS, ""), Err(Violation::DuplicateChunk(c)));
+                }
+            } else {
+                let (code, msg) = first_err.clone().unwrap_or((SUCCESS, String::new()));
+                prop_assert_eq!(act, Some(Action::SendFinish { code, msg }));
+                prop_assert_eq!(o.phase(), Phase::Finishing);
+            }
+        }
+        prop_assert!(o.on_chunk(order[0], SUCCESS, "").is_err());
+        prop_assert_eq!(o.on_tick(99), None);
+        let done = o.on_complete(complete_code, "target").unwrap();
+        let want = match first_err {
+            Some((c, m)) => Action::Complete { code: c, msg: m },
+            None => Action::Complete { code: complete_code, msg: "target".into() },
+        };
+        prop_assert_eq!(done, want);
+        prop_assert_eq!(o.phase(), Phase::Done);
+        prop_assert_eq!(o.on_tick(1000), None);
+        prop_assert_eq!(o.on_lane_lost("late"), None);
+        prop_assert!(o.on_complete(SUCCESS, "").is_err());
+    }
+
+    /// Lane loss or the deadline end a transfer with ERR_BAD_STATE from any live phase, once.
+    #[test]
+    fn outbound_fails_once(
+        n in 1..10u32,
+        answered in 0..10u32,
+        deadline in 1..1000u64,
+        by_tick in any::<bool>(),
+    ) {
+        let mut o = Outbound::new(n, deadline);
+        prop_assert_eq!(o.deadline(), deadline);
+        if n > 1 {
+            for c in 0..answered.min(n) {
+                let _ = o.on_chunk(c, SUCCESS, "").unwrap();
+            }
+        }
+        prop_assert_eq!(o.on_tick(deadline - 1), None);
+        let act = if by_tick { o.on_tick(deadline) } else { o.on_lane_lost("lane lost") };
+        let failed = matches!(act, Some(Action::Complete { code: ERR_BAD_STATE, .. }));
+ prop_assert!(failed, "{:?}", act);
+        prop_assert_eq!(o.phase(), Phase::Done);
+        prop_assert_eq!(o.on_lane_lost("again"), None);
+        prop_assert_eq!(o.on_tick(u64::MAX), None);
+        prop_assert!(o.on_complete(SUCCESS, "").is_err());
+        prop_assert!(o.on_chunk(0, SUCCESS, "").is_err());
+    }
+}
+
+#[test]
+fn outbound_single_chunk() {
+    for code in TERMINAL {
+        let mut o = Outbound::new(1, 10);
+        assert_eq!(
+            o.on_chunk(0, SUCCESS, ""),
+            Err(Violation::WrongPhase(Phase::Chunks))
+        );
+        assert_eq!(
+            o.on_complete(code, "m").unwrap(),
+            Action::Complete {
+                code,
+                msg: "m".into()
+            }
+        );
+        assert_eq!(o.on_lane_lost("x"), None);
+    }
+    assert_eq!(
+        Outbound::new(1, 10).fail(ERR_GPU_OP, "gpu"),
+        Some(Action::Complete {
+            code: ERR_GPU_OP,
+            msg: "gpu".into()
+        })
+    );
+}
+
+/// FINAL is only valid on a chunk that is the whole transfer; HELLO_ACK codes are terminal.
+#[test]
+fn final_on_partial_chunk_and_odd_hello_ack_code_are_rejected() {
+    let chunk = Chunk {
+        tag: 1,
+        uid: 2,
+        chunk: 0,
+        n_chunks: 2,
+        mem_id: 0,
+        extent: (0, 8),
+        segs: vec![Seg { off: 0, len: 8 }],
+    };
+    let mut buf = Vec::new();
+    Frame::Write {
+        chunk,
+        final_: true,
+    }
+    .encode(8, &mut buf);
+    assert_eq!(decode_frame(&buf), Err(DecodeError::BadChunk));
+    let mut buf = Vec::new();
+    let ack = HelloAck {
+        version: 1,
+        code: 3,
+        key: "k".into(),
+        msg: String::new(),
+    };
+    Frame::HelloAck(ack).encode(0, &mut buf);
+    assert_eq!(decode_frame(&buf), Err(DecodeError::BadCode(3)));
+}
