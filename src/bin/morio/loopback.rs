@@ -74,9 +74,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     let ea = IoEngine::new("loopback-initiator", IoEngineConfig::new("127.0.0.1", 0))?;
     let eb = IoEngine::new("loopback-target", IoEngineConfig::new("127.0.0.1", 0))?;
-    ea.create_backend(cfg.clone())
-        .context("initiator backend")?;
-    eb.create_backend(cfg).context("target backend")?;
+    // Two engines share this machine: give each its own half of the allowed CPUs, as two
+    // processes on two hosts would have, when there are enough.
+    let (cfg_a, cfg_b) = split_cpus(&cfg, a.shards);
+    ea.create_backend(cfg_a).context("initiator backend")?;
+    eb.create_backend(cfg_b).context("target backend")?;
     // Descriptors cross "out of band" as packed bytes, as they would between processes.
     ea.register_remote_engine(&morio::EngineDesc::unpack(&eb.engine_desc().pack())?)?;
 
@@ -155,6 +157,21 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         a.size, a.size
     );
     Ok(())
+}
+
+/// Per-engine configs with disjoint CPU sets when the machine has room for both.
+fn split_cpus(cfg: &TcpBackendConfig, shards: Option<usize>) -> (TcpBackendConfig, TcpBackendConfig) {
+    let allowed: Vec<usize> = morio::placement::allowed_cpus().iter().collect();
+    let per = shards.unwrap_or_else(|| (allowed.len() / 2).clamp(1, cfg.num_data_conns));
+    if !cfg.pin_shards || allowed.len() < 2 * per {
+        return (cfg.clone(), cfg.clone());
+    }
+    let half = |cpus: &[usize]| TcpBackendConfig {
+        cpus: Some(cpus.to_vec()),
+        num_shards: None,
+        ..cfg.clone()
+    };
+    (half(&allowed[..per]), half(&allowed[per..2 * per]))
 }
 
 /// The ceiling reference: one blocking TCP stream over loopback moving the same bytes.
