@@ -44,6 +44,9 @@ pub(crate) struct FrameReader<R> {
 }
 
 const READ_BUF_BYTES: usize = 256 << 10;
+/// How much to read when no frame is pending: many small frames per syscall, little payload
+/// copied through the buffer.
+const READ_WINDOW_BYTES: usize = 4 << 10;
 const _: () = assert!(READ_BUF_BYTES >= HEADER_BYTES + MAX_BODY_BYTES);
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
@@ -73,13 +76,21 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 self.start = 0;
             }
             let partial = self.end > 0;
+            // Read a small window, or exactly the rest of a body whose size is known: bytes
+            // read past a frame's body are payload, and payload that lands here costs an extra
+            // copy (large payloads should go straight from the socket into their region).
+            let want = match self.pending_body() {
+                Some(rest) => rest,
+                None => READ_WINDOW_BYTES,
+            };
+            let upto = (self.end + want.max(1)).min(self.buf.len());
             let n = if partial {
                 let stall = self.stall;
-                rt::timeout(stall, self.r.read(&mut self.buf[self.end..]))
+                rt::timeout(stall, self.r.read(&mut self.buf[self.end..upto]))
                     .await
                     .ok_or(ConnError::Stalled(stall))??
             } else {
-                self.r.read(&mut self.buf[self.end..]).await?
+                self.r.read(&mut self.buf[self.end..upto]).await?
             };
             if n == 0 {
                 return if partial {
@@ -90,6 +101,19 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             }
             self.end += n;
         }
+    }
+
+    /// Bytes still missing from the body of the frame whose header is buffered, if any.
+    fn pending_body(&self) -> Option<usize> {
+        let have = self.end - self.start;
+        let h = self.buf.get(self.start..self.start + HEADER_BYTES)?;
+        let body = u32::from_le_bytes([h[4], h[5], h[6], h[7]]) as usize;
+        // A bad length is reported by the decoder, which has already seen this header.
+        Some(
+            (HEADER_BYTES + body.min(MAX_BODY_BYTES))
+                .saturating_sub(have)
+                .max(1),
+        )
     }
 
     /// Fill `dst` with the next payload bytes.
