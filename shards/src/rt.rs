@@ -77,6 +77,75 @@ impl WriteHalf {
     }
 }
 
+impl WriteHalf {
+    /// Send every byte of `parts`, in order, gathering them into as few `sendmsg` calls as
+    /// the socket takes (one, usually): a frame header and its payload slices leave together
+    /// without being copied into one buffer first. Waits for writability through the runtime
+    /// only when the socket is full.
+    pub async fn send_all(&mut self, parts: &[&[u8]]) -> io::Result<()> {
+        use futures_lite::AsyncWriteExt;
+        use std::os::fd::AsRawFd;
+        const MAX_IOV: usize = 64;
+        let fd = self.0.borrow().as_raw_fd();
+        let (mut idx, mut off) = (0usize, 0usize);
+        while idx < parts.len() {
+            if off == parts[idx].len() {
+                idx += 1;
+                off = 0;
+                continue;
+            }
+            let mut iov = [libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            }; MAX_IOV];
+            let mut n_iov = 0;
+            for (i, p) in parts[idx..].iter().enumerate() {
+                if n_iov == MAX_IOV {
+                    break;
+                }
+                let p = if i == 0 { &p[off..] } else { p };
+                if p.is_empty() {
+                    continue;
+                }
+                iov[n_iov] = libc::iovec {
+                    iov_base: p.as_ptr() as *mut libc::c_void,
+                    iov_len: p.len(),
+                };
+                n_iov += 1;
+            }
+            // SAFETY: a zeroed msghdr is valid; it points at `iov`, which outlives the call.
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_iov = iov.as_mut_ptr();
+            msg.msg_iovlen = n_iov as _;
+            // SAFETY: fd is our open socket; the iovecs point into live slices.
+            let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+            let mut sent = if r >= 0 {
+                r as usize
+            } else {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::Interrupted => continue,
+                    // Full: let the runtime wait for writability while it sends what it can.
+                    io::ErrorKind::WouldBlock => self.write(&parts[idx][off..]).await?,
+                    _ => return Err(e),
+                }
+            };
+            while sent > 0 && idx < parts.len() {
+                let left = parts[idx].len() - off;
+                if sent < left {
+                    off += sent;
+                    sent = 0;
+                } else {
+                    sent -= left;
+                    idx += 1;
+                    off = 0;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 impl AsyncRead for ReadHalf {
     fn poll_read(
         self: Pin<&mut Self>,

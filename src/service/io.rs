@@ -4,7 +4,7 @@
 use std::io;
 use std::time::Duration;
 
-use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use futures_lite::{AsyncRead, AsyncReadExt};
 use morio_shards::rt;
 
 use crate::config::TcpBackendConfig;
@@ -41,12 +41,18 @@ pub(crate) struct FrameReader<R> {
     start: usize,
     end: usize,
     stall: Duration,
+    /// Payload bytes of the current frame not yet consumed.
+    payload_left: u64,
 }
 
 const READ_BUF_BYTES: usize = 256 << 10;
 /// How much to read when no frame is pending: many small frames per syscall, little payload
 /// copied through the buffer.
 const READ_WINDOW_BYTES: usize = 4 << 10;
+/// Queued small frames are flushed once this many bytes wait.
+const FLUSH_BYTES: usize = 64 << 10;
+/// Payloads up to this size go through the buffer when they are scattered over pieces.
+const SMALL_PAYLOAD_BYTES: usize = 64 << 10;
 const _: () = assert!(READ_BUF_BYTES >= HEADER_BYTES + MAX_BODY_BYTES);
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
@@ -58,6 +64,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             start: 0,
             end: 0,
             stall,
+            payload_left: 0,
         }
     }
 
@@ -68,6 +75,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         loop {
             if let Some((f, payload, used)) = decode_frame(&self.buf[self.start..self.end])? {
                 self.start += used;
+                self.payload_left = payload;
                 return Ok(Some((f, payload)));
             }
             if self.start > 0 {
@@ -103,6 +111,12 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
+    /// Whether a whole header and body are already buffered (the next `next_frame` will not
+    /// wait for the socket).
+    pub(crate) fn frame_ready(&self) -> bool {
+        self.pending_body().is_none() && self.end - self.start >= HEADER_BYTES
+    }
+
     /// Bytes still missing from the body of the frame whose header is buffered, if any.
     fn pending_body(&self) -> Option<usize> {
         let have = self.end - self.start;
@@ -118,6 +132,10 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
 
     /// Fill `dst` with the next payload bytes.
     pub(crate) async fn read_payload(&mut self, dst: &mut [u8]) -> Result<(), ConnError> {
+        self.payload_left = self.payload_left.saturating_sub(dst.len() as u64);
+        if self.end - self.start < dst.len() {
+            self.prefetch_small_payload(dst.len()).await?;
+        }
         let have = (self.end - self.start).min(dst.len());
         dst[..have].copy_from_slice(&self.buf[self.start..self.start + have]);
         self.start += have;
@@ -138,6 +156,33 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             })
     }
 
+    /// A small payload scattered over many pieces (a batch of tiny segments) is read into
+    /// the buffer in one go rather than with one `recv` per piece.
+    async fn prefetch_small_payload(&mut self, need: usize) -> Result<(), ConnError> {
+        // What is left of this frame's payload, counting the piece being read.
+        let total = self.payload_left + need as u64;
+        if total > SMALL_PAYLOAD_BYTES as u64 {
+            return Ok(());
+        }
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        let target = total as usize;
+        while self.end < target {
+            let stall = self.stall;
+            let n = rt::timeout(stall, self.r.read(&mut self.buf[self.end..target]))
+                .await
+                .ok_or(ConnError::Stalled(stall))??;
+            if n == 0 {
+                return Err(ConnError::Closed);
+            }
+            self.end += n;
+        }
+        Ok(())
+    }
+
     /// Skip `n` payload bytes (a refused chunk, or a response nobody waits for any more).
     pub(crate) async fn discard_payload(&mut self, mut n: u64) -> Result<(), ConnError> {
         let mut scratch = [0u8; 16 << 10];
@@ -152,14 +197,14 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
 
 /// Writes frames, copying small payloads next to their header so the whole frame leaves in
 /// one `send`, and sending large ones straight from registered memory.
-pub(crate) struct FrameWriter<W> {
-    w: W,
+pub(crate) struct FrameWriter {
+    w: rt::WriteHalf,
     buf: Vec<u8>,
     inline_bytes: usize,
 }
 
-impl<W: AsyncWrite + Unpin> FrameWriter<W> {
-    pub(crate) fn new(w: W, inline_bytes: usize) -> Self {
+impl FrameWriter {
+    pub(crate) fn new(w: rt::WriteHalf, inline_bytes: usize) -> Self {
         Self {
             w,
             buf: Vec::with_capacity(64 << 10),
@@ -167,27 +212,49 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
         }
     }
 
-    /// Send `frame` followed by the concatenation of `payload`.
-    pub(crate) async fn send(&mut self, frame: &Frame, payload: &[&[u8]]) -> io::Result<()> {
+    /// Queue `frame` and its payload for sending. Small payloads are copied next to the
+    /// header and wait in the buffer for [`Self::flush`] (so a burst of small frames leaves
+    /// in one syscall); a large payload is sent at once, gathered straight from registered
+    /// memory together with everything queued before it.
+    pub(crate) async fn push(&mut self, frame: &Frame, payload: &[&[u8]]) -> io::Result<()> {
         let total: usize = payload.iter().map(|p| p.len()).sum();
-        self.buf.clear();
         frame.encode(total as u64, &mut self.buf);
         if total <= self.inline_bytes {
             for p in payload {
                 self.buf.extend_from_slice(p);
             }
-            self.w.write_all(&self.buf).await
-        } else {
-            self.w.write_all(&self.buf).await?;
-            for p in payload {
-                self.w.write_all(p).await?;
+            if self.buf.len() >= FLUSH_BYTES {
+                self.flush().await?;
             }
             Ok(())
+        } else {
+            let mut parts: Vec<&[u8]> = Vec::with_capacity(payload.len() + 1);
+            parts.push(&self.buf);
+            parts.extend_from_slice(payload);
+            let r = self.w.send_all(&parts).await;
+            self.buf.clear();
+            r
         }
     }
 
+    /// Send everything queued.
+    pub(crate) async fn flush(&mut self) -> io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let r = self.w.send_all(&[&self.buf]).await;
+        self.buf.clear();
+        r
+    }
+
+    /// Queue and flush at once.
+    pub(crate) async fn send(&mut self, frame: &Frame, payload: &[&[u8]]) -> io::Result<()> {
+        self.push(frame, payload).await?;
+        self.flush().await
+    }
+
     /// The underlying writer.
-    pub(crate) fn inner(&self) -> &W {
+    pub(crate) fn inner(&self) -> &rt::WriteHalf {
         &self.w
     }
 }

@@ -263,6 +263,10 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
     loop {
         let next = lane.queue.borrow_mut().pop_front();
         let Some(item) = next else {
+            // Queue drained: what was pushed leaves now, in one syscall.
+            if let Err(e) = writer.flush().await {
+                return die(&shard, &lane, &format!("send failed: {e}"));
+            }
             if lane.bell.1.recv().await.is_err() {
                 return;
             }
@@ -329,11 +333,7 @@ async fn connect(shard: &Rc<Shard>, lane: &Rc<Lane>) -> Result<rt::TcpStream, St
         .unwrap_or_else(|| Err(format!("connect to {addr} timed out")))
 }
 
-async fn write_item(
-    lane: &Lane,
-    writer: &mut FrameWriter<rt::WriteHalf>,
-    item: LaneItem,
-) -> std::io::Result<()> {
+async fn write_item(lane: &Lane, writer: &mut FrameWriter, item: LaneItem) -> std::io::Result<()> {
     let tag = lane.next_tag.get();
     lane.next_tag.set(tag + 1);
     let (uid, gen, owner) = (item.uid, item.gen, item.owner);
@@ -385,7 +385,7 @@ async fn write_item(
                         .insert(tag, pending(Wait::Write { chunk, final_ }));
                     lane.writing.set(Some((uid, gen)));
                     writer
-                        .send(&Frame::Write { chunk: c, final_ }, &slices)
+                        .push(&Frame::Write { chunk: c, final_ }, &slices)
                         .await
                 }
                 Op::Read => {
@@ -401,7 +401,7 @@ async fn write_item(
                             bytes,
                         }),
                     );
-                    writer.send(&Frame::Read { chunk: c, final_ }, &[]).await
+                    writer.push(&Frame::Read { chunk: c, final_ }, &[]).await
                 }
             }
         }
@@ -424,7 +424,7 @@ async fn write_item(
                 code,
                 msg,
             };
-            writer.send(&Frame::Finish(f), &[]).await
+            writer.push(&Frame::Finish(f), &[]).await
         }
     }
 }

@@ -149,6 +149,12 @@ async fn serve(shard: Rc<Shard>, stream: rt::TcpStream, hello: Hello) {
             Ok(None) => return,
             Err(e) => Err(e),
         };
+        // Answers to a burst of requests leave together, once no further request is
+        // already buffered.
+        let r = match r {
+            Ok(()) if !reader.frame_ready() => writer.flush().await.map_err(ConnError::from),
+            other => other,
+        };
         if let Err(e) = r {
             log::debug!("closing connection from {peer}: {e}");
             let bye = Frame::GoAway {
@@ -171,7 +177,7 @@ async fn on_frame(
     shard: &Rc<Shard>,
     peer: &str,
     reader: &mut FrameReader<rt::ReadHalf>,
-    writer: &mut FrameWriter<rt::WriteHalf>,
+    writer: &mut FrameWriter,
     frame: Frame,
     payload: u64,
 ) -> Result<(), ConnError> {
@@ -193,7 +199,7 @@ async fn on_frame(
             } else {
                 Frame::Ack(reply)
             };
-            writer.send(&out, &[]).await?;
+            writer.push(&out, &[]).await?;
         }
         Frame::Read { chunk, final_ } => {
             let region = shard.regions.borrow().get(&chunk.mem_id).cloned();
@@ -237,7 +243,7 @@ async fn on_frame(
                 Vec::new()
             };
             writer
-                .send(&Frame::ReadData { reply, final_ }, &payload)
+                .push(&Frame::ReadData { reply, final_ }, &payload)
                 .await?;
         }
         Frame::Finish(f) => {
@@ -249,7 +255,7 @@ async fn on_frame(
                 code: f.code,
                 msg: f.msg,
             };
-            writer.send(&Frame::Complete(reply), &[]).await?;
+            writer.push(&Frame::Complete(reply), &[]).await?;
         }
         other => {
             return Err(ConnError::Violation(format!(

@@ -1,7 +1,11 @@
 //! The `morio` command: `morio loopback` runs two engines over loopback and verifies a
-//! striped write and read, beside a plain single-stream TCP copy of the same size.
+//! striped write and read, beside a plain single-stream TCP copy of the same size; `morio
+//! bench` runs MORI-IO's benchmark table between two processes, with the raw-TCP ceiling.
 
+mod bench;
 mod loopback;
+
+use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
@@ -20,11 +24,15 @@ struct Cli {
 enum Cmd {
     /// Two engines in this process: a verified striped write and read, and the TCP ceiling.
     Loopback(loopback::Args),
+    /// MORI's benchmark table (target and initiator processes, or --loopback for both),
+    /// with latency percentiles, per-row validation and the raw-TCP ceiling.
+    Bench(Box<bench::Args>),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<ExitCode> {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     match Cli::parse().cmd {
-        Cmd::Loopback(a) => loopback::run(a),
+        Cmd::Loopback(a) => loopback::run(a).map(|()| ExitCode::SUCCESS),
+        Cmd::Bench(a) => bench::run(*a),
     }
 }

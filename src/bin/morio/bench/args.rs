@@ -1,0 +1,625 @@
+//! `morio bench` options: MORI benchmark.py's flags that apply to TCP plus morio's own, their
+//! checks (bad values are errors, never panics), and what follows from them: the rows, the
+//! buffer size, the backend config and the argument lists of the loopback children.
+
+use std::ffi::OsString;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context};
+use morio::TcpBackendConfig;
+use serde::Serialize;
+
+/// Largest batch accepted (keeps the side channel's segment lists bounded).
+pub const MAX_BATCH: usize = 1 << 20;
+/// Largest batch of `--all-batch` (MORI: 32768).
+pub const ALL_BATCH_MAX: usize = 32768;
+/// Most rows one sweep may have.
+pub const MAX_ROWS: usize = 4096;
+
+/// Transfer direction, as seen from the initiator.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OpType {
+    /// The initiator reads the target's buffer.
+    Read,
+    /// The initiator writes into the target's buffer.
+    Write,
+}
+
+impl OpType {
+    /// `read` or `write`.
+    pub fn name(self) -> &'static str {
+        match self {
+            OpType::Read => "read",
+            OpType::Write => "write",
+        }
+    }
+}
+
+/// Where a side's buffer lives.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemType {
+    /// Host memory.
+    Cpu,
+    /// GPU memory (not in this build).
+    Gpu,
+}
+
+/// Which side this process plays.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Owns the buffer being read or written; serves the side channel.
+    Target,
+    /// Issues the transfers and prints the table.
+    Initiator,
+}
+
+/// A CPU list such as `0-7` or `0,2,4`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct CpuList(pub Vec<usize>);
+
+/// Options of `morio bench`.
+#[derive(clap::Args, Debug, Clone, Serialize)]
+pub struct Args {
+    /// Run target and initiator as two child processes of this one, on disjoint CPU halves.
+    #[arg(long, conflicts_with_all = ["role", "connect"])]
+    pub loopback: bool,
+    /// Play one side only (start the target first; it prints `MORIO_BENCH_TARGET <port>`).
+    #[arg(long, value_enum)]
+    pub role: Option<Role>,
+    /// The target's side channel (initiator role).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub connect: Option<String>,
+    /// Side-channel port the target listens on (0: ephemeral).
+    #[arg(long, default_value_t = 0)]
+    pub port: u16,
+    /// Numeric IP the engines (and the target's side channel) listen on and advertise.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+
+    /// Transfer direction.
+    #[arg(long, value_enum, default_value_t = OpType::Read)]
+    pub op_type: OpType,
+    /// Bytes per transfer (suffixes K, M, G, KiB, MiB, GiB).
+    #[arg(long, default_value = "32768", value_parser = parse_size)]
+    pub buffer_size: usize,
+    /// Sweep the message size from --sweep-start-size to --sweep-max-size.
+    #[arg(long, conflicts_with = "all_batch")]
+    pub all: bool,
+    /// First size of the --all sweep.
+    #[arg(long, default_value = "8", value_parser = parse_size)]
+    pub sweep_start_size: usize,
+    /// Last size of the --all sweep.
+    #[arg(long, default_value = "1048576", value_parser = parse_size)]
+    pub sweep_max_size: usize,
+    /// Step of the --all sweep (0: double each step).
+    #[arg(long, default_value = "0", value_parser = parse_size)]
+    pub sweep_step: usize,
+    /// Sweep the batch size 1..=32768 (doubling) at --buffer-size.
+    #[arg(long)]
+    pub all_batch: bool,
+    /// Transfers per iteration.
+    #[arg(long, default_value_t = 256)]
+    pub transfer_batch_size: usize,
+    /// One batch call per iteration instead of batch-size single calls.
+    #[arg(long)]
+    pub enable_batch_transfer: bool,
+    /// Contiguous offsets (i*size) instead of strided ones (i*(size+1)).
+    #[arg(long)]
+    pub batch_contiguous: bool,
+    /// Use the session API.
+    #[arg(long)]
+    pub enable_sess: bool,
+    /// Timed iterations per row.
+    #[arg(long, default_value_t = 128)]
+    pub iters: usize,
+    /// Data connections (lanes) per peer, 1..=16.
+    #[arg(long, visible_alias = "tcp-num-data-conns", default_value_t = 8)]
+    pub num_data_conns: usize,
+    /// Transfers of at least this many bytes are striped over every lane.
+    #[arg(long, visible_alias = "tcp-striping-threshold-bytes", default_value = "65536", value_parser = parse_size)]
+    pub striping_threshold_bytes: usize,
+    /// Memory type of both buffers.
+    #[arg(long, value_enum, default_value_t = MemType::Cpu)]
+    pub mem_type: MemType,
+    /// Memory type of the initiator's buffer (default: --mem-type).
+    #[arg(long, value_enum)]
+    pub initiator_mem_type: Option<MemType>,
+    /// Memory type of the target's buffer (default: --mem-type).
+    #[arg(long, value_enum)]
+    pub target_mem_type: Option<MemType>,
+
+    /// Shards per engine (default: one per allowed CPU, at most one per lane).
+    #[arg(long)]
+    pub shards: Option<usize>,
+    /// CPUs of this side's shards, e.g. 0-7 or 0,2,4 (--loopback: split between the sides).
+    #[arg(long, value_parser = parse_cpus)]
+    pub cpus: Option<CpuList>,
+    /// Do not pin shards (nor the ceiling's threads) to CPUs.
+    #[arg(long)]
+    pub no_pin: bool,
+    /// Largest chunk per frame (default 1 MiB).
+    #[arg(long, value_parser = parse_size)]
+    pub chunk_bytes: Option<usize>,
+    /// Busy-poll shards this many microseconds before parking them.
+    #[arg(long)]
+    pub spin_us: Option<u64>,
+    /// Untimed iterations before each row (default max(2, iters/16)).
+    #[arg(long)]
+    pub warmup: Option<usize>,
+    /// Write every row, its percentiles, the config and the ceiling to this JSON file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Skip the raw-TCP ceiling.
+    #[arg(long)]
+    pub no_ceiling: bool,
+    /// Bytes the ceiling moves, split evenly over the streams.
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    pub ceiling_bytes: usize,
+    /// Skip the validation of each row's bytes.
+    #[arg(long)]
+    pub no_validate: bool,
+    /// Print a compact table of earlier --json files and exit.
+    #[arg(long, value_name = "JSON", num_args = 1.., conflicts_with_all = ["loopback", "role"])]
+    #[serde(skip)]
+    pub summarize: Vec<PathBuf>,
+    /// Set by --loopback: exit when this parent process goes away.
+    #[arg(long, hide = true)]
+    #[serde(skip)]
+    pub parent_pid: Option<u32>,
+}
+
+/// A size with an optional unit: `4096`, `64K`, `1MiB`, `1GB`.
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: usize = num.parse().map_err(|_| format!("bad size {s:?}"))?;
+    let mul: usize = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        u => return Err(format!("unknown unit {u:?} in {s:?}")),
+    };
+    n.checked_mul(mul)
+        .ok_or_else(|| format!("size {s:?} overflows"))
+}
+
+/// A CPU list: comma-separated CPUs and inclusive ranges, distinct, below 1024.
+pub fn parse_cpus(s: &str) -> Result<CpuList, String> {
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim) {
+        let num = |x: &str| -> Result<usize, String> {
+            let n: usize = x
+                .trim()
+                .parse()
+                .map_err(|_| format!("bad CPU {x:?} in {s:?}"))?;
+            if n >= 1024 {
+                return Err(format!("CPU {n} out of range (0..1024)"));
+            }
+            Ok(n)
+        };
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (num(a)?, num(b)?);
+                if a > b {
+                    return Err(format!("bad CPU range {part:?}"));
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(num(part)?),
+        }
+    }
+    let mut sorted = out.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    if sorted.len() != out.len() {
+        return Err(format!("CPU list {s:?} repeats a CPU"));
+    }
+    Ok(CpuList(out))
+}
+
+/// `0-3,8` style text for a CPU list.
+pub fn format_cpus(cpus: &[usize]) -> String {
+    let mut parts = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        parts.push(if j > i {
+            format!("{}-{}", cpus[i], cpus[j])
+        } else {
+            cpus[i].to_string()
+        });
+        i = j + 1;
+    }
+    parts.join(",")
+}
+
+impl Args {
+    /// Every check that does not need the network. Run before anything is started.
+    pub fn check(&self) -> anyhow::Result<()> {
+        for (flag, m) in [
+            ("--initiator-mem-type", self.initiator_mem_type),
+            ("--target-mem-type", self.target_mem_type),
+            ("--mem-type", Some(self.mem_type)),
+        ] {
+            if m == Some(MemType::Gpu) {
+                bail!("{flag} gpu: GPU memory arrives with the GPU backends; use cpu");
+            }
+        }
+        if !self.loopback && self.summarize.is_empty() {
+            match (self.role, &self.connect) {
+                (None, _) => bail!(
+                    "choose --loopback, --role target, or --role initiator --connect HOST:PORT"
+                ),
+                (Some(Role::Initiator), None) => bail!("--role initiator needs --connect HOST:PORT"),
+                (Some(Role::Target), Some(_)) => bail!("--connect is for the initiator role"),
+                _ => {}
+            }
+        }
+        self.host
+            .parse::<IpAddr>()
+            .map_err(|_| anyhow::anyhow!("--host {:?} is not a numeric IP address", self.host))?;
+        ensure!(self.iters >= 1, "--iters must be at least 1");
+        ensure!(
+            (1..=MAX_BATCH).contains(&self.transfer_batch_size),
+            "--transfer-batch-size must be in 1..={MAX_BATCH}"
+        );
+        ensure!(self.buffer_size >= 1, "--buffer-size must be at least 1");
+        if self.all {
+            ensure!(self.sweep_start_size >= 1, "--sweep-start-size must be at least 1");
+            ensure!(
+                self.sweep_start_size <= self.sweep_max_size,
+                "--sweep-start-size {} exceeds --sweep-max-size {}",
+                self.sweep_start_size,
+                self.sweep_max_size
+            );
+        }
+        if let (Some(n), Some(c)) = (self.shards, &self.cpus) {
+            ensure!(
+                n == c.0.len(),
+                "--shards {n} disagrees with --cpus (which names {} CPUs)",
+                c.0.len()
+            );
+        }
+        ensure!(
+            !(self.no_pin && self.cpus.is_some()),
+            "--cpus pins shards; drop --no-pin"
+        );
+        if !self.no_ceiling {
+            ensure!(
+                self.ceiling_bytes >= self.num_data_conns.max(1),
+                "--ceiling-bytes must give every stream at least one byte"
+            );
+        }
+        self.backend_config()
+            .validate()
+            .context("bad backend option")?;
+        self.rows()?;
+        let len = self.buffer_len()?;
+        let phys = physical_memory();
+        ensure!(
+            phys == 0 || len <= phys / 2,
+            "each side needs a {len}-byte buffer, more than half of this machine's {phys} bytes"
+        );
+        Ok(())
+    }
+
+    /// The (message size, batch size) of each row, in order.
+    pub fn rows(&self) -> anyhow::Result<Vec<(usize, usize)>> {
+        let mut rows = Vec::new();
+        if self.all {
+            let mut s = self.sweep_start_size;
+            while s <= self.sweep_max_size {
+                ensure!(rows.len() < MAX_ROWS, "the sweep has more than {MAX_ROWS} rows");
+                rows.push((s, self.transfer_batch_size));
+                let next = if self.sweep_step == 0 {
+                    s.checked_mul(2)
+                } else {
+                    s.checked_add(self.sweep_step)
+                };
+                match next {
+                    Some(n) => s = n,
+                    None => break,
+                }
+            }
+        } else if self.all_batch {
+            let mut b = 1;
+            while b <= ALL_BATCH_MAX {
+                rows.push((self.buffer_size, b));
+                b *= 2;
+            }
+        } else {
+            rows.push((self.buffer_size, self.transfer_batch_size));
+        }
+        Ok(rows)
+    }
+
+    /// Registered buffer size of each side, as MORI: `(size+1)*batch`, or `size*batch`
+    /// contiguous, for the largest size and batch of the run.
+    pub fn buffer_len(&self) -> anyhow::Result<usize> {
+        let size = if self.all {
+            self.buffer_size.max(self.sweep_max_size)
+        } else {
+            self.buffer_size
+        };
+        let batch = if self.all_batch {
+            self.transfer_batch_size.max(ALL_BATCH_MAX)
+        } else {
+            self.transfer_batch_size
+        };
+        let per = if self.batch_contiguous {
+            Some(size)
+        } else {
+            size.checked_add(1)
+        };
+        per.and_then(|p| p.checked_mul(batch))
+            .ok_or_else(|| anyhow::anyhow!("buffer size {size} × batch {batch} overflows"))
+    }
+
+    /// Untimed iterations before each row.
+    pub fn warmup_iters(&self) -> usize {
+        self.warmup.unwrap_or((self.iters / 16).max(2))
+    }
+
+    /// The TCP backend config both sides use.
+    pub fn backend_config(&self) -> TcpBackendConfig {
+        let d = TcpBackendConfig::default();
+        TcpBackendConfig {
+            num_data_conns: self.num_data_conns,
+            striping_threshold_bytes: self.striping_threshold_bytes,
+            num_shards: self.shards,
+            cpus: self.cpus.as_ref().map(|c| c.0.clone()),
+            pin_shards: !self.no_pin,
+            chunk_bytes: self.chunk_bytes.unwrap_or(d.chunk_bytes),
+            spin_before_park: self.spin_us.map(Duration::from_micros),
+            ..d
+        }
+    }
+
+    /// CPUs this side's helper threads (the ceiling's) are pinned to, or `None` unpinned.
+    pub fn pin_cpus(&self) -> Option<Vec<usize>> {
+        if self.no_pin {
+            return None;
+        }
+        match &self.cpus {
+            Some(c) => Some(c.0.clone()),
+            None => Some(morio::placement::allowed_cpus().iter().collect()),
+        }
+    }
+
+    /// The arguments (after `bench`) of one loopback child: every option of this run, the
+    /// role, and this child's CPUs (or `--no-pin`).
+    pub fn child_args(
+        &self,
+        role: Role,
+        cpus: Option<&[usize]>,
+        no_pin: bool,
+        connect: Option<&str>,
+    ) -> Vec<OsString> {
+        let mut v: Vec<OsString> = Vec::new();
+        let mut opt = |k: &str, val: String| {
+            v.push(k.into());
+            v.push(val.into());
+        };
+        opt(
+            "--role",
+            match role {
+                Role::Target => "target",
+                Role::Initiator => "initiator",
+            }
+            .into(),
+        );
+        if let Some(c) = connect {
+            opt("--connect", c.into());
+        }
+        opt("--host", self.host.clone());
+        opt("--parent-pid", std::process::id().to_string());
+        opt("--op-type", name(self.op_type));
+        opt("--buffer-size", self.buffer_size.to_string());
+        opt("--sweep-start-size", self.sweep_start_size.to_string());
+        opt("--sweep-max-size", self.sweep_max_size.to_string());
+        opt("--sweep-step", self.sweep_step.to_string());
+        opt("--transfer-batch-size", self.transfer_batch_size.to_string());
+        opt("--iters", self.iters.to_string());
+        opt("--num-data-conns", self.num_data_conns.to_string());
+        opt(
+            "--striping-threshold-bytes",
+            self.striping_threshold_bytes.to_string(),
+        );
+        opt("--mem-type", name(self.mem_type));
+        opt("--ceiling-bytes", self.ceiling_bytes.to_string());
+        if let Some(m) = self.initiator_mem_type {
+            opt("--initiator-mem-type", name(m));
+        }
+        if let Some(m) = self.target_mem_type {
+            opt("--target-mem-type", name(m));
+        }
+        if let Some(c) = cpus {
+            opt("--cpus", format_cpus(c));
+        } else if let Some(n) = self.shards {
+            opt("--shards", n.to_string());
+        }
+        if let Some(c) = self.chunk_bytes {
+            opt("--chunk-bytes", c.to_string());
+        }
+        if let Some(s) = self.spin_us {
+            opt("--spin-us", s.to_string());
+        }
+        if let Some(w) = self.warmup {
+            opt("--warmup", w.to_string());
+        }
+        if let (Role::Initiator, Some(j)) = (role, &self.json) {
+            v.push("--json".into());
+            v.push(j.clone().into_os_string());
+        }
+        for (on, flag) in [
+            (self.all, "--all"),
+            (self.all_batch, "--all-batch"),
+            (self.enable_batch_transfer, "--enable-batch-transfer"),
+            (self.batch_contiguous, "--batch-contiguous"),
+            (self.enable_sess, "--enable-sess"),
+            (self.no_ceiling, "--no-ceiling"),
+            (self.no_validate, "--no-validate"),
+            (no_pin, "--no-pin"),
+        ] {
+            if on {
+                v.push(flag.into());
+            }
+        }
+        v
+    }
+}
+
+fn name<T: clap::ValueEnum>(v: T) -> String {
+    v.to_possible_value()
+        .map(|p| p.get_name().to_string())
+        .unwrap_or_default()
+}
+
+/// Bytes of physical memory (0 if unknown).
+fn physical_memory() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    match (usize::try_from(pages), usize::try_from(page)) {
+        (Ok(a), Ok(b)) => a.saturating_mul(b),
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct T {
+        #[command(flatten)]
+        a: Args,
+    }
+
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        T::try_parse_from(std::iter::once("bench").chain(args.iter().copied())).map(|t| t.a)
+    }
+
+    #[test]
+    fn defaults_are_mori_defaults() {
+        let a = parse(&["--loopback"]).unwrap();
+        assert_eq!(a.op_type, OpType::Read);
+        assert_eq!((a.buffer_size, a.transfer_batch_size, a.iters), (32768, 256, 128));
+        assert_eq!((a.sweep_start_size, a.sweep_max_size, a.sweep_step), (8, 1 << 20, 0));
+        assert_eq!((a.num_data_conns, a.striping_threshold_bytes), (8, 65536));
+        assert_eq!(a.buffer_len().unwrap(), 32769 * 256);
+        assert_eq!(a.warmup_iters(), 8);
+        a.check().unwrap();
+        let a = parse(&["--loopback", "--tcp-num-data-conns", "4"]).unwrap();
+        assert_eq!(a.num_data_conns, 4);
+    }
+
+    #[test]
+    fn rows_and_buffers() {
+        let a = parse(&["--loopback", "--all", "--sweep-max-size", "64"]).unwrap();
+        let sizes: Vec<usize> = a.rows().unwrap().iter().map(|r| r.0).collect();
+        assert_eq!(sizes, [8, 16, 32, 64]);
+        assert_eq!(a.buffer_len().unwrap(), 32769 * 256);
+        let a = parse(&["--loopback", "--all", "--sweep-step", "8", "--sweep-max-size", "30"])
+            .unwrap();
+        assert_eq!(a.rows().unwrap().len(), 3);
+        let a = parse(&["--loopback", "--all-batch", "--batch-contiguous", "--buffer-size", "8"])
+            .unwrap();
+        assert_eq!(a.rows().unwrap().len(), 16);
+        assert_eq!(a.buffer_len().unwrap(), 8 * 32768);
+    }
+
+    #[test]
+    fn bad_options_are_errors() {
+        for bad in [
+            &["--loopback", "--mem-type", "gpu"][..],
+            &["--loopback", "--target-mem-type", "gpu"],
+            &["--loopback", "--iters", "0"],
+            &["--loopback", "--num-data-conns", "17"],
+            &["--loopback", "--chunk-bytes", "10"],
+            &["--loopback", "--all", "--sweep-start-size", "64", "--sweep-max-size", "8"],
+            &["--loopback", "--all", "--sweep-start-size", "0"],
+            &["--loopback", "--transfer-batch-size", "0"],
+            &["--loopback", "--shards", "0"],
+            &["--loopback", "--shards", "2", "--cpus", "0"],
+            &["--loopback", "--host", "localhost"],
+            &["--loopback", "--buffer-size", "1000000G", "--transfer-batch-size", "1000000"],
+            &["--role", "initiator"],
+            &["--role", "target", "--connect", "1.2.3.4:5"],
+            &[],
+        ] {
+            let r = parse(bad).map_err(anyhow::Error::from).and_then(|a| a.check());
+            assert!(r.is_err(), "{bad:?} was accepted");
+        }
+        for bad in [
+            &["--loopback", "--cpus", "3-1"][..],
+            &["--loopback", "--cpus", "0,0"],
+            &["--loopback", "--cpus", ""],
+            &["--loopback", "--buffer-size", "1Q"],
+            &["--loopback", "--all", "--all-batch"],
+            &["--loopback", "--role", "target"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpus("0-3,8").unwrap().0, [0, 1, 2, 3, 8]);
+        assert_eq!(format_cpus(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
+        assert!(parse_cpus("5000").is_err());
+    }
+
+    #[test]
+    fn child_args_round_trip() {
+        let a = parse(&[
+            "--loopback",
+            "--op-type",
+            "write",
+            "--all",
+            "--sweep-max-size",
+            "4K",
+            "--enable-sess",
+            "--enable-batch-transfer",
+            "--spin-us",
+            "50",
+            "--json",
+            "x.json",
+            "--ceiling-bytes",
+            "1M",
+        ])
+        .unwrap();
+        let v = a.child_args(Role::Initiator, Some(&[2, 3]), false, Some("127.0.0.1:9"));
+        let strs: Vec<String> = v.iter().map(|s| s.to_string_lossy().into_owned()).collect();
+        let strs: Vec<&str> = strs.iter().map(String::as_str).collect();
+        let b = parse(&strs).unwrap();
+        b.check().unwrap();
+        assert_eq!(b.role, Some(Role::Initiator));
+        assert_eq!(b.cpus, Some(CpuList(vec![2, 3])));
+        assert_eq!(b.rows().unwrap(), a.rows().unwrap());
+        assert_eq!(b.buffer_len().unwrap(), a.buffer_len().unwrap());
+        assert_eq!((b.op_type, b.spin_us, b.ceiling_bytes), (OpType::Write, Some(50), 1 << 20));
+        assert!(b.enable_sess && b.enable_batch_transfer && b.json.is_some());
+        let t = a.child_args(Role::Target, None, true, None);
+        assert!(t.iter().all(|s| s != "--json") && t.iter().any(|s| s == "--no-pin"));
+    }
+}

@@ -1,0 +1,199 @@
+//! The raw-TCP ceiling: plain blocking std sockets, one stream per lane, sender threads pinned
+//! round robin to the initiator's CPUs and receiver threads to the target's, each stream moving
+//! an equal share with 4 MiB writes and reads. GB/s = bytes / 1e9 / seconds from the first
+//! write to the last receiver's 1-byte ack, measured on the initiator.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Barrier};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde::Serialize;
+
+/// Bytes per write and per read.
+pub const IO_BYTES: usize = 4 << 20;
+/// How long any single step may stall before the ceiling gives up.
+const STALL: Duration = Duration::from_secs(60);
+
+/// The measured ceiling.
+#[derive(Serialize, Debug, Clone)]
+pub struct Ceiling {
+    /// Parallel streams (= --num-data-conns).
+    pub streams: usize,
+    /// Bytes moved in all.
+    pub bytes: u64,
+    /// First write to last ack.
+    pub seconds: f64,
+    /// bytes / 1e9 / seconds.
+    pub gbps: f64,
+    /// When it was measured relative to the rows.
+    pub measured: &'static str,
+}
+
+/// Pin the calling thread to `cpu`.
+pub fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(std::io::Error::other(format!("CPU {cpu} out of range")));
+    }
+    // SAFETY: a zeroed cpu_set_t is valid, CPU_SET is bounds-checked above, and
+    // sched_setaffinity(0, ..) only reads the set we own.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+fn pin_nth(cpus: &Option<Vec<usize>>, i: usize) {
+    if let Some(c) = cpus.as_ref().filter(|c| !c.is_empty()) {
+        if let Err(e) = pin_current_thread(c[i % c.len()]) {
+            log::warn!("ceiling: cannot pin thread {i}: {e}");
+        }
+    }
+}
+
+/// Target side: listen on `host`, accept `streams` connections (each served by a pinned
+/// thread that reads `bytes_per_stream` bytes, then acks with one byte). Returns the port and
+/// a handle that ends when every receiver has.
+pub fn serve(
+    host: IpAddr,
+    streams: usize,
+    bytes_per_stream: u64,
+    cpus: Option<Vec<usize>>,
+) -> anyhow::Result<(u16, JoinHandle<anyhow::Result<()>>)> {
+    let l = TcpListener::bind((host, 0)).context("ceiling: bind")?;
+    let port = l.local_addr()?.port();
+    l.set_nonblocking(true)?;
+    let h = std::thread::Builder::new()
+        .name("ceiling-accept".into())
+        .spawn(move || -> anyhow::Result<()> {
+            let t0 = Instant::now();
+            let mut rx = Vec::new();
+            while rx.len() < streams {
+                match l.accept() {
+                    Ok((s, _)) => {
+                        s.set_nonblocking(false)?;
+                        let (i, cpus) = (rx.len(), cpus.clone());
+                        rx.push(std::thread::spawn(move || {
+                            pin_nth(&cpus, i);
+                            receive(s, bytes_per_stream)
+                        }));
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                        if t0.elapsed() > STALL {
+                            bail!("ceiling: only {} of {streams} streams connected", rx.len());
+                        }
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(e) => return Err(e).context("ceiling: accept"),
+                }
+            }
+            for h in rx {
+                h.join()
+                    .map_err(|_| anyhow::anyhow!("ceiling receiver panicked"))??;
+            }
+            Ok(())
+        })
+        .context("ceiling: spawn")?;
+    Ok((port, h))
+}
+
+fn receive(mut s: TcpStream, bytes: u64) -> anyhow::Result<()> {
+    s.set_read_timeout(Some(STALL))?;
+    let mut buf = vec![0u8; IO_BYTES];
+    let mut got = 0u64;
+    while got < bytes {
+        let want = (bytes - got).min(IO_BYTES as u64) as usize;
+        let k = s.read(&mut buf[..want]).context("ceiling: receive")?;
+        if k == 0 {
+            bail!("ceiling: stream closed after {got} of {bytes} bytes");
+        }
+        got += k as u64;
+    }
+    s.write_all(&[1]).context("ceiling: ack")?;
+    Ok(())
+}
+
+/// Initiator side: connect `streams` streams to `addr`, then send `bytes_per_stream` on each
+/// from pinned threads released together, and time first write to last ack.
+pub fn send(
+    addr: SocketAddr,
+    streams: usize,
+    bytes_per_stream: u64,
+    cpus: Option<Vec<usize>>,
+) -> anyhow::Result<Ceiling> {
+    let socks = (0..streams)
+        .map(|_| {
+            let s = TcpStream::connect_timeout(&addr, Duration::from_secs(10))?;
+            s.set_nodelay(true)?;
+            s.set_read_timeout(Some(STALL))?;
+            s.set_write_timeout(Some(STALL))?;
+            Ok(s)
+        })
+        .collect::<std::io::Result<Vec<_>>>()
+        .context("ceiling: connect")?;
+    let data = Arc::new(vec![0x5Au8; IO_BYTES]);
+    let go = Arc::new(Barrier::new(streams));
+    let threads: Vec<_> = socks
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut s)| {
+            let (data, go, cpus) = (data.clone(), go.clone(), cpus.clone());
+            std::thread::spawn(move || -> anyhow::Result<(Instant, Instant)> {
+                pin_nth(&cpus, i);
+                go.wait();
+                let start = Instant::now();
+                let mut left = bytes_per_stream;
+                while left > 0 {
+                    let n = left.min(IO_BYTES as u64) as usize;
+                    s.write_all(&data[..n]).context("ceiling: send")?;
+                    left -= n as u64;
+                }
+                let mut ack = [0u8; 1];
+                s.read_exact(&mut ack).context("ceiling: wait for ack")?;
+                Ok((start, Instant::now()))
+            })
+        })
+        .collect();
+    let mut spans = Vec::new();
+    for t in threads {
+        spans.push(
+            t.join()
+                .map_err(|_| anyhow::anyhow!("ceiling sender panicked"))??,
+        );
+    }
+    let first = spans.iter().map(|s| s.0).min();
+    let last = spans.iter().map(|s| s.1).max();
+    let (Some(first), Some(last)) = (first, last) else {
+        bail!("ceiling: no streams");
+    };
+    let seconds = (last - first).as_secs_f64().max(1e-9);
+    let bytes = bytes_per_stream * streams as u64;
+    Ok(Ceiling {
+        streams,
+        bytes,
+        seconds,
+        gbps: bytes as f64 / 1e9 / seconds,
+        measured: "after the rows",
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ceiling_over_loopback() {
+        let ip: IpAddr = "127.0.0.1".parse().unwrap();
+        let (port, h) = serve(ip, 3, 5 << 20, None).unwrap();
+        let c = send(SocketAddr::new(ip, port), 3, 5 << 20, Some(vec![0])).unwrap();
+        h.join().unwrap().unwrap();
+        assert_eq!((c.streams, c.bytes), (3, 15 << 20));
+        assert!(c.gbps > 0.0);
+    }
+}

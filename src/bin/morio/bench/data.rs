@@ -1,0 +1,104 @@
+//! Buffer contents for the benchmark: segment layouts (contiguous or MORI's stride of
+//! size+1), allocation without aborting, seeded scrambling, and xxh3 over a list of segments.
+
+use anyhow::{bail, Context};
+use morio::RegisteredBuffer;
+use xxhash_rust::xxh3::Xxh3;
+
+/// Bytes copied per step when scrambling or hashing.
+const STEP: usize = 1 << 20;
+
+/// Offset of transfer `i` of a row, for every `i < batch`.
+pub fn offsets(size: usize, batch: usize, contiguous: bool) -> Vec<usize> {
+    let stride = if contiguous { size } else { size + 1 };
+    (0..batch).map(|i| i * stride).collect()
+}
+
+/// The row's segments as (offset, length) pairs, the same on both sides.
+pub fn segments(size: usize, batch: usize, contiguous: bool) -> Vec<(u64, u64)> {
+    offsets(size, batch, contiguous)
+        .into_iter()
+        .map(|o| (o as u64, size as u64))
+        .collect()
+}
+
+/// Bytes from 0 to the end of the row's last segment.
+pub fn extent(size: usize, batch: usize, contiguous: bool) -> usize {
+    offsets(size, batch, contiguous)
+        .last()
+        .map_or(0, |&o| o + size)
+}
+
+/// A zeroed buffer of `len` bytes, or an error (never an abort) if it cannot be had.
+pub fn alloc(len: usize) -> anyhow::Result<Vec<u8>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len)
+        .with_context(|| format!("cannot allocate a {len}-byte buffer"))?;
+    v.resize(len, 0);
+    Ok(v)
+}
+
+/// Fill `buf[..len]` with bytes that depend only on `seed` (xorshift64*).
+pub fn scramble(buf: &RegisteredBuffer, seed: u64, len: usize) -> anyhow::Result<()> {
+    if len > buf.len() {
+        bail!("scramble of {len} bytes, buffer has {}", buf.len());
+    }
+    let mut x = seed | 1;
+    let mut scratch = vec![0u8; STEP.min(len)];
+    let mut off = 0;
+    while off < len {
+        let n = STEP.min(len - off);
+        for c in scratch[..n].chunks_mut(8) {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            let v = x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes();
+            c.copy_from_slice(&v[..c.len()]);
+        }
+        if !buf.write_at(off, &scratch[..n]) {
+            bail!("scramble out of range at {off}");
+        }
+        off += n;
+    }
+    Ok(())
+}
+
+/// xxh3-64 of the concatenated segments, in order.
+pub fn hash_segments(buf: &RegisteredBuffer, segs: &[(u64, u64)]) -> anyhow::Result<u64> {
+    let mut h = Xxh3::new();
+    let mut scratch = Vec::new();
+    for &(off, len) in segs {
+        let end = off.checked_add(len).filter(|&e| e <= buf.len() as u64);
+        if end.is_none() {
+            bail!(
+                "segment ({off}, {len}) is outside the {}-byte buffer",
+                buf.len()
+            );
+        }
+        let (mut o, end) = (off as usize, (off + len) as usize);
+        while o < end {
+            let n = STEP.min(end - o);
+            scratch.resize(n, 0);
+            if !buf.read_at(o, &mut scratch) {
+                bail!("hash out of range at {o}");
+            }
+            h.update(&scratch);
+            o += n;
+        }
+    }
+    Ok(h.digest())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts() {
+        assert_eq!(offsets(8, 3, false), [0, 9, 18]);
+        assert_eq!(offsets(8, 3, true), [0, 8, 16]);
+        assert_eq!(extent(8, 3, false), 26);
+        assert_eq!(extent(8, 3, true), 24);
+        assert_eq!(segments(4, 2, false), [(0, 4), (5, 4)]);
+    }
+}

@@ -1,0 +1,219 @@
+//! `morio bench --role initiator`: join the target over the side channel, run every row with
+//! validation after each, measure the raw-TCP ceiling once (after the rows), print MORI's table
+//! and write the JSON report.
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use morio::{EngineDesc, IoEngine, IoEngineConfig, MemoryDesc, RegisteredBuffer};
+
+use super::args::{Args, OpType};
+use super::ceiling::{self, Ceiling};
+use super::report::{self, Report, Side};
+use super::runner::Runner;
+use super::stats::RowStats;
+use super::wire::{Channel, Reply, Request, TargetInfo};
+use super::data;
+
+/// Seed of the initiator's initial contents.
+const INITIAL_SEED: u64 = 0x1A17_1A70_0000_0001;
+
+/// Seed of row `i`'s scramble (different from both initial seeds).
+fn row_seed(i: usize) -> u64 {
+    0x9E37_79B9_7F4A_7C15 ^ ((i as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03))
+}
+
+/// Run the initiator role: the whole benchmark.
+pub fn run(a: &Args) -> anyhow::Result<()> {
+    let rows = a.rows()?;
+    let blen = a.buffer_len()?;
+    let connect = a.connect.as_deref().context("--connect HOST:PORT is required")?;
+    let mut ch = Channel::connect(connect, Duration::from_secs(30))?;
+    let tdesc = EngineDesc::unpack(&ch.recv_frame()?).context("target's EngineDesc")?;
+    let tmem = MemoryDesc::unpack(&ch.recv_frame()?).context("target's MemoryDesc")?;
+    let tinfo: TargetInfo = ch.recv()?;
+    ensure!(
+        tmem.size >= blen as u64,
+        "the target's buffer has {} bytes, this run needs {blen}: give the target the same \
+         size options (--buffer-size, --transfer-batch-size, --all, --all-batch, \
+         --sweep-max-size, --batch-contiguous)",
+        tmem.size
+    );
+
+    let engine = IoEngine::new("morio-bench-initiator", IoEngineConfig::new(&a.host, 0))?;
+    engine
+        .create_backend(a.backend_config())
+        .context("initiator: TCP backend")?;
+    engine.register_remote_engine(&tdesc)?;
+    ch.send_frame(&engine.engine_desc().pack())?;
+    let buf = engine.register_buffer(data::alloc(blen)?)?;
+    if !a.no_validate {
+        data::scramble(&buf, INITIAL_SEED, blen)?;
+    }
+    let session = match a.enable_sess {
+        true => Some(
+            engine
+                .create_session(buf.desc(), &tmem)
+                .context("create_session: no backend")?,
+        ),
+        false => None,
+    };
+    let idesc = engine.engine_desc();
+    let sides = [
+        Side::new(&idesc, engine.n_shards(), a.cpus.as_ref().map(|c| c.0.clone())),
+        Side::new(&tdesc, tinfo.shards, tinfo.cpus.clone()),
+    ];
+    report::print_config(a, &sides, rows.len(), blen);
+
+    let runner = Runner {
+        engine: &engine,
+        session: session.as_ref(),
+        local: buf.desc(),
+        remote: &tmem,
+        op: a.op_type,
+        batch_mode: a.enable_batch_transfer,
+        contiguous: a.batch_contiguous,
+    };
+    let mut done = Vec::new();
+    let res = run_rows(a, &rows, &runner, &mut ch, &buf, &mut done).and_then(|()| {
+        match a.no_ceiling {
+            true => Ok(None),
+            false => measure_ceiling(a, &mut ch).map(Some),
+        }
+    });
+    let ceiling = match res {
+        Ok(c) => c,
+        Err(e) => {
+            if !done.is_empty() {
+                println!("{}", report::table(&done, None));
+            }
+            let _ = ch.call(&Request::Done);
+            return Err(e);
+        }
+    };
+    ch.call(&Request::Done)?;
+    if let Some(c) = &ceiling {
+        for r in &mut done {
+            r.avg_over_ceiling = Some(r.avg_bw_gbps / c.gbps);
+        }
+    }
+    println!("{}", report::table(&done, ceiling.as_ref()));
+    if let Some(c) = &ceiling {
+        println!(
+            "Ceiling: raw TCP, {} streams × {} B with {} MiB writes, {:.3} s, measured {}.",
+            c.streams,
+            c.bytes / c.streams.max(1) as u64,
+            ceiling::IO_BYTES >> 20,
+            c.seconds,
+            c.measured
+        );
+    }
+    if let Some(path) = &a.json {
+        let [initiator, target] = sides;
+        report::write_json(
+            path,
+            &Report::new(a, blen, initiator, target, ceiling, done),
+        )?;
+        println!("JSON: {}", path.display());
+    }
+    Ok(())
+}
+
+fn run_rows(
+    a: &Args,
+    rows: &[(usize, usize)],
+    runner: &Runner<'_>,
+    ch: &mut Channel,
+    buf: &RegisteredBuffer,
+    done: &mut Vec<RowStats>,
+) -> anyhow::Result<()> {
+    let (warmup, iters) = (a.warmup_iters(), a.iters);
+    let pb = progress(rows.len(), warmup + iters);
+    for (i, &(size, batch)) in rows.iter().enumerate() {
+        let name = format!("{} {size} B × {batch}", a.op_type.name());
+        pb.set_message(name.clone());
+        let extent = data::extent(size, batch, a.batch_contiguous);
+        let seed = row_seed(i);
+        if !a.no_validate {
+            match a.op_type {
+                OpType::Write => {
+                    ch.call(&Request::Scramble {
+                        seed,
+                        len: extent as u64,
+                    })?;
+                }
+                OpType::Read => data::scramble(buf, seed, extent)?,
+            }
+        }
+        let durs = runner
+            .row(size, batch, warmup, iters, &|| pb.inc(1))
+            .with_context(|| format!("row {name} failed"))?;
+        let mut st = RowStats::new(a.op_type, size, batch, &durs)?;
+        if !a.no_validate {
+            validate(a, ch, buf, size, batch).with_context(|| format!("row {name}"))?;
+            st.validated = true;
+        }
+        done.push(st);
+    }
+    pb.finish_and_clear();
+    Ok(())
+}
+
+/// Compare xxh3 of the row's segments on both sides (source of a write is ours, of a read
+/// theirs; either way the same offsets).
+fn validate(
+    a: &Args,
+    ch: &mut Channel,
+    buf: &RegisteredBuffer,
+    size: usize,
+    batch: usize,
+) -> anyhow::Result<()> {
+    let segs = data::segments(size, batch, a.batch_contiguous);
+    let ours = data::hash_segments(buf, &segs)?;
+    let theirs = match ch.call(&Request::Hash { segs })? {
+        Reply::Hash { xxh3 } => xxh3,
+        r => bail!("unexpected reply to Hash: {r:?}"),
+    };
+    let (what_ours, what_theirs) = match a.op_type {
+        OpType::Write => ("initiator source", "target destination"),
+        OpType::Read => ("initiator destination", "target source"),
+    };
+    ensure!(
+        ours == theirs,
+        "validation FAILED: {what_ours} xxh3 {ours:#018x} != {what_theirs} xxh3 {theirs:#018x}"
+    );
+    Ok(())
+}
+
+fn measure_ceiling(a: &Args, ch: &mut Channel) -> anyhow::Result<Ceiling> {
+    let streams = a.num_data_conns;
+    let per = (a.ceiling_bytes / streams) as u64;
+    let port = match ch.call(&Request::CeilingStart {
+        streams: streams as u32,
+        bytes_per_stream: per,
+    })? {
+        Reply::CeilingReady { port } => port,
+        r => bail!("unexpected reply to CeilingStart: {r:?}"),
+    };
+    let addr = SocketAddr::new(ch.peer()?.ip(), port);
+    let sent = ceiling::send(addr, streams, per, a.pin_cpus());
+    let joined = ch.call(&Request::CeilingJoin);
+    let c = sent?;
+    joined.context("ceiling receivers")?;
+    Ok(c)
+}
+
+fn progress(rows: usize, per_row: usize) -> ProgressBar {
+    let len = (rows * per_row) as u64;
+    if rows < 2 || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+    let style = ProgressStyle::with_template("{bar:40} {pos}/{len} iterations  {msg}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+    pb.set_style(style);
+    pb
+}

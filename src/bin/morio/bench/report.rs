@@ -1,0 +1,319 @@
+//! What `morio bench` prints and writes: the configuration block (as MORI's `print_config`),
+//! MORI's table with percentile and ceiling columns (comfy-table), the JSON report, and the
+//! compact summary of earlier JSON reports (`--summarize`).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use comfy_table::{presets, CellAlignment, Table, TableComponent};
+use morio::EngineDesc;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::args::{format_cpus, Args};
+use super::ceiling::Ceiling;
+use super::stats::RowStats;
+
+/// Title of the table (MORI: `TCP Benchmark: Initiator Rank 0`).
+pub const TITLE: &str = "TCP Benchmark (morio): Initiator";
+
+/// One side of the run, as reported.
+#[derive(Serialize, Debug, Clone)]
+pub struct Side {
+    /// Engine key.
+    pub engine_key: String,
+    /// Advertised host.
+    pub host: String,
+    /// Engine port.
+    pub port: u16,
+    /// Shards its engine runs.
+    pub shards: usize,
+    /// CPUs given with --cpus (`None`: planned by the engine, or unpinned).
+    pub cpus: Option<Vec<usize>>,
+    /// Process id.
+    pub pid: i32,
+}
+
+impl Side {
+    /// From an engine's descriptor.
+    pub fn new(d: &EngineDesc, shards: usize, cpus: Option<Vec<usize>>) -> Self {
+        Self {
+            engine_key: d.key.clone(),
+            host: d.host.clone(),
+            port: d.port,
+            shards,
+            cpus,
+            pid: d.pid,
+        }
+    }
+
+    fn describe(&self) -> String {
+        let cpus = self
+            .cpus
+            .as_ref()
+            .map_or("planned".to_string(), |c| format_cpus(c));
+        format!("{} (cpus {cpus})", self.shards)
+    }
+}
+
+/// The JSON report.
+#[derive(Serialize, Debug)]
+pub struct Report<'a> {
+    /// `morio bench`.
+    pub tool: &'static str,
+    /// Crate version.
+    pub version: &'static str,
+    /// Table title.
+    pub title: &'static str,
+    /// Every option of the run (as the initiator got them).
+    pub config: &'a Args,
+    /// Whether `--loopback` started this initiator (and the target beside it).
+    pub loopback: bool,
+    /// Untimed iterations per row.
+    pub warmup_iters: usize,
+    /// Registered bytes per side.
+    pub buffer_bytes: usize,
+    /// The initiator.
+    pub initiator: Side,
+    /// The target.
+    pub target: Side,
+    /// Raw-TCP ceiling (`null` with --no-ceiling).
+    pub ceiling: Option<Ceiling>,
+    /// Every row, in order.
+    pub rows: Vec<RowStats>,
+}
+
+impl<'a> Report<'a> {
+    /// Assemble the report.
+    pub fn new(
+        config: &'a Args,
+        buffer_bytes: usize,
+        initiator: Side,
+        target: Side,
+        ceiling: Option<Ceiling>,
+        rows: Vec<RowStats>,
+    ) -> Self {
+        Self {
+            tool: "morio bench",
+            version: env!("CARGO_PKG_VERSION"),
+            title: TITLE,
+            config,
+            loopback: config.parent_pid.is_some(),
+            warmup_iters: config.warmup_iters(),
+            buffer_bytes,
+            initiator,
+            target,
+            ceiling,
+            rows,
+        }
+    }
+}
+
+fn py_bool(b: bool) -> &'static str {
+    if b {
+        "True"
+    } else {
+        "False"
+    }
+}
+
+/// The configuration block, printed before the rows run.
+pub fn print_config(a: &Args, sides: &[Side; 2], n_rows: usize, buffer_bytes: usize) {
+    let [i, t] = sides;
+    let cfg = a.backend_config();
+    let sweep = if a.all {
+        let step = match a.sweep_step {
+            0 => "doubling".to_string(),
+            s => format!("step {s}"),
+        };
+        format!(
+            "message size {}..={} B, {step}",
+            a.sweep_start_size, a.sweep_max_size
+        )
+    } else if a.all_batch {
+        "batch size 1..=32768, doubling".to_string()
+    } else {
+        "none".to_string()
+    };
+    let lines = [
+        ("backend", "TCP (morio)".to_string()),
+        ("op_type", a.op_type.name().to_string()),
+        ("host", i.host.clone()),
+        ("port", i.port.to_string()),
+        ("role", "INITIATOR".to_string()),
+        (
+            "target",
+            format!("{} at {}:{} (pid {})", t.engine_key, t.host, t.port, t.pid),
+        ),
+        ("buffer_size", format!("{} B", a.buffer_size)),
+        ("transfer_batch_size", a.transfer_batch_size.to_string()),
+        ("enable_batch_transfer", py_bool(a.enable_batch_transfer).into()),
+        ("enable_sess", py_bool(a.enable_sess).into()),
+        ("batch_contiguous", py_bool(a.batch_contiguous).into()),
+        ("sweep", format!("{sweep} ({n_rows} rows)")),
+        (
+            "iters",
+            format!("{} (+{} warm-up per row)", a.iters, a.warmup_iters()),
+        ),
+        ("mem_type", "cpu / cpu".to_string()),
+        ("buffer_bytes", format!("{buffer_bytes} per side")),
+        ("num_data_conns", cfg.num_data_conns.to_string()),
+        (
+            "striping_threshold_bytes",
+            cfg.striping_threshold_bytes.to_string(),
+        ),
+        ("chunk_bytes", cfg.chunk_bytes.to_string()),
+        ("initiator_shards", i.describe()),
+        ("target_shards", t.describe()),
+        (
+            "spin_before_park",
+            a.spin_us.map_or("off".into(), |u| format!("{u} us")),
+        ),
+        (
+            "validate",
+            match a.no_validate {
+                true => "off".into(),
+                false => "xxh3 of every row's segments on both sides".to_string(),
+            },
+        ),
+        (
+            "ceiling",
+            match a.no_ceiling {
+                true => "off".into(),
+                false => format!(
+                    "raw TCP, {} streams, {} B, measured after the rows",
+                    a.num_data_conns,
+                    a.ceiling_bytes / a.num_data_conns.max(1) * a.num_data_conns
+                ),
+            },
+        ),
+    ];
+    println!("MORIO Benchmark Configurations:");
+    for (k, v) in lines {
+        println!("  {k}: {v}");
+    }
+    println!();
+}
+
+fn new_table(header: &[&str]) -> Table {
+    let mut t = Table::new();
+    t.load_preset(presets::ASCII_FULL_CONDENSED);
+    t.set_style(TableComponent::HeaderLines, '-');
+    t.set_style(TableComponent::MiddleHeaderIntersections, '+');
+    t.set_header(header.to_vec());
+    for c in t.column_iter_mut() {
+        c.set_cell_alignment(CellAlignment::Right);
+    }
+    t
+}
+
+/// Put a MORI-style title box above a rendered table.
+fn titled(title: &str, table: &Table) -> String {
+    let body = table.to_string();
+    let width = body.lines().next().map_or(0, |l| l.chars().count()).max(4);
+    let inner = width - 2;
+    let rule = format!("+{}+", "-".repeat(inner));
+    format!("{rule}\n|{title:^inner$}|\n{body}")
+}
+
+fn f2(x: f64) -> String {
+    format!("{x:.2}")
+}
+
+/// MORI's table plus percentiles and the ceiling, one line per row.
+pub fn table(rows: &[RowStats], ceiling: Option<&Ceiling>) -> String {
+    let mut t = new_table(&[
+        "MsgSize (B)",
+        "BatchSize",
+        "TotalSize (MB)",
+        "Max BW (GB/s)",
+        "Avg BW (GB/s)",
+        "Min Lat (us)",
+        "Avg Lat (us)",
+        "p50 (us)",
+        "p99 (us)",
+        "p99.9 (us)",
+        "Max Lat (us)",
+        "Ceiling (GB/s)",
+        "Avg/Ceil",
+    ]);
+    for r in rows {
+        t.add_row(vec![
+            r.msg_size.to_string(),
+            r.batch_size.to_string(),
+            f2(r.total_size_mb),
+            f2(r.max_bw_gbps),
+            f2(r.avg_bw_gbps),
+            f2(r.min_lat_us),
+            f2(r.avg_lat_us),
+            f2(r.p50_us),
+            f2(r.p99_us),
+            f2(r.p999_us),
+            f2(r.max_lat_us),
+            ceiling.map_or("-".into(), |c| f2(c.gbps)),
+            r.avg_over_ceiling.map_or("-".into(), f2),
+        ]);
+    }
+    titled(TITLE, &t)
+}
+
+/// Write the JSON report.
+pub fn write_json(path: &Path, r: &Report<'_>) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(r).context("JSON report")?;
+    std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
+}
+
+/// `--summarize`: one line per row of every JSON report given.
+pub fn summarize(files: &[PathBuf]) -> anyhow::Result<()> {
+    let mut t = new_table(&[
+        "run", "op", "mode", "shards", "MsgSize (B)", "BatchSize", "Avg BW (GB/s)",
+        "Max BW (GB/s)", "p50 (us)", "p99 (us)", "Ceiling (GB/s)", "Avg/Ceil",
+    ]);
+    for c in 0..3 {
+        if let Some(col) = t.column_mut(c) {
+            col.set_cell_alignment(CellAlignment::Left);
+        }
+    }
+    for f in files {
+        let text =
+            std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+        let v: Value =
+            serde_json::from_str(&text).with_context(|| format!("{} is not JSON", f.display()))?;
+        let name = f
+            .file_stem()
+            .map_or(f.display().to_string(), |s| s.to_string_lossy().into_owned());
+        let c = &v["config"];
+        let flag = |k: &str| c[k].as_bool().unwrap_or(false);
+        let mode = format!(
+            "{}{} {}",
+            if flag("enable_batch_transfer") { "batch" } else { "single" },
+            if flag("enable_sess") { "+sess" } else { "" },
+            if flag("batch_contiguous") { "contig" } else { "strided" },
+        );
+        let num = |x: &Value| x.as_f64().map_or("-".into(), f2);
+        let int = |x: &Value| x.as_u64().map_or("-".into(), |n| n.to_string());
+        let shards = format!(
+            "{}/{}",
+            int(&v["initiator"]["shards"]),
+            int(&v["target"]["shards"])
+        );
+        for r in v["rows"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+            t.add_row(vec![
+                name.clone(),
+                r["op"].as_str().unwrap_or("-").to_string(),
+                mode.clone(),
+                shards.clone(),
+                int(&r["msg_size"]),
+                int(&r["batch_size"]),
+                num(&r["avg_bw_gbps"]),
+                num(&r["max_bw_gbps"]),
+                num(&r["p50_us"]),
+                num(&r["p99_us"]),
+                num(&v["ceiling"]["gbps"]),
+                num(&r["avg_over_ceiling"]),
+            ]);
+        }
+    }
+    println!("{}", titled("morio bench summary", &t));
+    Ok(())
+}

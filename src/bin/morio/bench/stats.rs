@@ -1,0 +1,108 @@
+//! One row's numbers from its per-iteration durations: MORI's formulas (TotalSize in MB =
+//! size×batch/1e6, Avg BW = TotalSize/1e3/mean seconds, Max BW from the shortest iteration,
+//! Min/Avg Lat in µs per batch iteration) plus hdrhistogram percentiles.
+
+use std::time::Duration;
+
+use anyhow::{ensure, Context};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use super::args::OpType;
+
+/// A finished row. Latencies are microseconds per iteration (the whole batch).
+#[derive(Serialize, Debug, Clone)]
+pub struct RowStats {
+    /// Direction.
+    pub op: OpType,
+    /// Bytes per transfer.
+    pub msg_size: usize,
+    /// Transfers per iteration.
+    pub batch_size: usize,
+    /// Timed iterations.
+    pub iters: usize,
+    /// size × batch / 1e6.
+    pub total_size_mb: f64,
+    /// From the shortest iteration.
+    pub max_bw_gbps: f64,
+    /// From the mean iteration.
+    pub avg_bw_gbps: f64,
+    /// Shortest iteration.
+    pub min_lat_us: f64,
+    /// Mean iteration.
+    pub avg_lat_us: f64,
+    /// Median iteration (hdrhistogram, 3 significant digits).
+    pub p50_us: f64,
+    /// 99th percentile.
+    pub p99_us: f64,
+    /// 99.9th percentile.
+    pub p999_us: f64,
+    /// Longest iteration.
+    pub max_lat_us: f64,
+    /// Avg BW over the run's ceiling, if measured.
+    pub avg_over_ceiling: Option<f64>,
+    /// Whether the row's bytes were checked after it ran.
+    pub validated: bool,
+    /// Every timed iteration, in order.
+    pub durations_us: Vec<f64>,
+}
+
+impl RowStats {
+    /// Compute a row from its timed iterations (at least one).
+    pub fn new(
+        op: OpType,
+        msg_size: usize,
+        batch_size: usize,
+        durations: &[Duration],
+    ) -> anyhow::Result<Self> {
+        ensure!(!durations.is_empty(), "row without timed iterations");
+        let secs: Vec<f64> = durations.iter().map(Duration::as_secs_f64).collect();
+        let n = secs.len() as f64;
+        let mean = secs.iter().sum::<f64>() / n;
+        let min = secs.iter().copied().fold(f64::INFINITY, f64::min);
+        let total_size_mb = msg_size as f64 * batch_size as f64 / 1e6;
+        let mut h = Histogram::<u64>::new(3).context("histogram")?;
+        for d in durations {
+            let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1);
+            h.record(ns).context("histogram record")?;
+        }
+        let q = |x: f64| h.value_at_quantile(x) as f64 / 1e3;
+        Ok(Self {
+            op,
+            msg_size,
+            batch_size,
+            iters: durations.len(),
+            total_size_mb,
+            max_bw_gbps: total_size_mb / 1e3 / min,
+            avg_bw_gbps: total_size_mb / 1e3 / mean,
+            min_lat_us: min * 1e6,
+            avg_lat_us: mean * 1e6,
+            p50_us: q(0.5),
+            p99_us: q(0.99),
+            p999_us: q(0.999),
+            max_lat_us: h.max() as f64 / 1e3,
+            avg_over_ceiling: None,
+            validated: false,
+            durations_us: secs.iter().map(|s| s * 1e6).collect(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mori_formulas() {
+        // 1 MiB × 256 in 20 ms and 30 ms: the seed table's row shape.
+        let d = [Duration::from_millis(20), Duration::from_millis(30)];
+        let r = RowStats::new(OpType::Write, 1 << 20, 256, &d).unwrap();
+        assert!((r.total_size_mb - 268.435456).abs() < 1e-9);
+        assert!((r.max_bw_gbps - 268.435456 / 1e3 / 0.020).abs() < 1e-9);
+        assert!((r.avg_bw_gbps - 268.435456 / 1e3 / 0.025).abs() < 1e-9);
+        assert!((r.min_lat_us - 20_000.0).abs() < 1e-6);
+        assert!((r.avg_lat_us - 25_000.0).abs() < 1e-6);
+        assert!((r.max_lat_us - 30_000.0).abs() / 30_000.0 < 1e-3);
+        assert!(RowStats::new(OpType::Read, 1, 1, &[]).is_err());
+    }
+}

@@ -1,0 +1,92 @@
+//! `morio bench --role target`: create the engine and its buffer, print
+//! `MORIO_BENCH_TARGET <port>` first on stdout, then serve one initiator over the side
+//! channel (descriptors, scramble, hash, ceiling receivers) until it says it is done.
+
+use std::io::Write;
+use std::net::{IpAddr, TcpListener};
+use std::thread::JoinHandle;
+
+use anyhow::Context;
+use morio::{EngineDesc, IoEngine, IoEngineConfig, RegisteredBuffer};
+
+use super::args::Args;
+use super::wire::{Channel, Reply, Request, TargetInfo};
+use super::{ceiling, data};
+
+/// Seed of the target's initial contents.
+const INITIAL_SEED: u64 = 0x7A56_E7C3_0000_0001;
+
+/// Run the target role to the end of the initiator's session.
+pub fn run(a: &Args) -> anyhow::Result<()> {
+    let host: IpAddr = a.host.parse().context("--host")?;
+    let engine = IoEngine::new("morio-bench-target", IoEngineConfig::new(&a.host, 0))?;
+    engine
+        .create_backend(a.backend_config())
+        .context("target: TCP backend")?;
+    let buf = engine.register_buffer(data::alloc(a.buffer_len()?)?)?;
+    if !a.no_validate {
+        data::scramble(&buf, INITIAL_SEED, buf.len())?;
+    }
+    let listener = TcpListener::bind((host, a.port))
+        .with_context(|| format!("target: side channel on {}:{}", a.host, a.port))?;
+    let port = listener.local_addr()?.port();
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "MORIO_BENCH_TARGET {port}")?;
+    out.flush()?;
+    drop(out);
+
+    let (stream, peer) = listener.accept().context("target: accept")?;
+    drop(listener);
+    log::info!("target: initiator connected from {peer}");
+    let mut ch = Channel::new(stream)?;
+    ch.send_frame(&engine.engine_desc().pack())?;
+    ch.send_frame(&buf.desc().pack())?;
+    ch.send(&TargetInfo {
+        shards: engine.n_shards(),
+        cpus: a.cpus.as_ref().map(|c| c.0.clone()),
+        pid: std::process::id(),
+    })?;
+    let idesc = EngineDesc::unpack(&ch.recv_frame()?).context("initiator's EngineDesc")?;
+    engine.register_remote_engine(&idesc)?;
+    serve(&mut ch, a, host, &buf)
+}
+
+fn serve(ch: &mut Channel, a: &Args, host: IpAddr, buf: &RegisteredBuffer) -> anyhow::Result<()> {
+    let mut receivers: Option<JoinHandle<anyhow::Result<()>>> = None;
+    loop {
+        let req: Request = ch.recv()?;
+        let reply = match req {
+            Request::Scramble { seed, len } => usize::try_from(len)
+                .map_err(anyhow::Error::from)
+                .and_then(|len| data::scramble(buf, seed, len))
+                .map(|()| Reply::Ok),
+            Request::Hash { segs } => {
+                data::hash_segments(buf, &segs).map(|xxh3| Reply::Hash { xxh3 })
+            }
+            Request::CeilingStart {
+                streams,
+                bytes_per_stream,
+            } => ceiling::serve(host, streams as usize, bytes_per_stream, a.pin_cpus()).map(
+                |(port, h)| {
+                    receivers = Some(h);
+                    Reply::CeilingReady { port }
+                },
+            ),
+            Request::CeilingJoin => match receivers.take() {
+                Some(h) => h
+                    .join()
+                    .map_err(|_| anyhow::anyhow!("ceiling receivers panicked"))
+                    .and_then(|r| r)
+                    .map(|()| Reply::Ok),
+                None => Err(anyhow::anyhow!("no ceiling is running")),
+            },
+            Request::Done => {
+                ch.send(&Reply::Ok)?;
+                return Ok(());
+            }
+        };
+        ch.send(&reply.unwrap_or_else(|e| Reply::Error {
+            message: format!("{e:#}"),
+        }))?;
+    }
+}
