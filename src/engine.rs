@@ -16,7 +16,7 @@ use crate::placement;
 use crate::proto::frame::Op;
 use crate::proto::limits::MAX_KEY_BYTES;
 use crate::proto::plan;
-use crate::region::{Region, SharedRegion};
+use crate::region::{Backing, Region, SharedRegion};
 use crate::service::{self, now_ns, Peer, ShardMsg, Shared, Submission};
 use crate::session::IoEngineSession;
 use crate::status::{wait_all, StatusCode, TransferStatus};
@@ -217,8 +217,11 @@ impl IoEngine {
     /// [`RegisteredBuffer`].
     pub fn register_buffer(&self, buf: Vec<u8>) -> Result<RegisteredBuffer, EngineError> {
         let id = self.inner.next_mem_id.fetch_add(1, Ordering::Relaxed);
-        let region = Arc::new(Region::owned(id, buf.into_boxed_slice()));
-        let desc = self.add_region(region.clone())?;
+        let backing = Backing::new(buf.into_boxed_slice());
+        let desc = self.add_region(Arc::new(Region::owned(id, backing.clone())))?;
+        // The handle gets its own view: it keeps the memory alive without counting as a user
+        // of the registered region, so deregistration never waits for it.
+        let region = Arc::new(Region::owned(id, backing));
         Ok(RegisteredBuffer { desc, region })
     }
 

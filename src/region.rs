@@ -12,7 +12,34 @@ pub struct Region {
     pub id: u32,
     base: *mut u8,
     len: usize,
-    _owned: Option<Box<[u8]>>,
+    _owned: Option<Arc<Backing>>,
+}
+
+/// A buffer the engine allocated for `register_buffer`. Shared by the registered region and
+/// the user's handle, so the registry's reference count of the region counts only the engine
+/// and in-flight chunks, never the handle.
+#[derive(Debug)]
+pub struct Backing {
+    base: *mut u8,
+    len: usize,
+    _buf: Box<[u8]>,
+}
+
+// SAFETY: `Backing` owns its allocation; all access goes through `Region`'s raw slices under
+// the registered-memory contract below.
+unsafe impl Send for Backing {}
+// SAFETY: see above.
+unsafe impl Sync for Backing {}
+
+impl Backing {
+    /// Take ownership of `buf`.
+    pub fn new(mut buf: Box<[u8]>) -> Arc<Self> {
+        Arc::new(Self {
+            base: buf.as_mut_ptr(),
+            len: buf.len(),
+            _buf: buf,
+        })
+    }
 }
 
 // SAFETY: a Region is a (pointer, length) pair to memory the user registered for concurrent
@@ -37,15 +64,13 @@ impl Region {
         }
     }
 
-    /// A region that owns its buffer.
-    pub fn owned(id: u32, mut buf: Box<[u8]>) -> Self {
-        let base = buf.as_mut_ptr();
-        let len = buf.len();
+    /// A region over an engine-allocated buffer (several regions may share one backing).
+    pub fn owned(id: u32, backing: Arc<Backing>) -> Self {
         Self {
             id,
-            base,
-            len,
-            _owned: Some(buf),
+            base: backing.base,
+            len: backing.len,
+            _owned: Some(backing),
         }
     }
 
@@ -103,7 +128,7 @@ mod tests {
 
     #[test]
     fn bounds_are_checked() {
-        let r = Region::owned(3, vec![7u8; 16].into_boxed_slice());
+        let r = Region::owned(3, Backing::new(vec![7u8; 16].into_boxed_slice()));
         assert_eq!(r.len(), 16);
         unsafe {
             assert_eq!(r.slice(8, 8).unwrap(), &[7u8; 8]);

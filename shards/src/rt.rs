@@ -29,17 +29,48 @@ pub fn stream_from_socket(sock: socket2::Socket) -> io::Result<TcpStream> {
 }
 
 /// Connect `sock` (already configured, e.g. buffer sizes set before the SYN so window scaling
-/// follows them) to `addr` within `timeout`, without blocking the executor: the blocking
-/// `connect` runs on the shard's helper thread.
+/// follows them) to `addr` within `timeout`, without blocking the executor: a non-blocking
+/// `connect`, then the runtime waits for writability (a zero-byte send parks on POLLOUT
+/// while the handshake is in progress), then `SO_ERROR` tells the outcome.
 pub async fn connect(
     sock: socket2::Socket,
     addr: SocketAddr,
     timeout: Duration,
 ) -> io::Result<TcpStream> {
-    let sock = glommio::executor()
-        .spawn_blocking(move || sock.connect_timeout(&addr.into(), timeout).map(|_| sock))
-        .await?;
-    stream_from_socket(sock)
+    use futures_lite::AsyncWriteExt;
+    sock.set_nonblocking(true)?;
+    match sock.connect(&addr.into()) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        Err(e) => return Err(e),
+    }
+    let probe = sock.try_clone()?;
+    let mut stream = stream_from_socket(sock)?;
+    let wait = async {
+        loop {
+            match stream.write(&[]).await {
+                Ok(_) => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        match probe.take_error()? {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    };
+    match self::timeout(timeout, wait).await {
+        Some(Ok(())) => {
+            // Writable and no error pending: make sure the handshake really completed.
+            probe.peer_addr()?;
+            Ok(stream)
+        }
+        Some(Err(e)) => Err(e),
+        None => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("connect to {addr} timed out"),
+        )),
+    }
 }
 
 /// Run `fut` with a deadline; `None` if it did not finish in time.

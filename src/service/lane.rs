@@ -15,7 +15,7 @@ use super::io::{
     configure_buffers, configure_conn, read_frame_exact, ConnError, FrameReader, FrameWriter,
 };
 use super::owner::{LaneEvent, LaneEventKind};
-use super::{Peer, Shard, ShardMsg};
+use super::{Peer, Shard, ShardMsg, TaskGuard};
 use crate::proto::codes;
 use crate::proto::frame::{Chunk, Finish, Frame, Hello, Op, Seg};
 use crate::proto::limits::VERSION;
@@ -103,17 +103,22 @@ pub(crate) struct Lane {
 
 /// Queue work on a lane of this shard, dialing it first if needed.
 pub(crate) fn enqueue(shard: &Rc<Shard>, work: LaneWork) {
-    let lane = lane_for(shard, &work.peer, work.lane);
+    let (lane, fresh) = lane_for(shard, &work.peer, work.lane);
     lane.queue.borrow_mut().extend(work.items);
+    if fresh {
+        // Started only once its first work is queued: a dial that fails at once finds it.
+        rt::spawn_local(run(shard.clone(), lane.clone())).detach();
+    }
     let _ = lane.bell.0.try_send(());
 }
 
-fn lane_for(shard: &Rc<Shard>, peer: &Arc<Peer>, idx: u16) -> Rc<Lane> {
+/// The live lane `idx` to `peer`, and whether it was just created (and needs its task).
+fn lane_for(shard: &Rc<Shard>, peer: &Arc<Peer>, idx: u16) -> (Rc<Lane>, bool) {
     let key = (peer.key.clone(), idx);
     let existing = shard.lanes.borrow().get(&key).cloned();
     if let Some(l) = existing {
         if l.peer.addr == peer.addr && !l.dead.get() {
-            return l;
+            return (l, false);
         }
         die(shard, &l, "remote engine address changed");
     }
@@ -129,8 +134,7 @@ fn lane_for(shard: &Rc<Shard>, peer: &Arc<Peer>, idx: u16) -> Rc<Lane> {
         dead: Cell::new(false),
     });
     shard.lanes.borrow_mut().insert(key, lane.clone());
-    rt::spawn_local(run(shard.clone(), lane.clone())).detach();
-    lane
+    (lane, true)
 }
 
 /// Drop queued and pending work of a transfer that ended early.
@@ -247,7 +251,13 @@ fn report(
 
 /// Dial, handshake, then write queued items until the lane dies.
 async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
-    let stream = match connect(&shard, &lane).await {
+    let _live = TaskGuard::new(&shard);
+    // A lane that dies while dialing (shutdown, peer deregistered) stops dialing at once.
+    let closed = async {
+        while lane.bell.1.recv().await.is_ok() {}
+        Err("lane closed while connecting".to_string())
+    };
+    let stream = match futures_lite::future::or(connect(&shard, &lane), closed).await {
         Ok(s) => s,
         Err(e) => return die(&shard, &lane, &e),
     };
@@ -430,6 +440,7 @@ async fn write_item(lane: &Lane, writer: &mut FrameWriter, item: LaneItem) -> st
 }
 
 async fn read_loop(shard: Rc<Shard>, lane: Rc<Lane>, mut reader: FrameReader<rt::ReadHalf>) {
+    let _live = TaskGuard::new(&shard);
     loop {
         let r = match reader.next_frame().await {
             Ok(Some((frame, payload))) => {

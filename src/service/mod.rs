@@ -18,7 +18,7 @@ mod serve;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::os::fd::OwnedFd;
+use std::os::fd::{OwnedFd, RawFd};
 use std::rc::Rc;
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -113,6 +113,52 @@ pub(crate) struct Shard {
     pub lanes: RefCell<lane::LaneMap>,
     pub next_gen: Cell<u64>,
     pub closing: Cell<bool>,
+    /// Sockets of connections peers opened to this shard (and ones still in handshake), so
+    /// shutdown can close them.
+    pub served: RefCell<HashMap<u64, RawFd>>,
+    pub next_conn: Cell<u64>,
+    /// Tasks still running on this shard; shutdown waits for them so no socket outlives it.
+    pub live_tasks: Cell<usize>,
+}
+
+/// Counts a task as live for as long as it exists.
+pub(crate) struct TaskGuard(Rc<Shard>);
+
+impl TaskGuard {
+    pub fn new(shard: &Rc<Shard>) -> Self {
+        shard.live_tasks.set(shard.live_tasks.get() + 1);
+        Self(shard.clone())
+    }
+}
+
+impl Drop for TaskGuard {
+    fn drop(&mut self) {
+        self.0.live_tasks.set(self.0.live_tasks.get() - 1);
+    }
+}
+
+/// Registers a served socket for the lifetime of the guard.
+pub(crate) struct ServedConn {
+    shard: Rc<Shard>,
+    id: u64,
+}
+
+impl ServedConn {
+    pub fn new(shard: &Rc<Shard>, fd: RawFd) -> Self {
+        let id = shard.next_conn.get();
+        shard.next_conn.set(id + 1);
+        shard.served.borrow_mut().insert(id, fd);
+        Self {
+            shard: shard.clone(),
+            id,
+        }
+    }
+}
+
+impl Drop for ServedConn {
+    fn drop(&mut self) {
+        self.shard.served.borrow_mut().remove(&self.id);
+    }
 }
 
 impl Shard {
@@ -166,6 +212,9 @@ pub(crate) async fn run(ctx: ShardCtx<ShardMsg>, shared: Arc<Shared>) {
         lanes: RefCell::new(HashMap::new()),
         next_gen: Cell::new(0),
         closing: Cell::new(false),
+        served: RefCell::new(HashMap::new()),
+        next_conn: Cell::new(0),
+        live_tasks: Cell::new(0),
     });
     let listener = shard
         .shared
@@ -173,7 +222,9 @@ pub(crate) async fn run(ctx: ShardCtx<ShardMsg>, shared: Arc<Shared>) {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .take();
-    let accept = listener.map(|l| rt::spawn_local(serve::accept_loop(shard.clone(), l)));
+    if let Some(l) = listener {
+        rt::spawn_local(serve::accept_loop(shard.clone(), l)).detach();
+    }
     let ticker = rt::spawn_local(tick_loop(shard.clone()));
     while let Ok(msg) = ctx.inbox.recv().await {
         if ctx.inbox.is_closed() {
@@ -182,10 +233,27 @@ pub(crate) async fn run(ctx: ShardCtx<ShardMsg>, shared: Arc<Shared>) {
         shard.handle(msg);
     }
     shard.closing.set(true);
-    drop(accept);
     drop(ticker);
     owner::fail_all(&shard, "engine shut down");
     lane::close_all(&shard);
+    for (_, fd) in shard.served.borrow().iter() {
+        // SAFETY: registered by a live ServedConn, whose task still owns the socket.
+        unsafe {
+            libc::shutdown(*fd, libc::SHUT_RDWR);
+        }
+    }
+    // Let every task see its socket close and drop it, so nothing outlives the engine.
+    let t0 = Instant::now();
+    while shard.live_tasks.get() > 0 && t0.elapsed() < Duration::from_secs(2) {
+        rt::sleep(Duration::from_millis(1)).await;
+    }
+    if shard.live_tasks.get() > 0 {
+        log::warn!(
+            "shard {}: {} tasks still running at shutdown",
+            shard.id,
+            shard.live_tasks.get()
+        );
+    }
 }
 
 async fn tick_loop(shard: Rc<Shard>) {

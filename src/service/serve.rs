@@ -9,7 +9,7 @@ use futures_lite::AsyncWriteExt;
 use morio_shards::rt;
 
 use super::io::{configure_conn, read_frame_exact, ConnError, FrameReader, FrameWriter};
-use super::{Shard, ShardMsg};
+use super::{ServedConn, Shard, ShardMsg, TaskGuard};
 use crate::proto::codes;
 use crate::proto::frame::{Chunk, Frame, Hello, HelloAck, Reply};
 use crate::proto::inbound::check_chunk;
@@ -19,16 +19,22 @@ use crate::status::StatusCode;
 /// Accept connections forever (shard 0). Each gets its own task, so a slow or hostile client
 /// holds up nobody.
 pub(crate) async fn accept_loop(shard: Rc<Shard>, sock: socket2::Socket) {
+    let _live = TaskGuard::new(&shard);
+    // Registered like a served socket: shutdown wakes the pending accept and ends the loop,
+    // and the listener is closed before the engine is gone.
+    let _served = ServedConn::new(&shard, sock.as_raw_fd());
     let listener = rt::listener_from_socket(sock);
-    loop {
+    while !shard.closing.get() {
         match listener.accept().await {
-            Ok(stream) => {
+            Ok(stream) if !shard.closing.get() => {
                 rt::spawn_local(handshake(shard.clone(), stream)).detach();
             }
-            Err(e) => {
+            Ok(_) => break,
+            Err(e) if !shard.closing.get() => {
                 log::warn!("accept failed: {e}");
                 rt::sleep(std::time::Duration::from_millis(10)).await;
             }
+            Err(_) => break,
         }
     }
 }
@@ -46,6 +52,8 @@ async fn refuse(stream: &mut rt::TcpStream, code: u32, msg: String) {
 }
 
 async fn handshake(shard: Rc<Shard>, mut stream: rt::TcpStream) {
+    let _live = TaskGuard::new(&shard);
+    let served = ServedConn::new(&shard, stream.as_raw_fd());
     let cfg = &shard.shared.cfg;
     let hello = match rt::timeout(cfg.handshake_timeout, read_frame_exact(&mut stream)).await {
         Some(Ok(Frame::Hello(h))) => h,
@@ -95,6 +103,7 @@ async fn handshake(shard: Rc<Shard>, mut stream: rt::TcpStream) {
         return refuse(&mut stream, code, msg).await;
     }
     let to = shard.lane_shard(hello.lane);
+    drop(served);
     if to == shard.id {
         rt::spawn_local(serve(shard.clone(), stream, hello)).detach();
         return;
@@ -122,6 +131,11 @@ pub(crate) fn adopt(shard: &Rc<Shard>, fd: OwnedFd, hello: Hello) {
 }
 
 async fn serve(shard: Rc<Shard>, stream: rt::TcpStream, hello: Hello) {
+    let _live = TaskGuard::new(&shard);
+    let _served = ServedConn::new(&shard, stream.as_raw_fd());
+    if shard.closing.get() {
+        return;
+    }
     let cfg = &shard.shared.cfg;
     // SAFETY: the fd is open while `stream` lives, which outlasts this borrow.
     let fd = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) };

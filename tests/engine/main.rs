@@ -1,4 +1,8 @@
 //! Two engines in one process over loopback: MORI-IO's TCP test cases and morio's own.
 
-mod common;
 mod basic;
+mod common;
+mod concurrency;
+mod failures;
+mod mori_cases;
+mod sizes;

@@ -160,7 +160,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 }
 
 /// Per-engine configs with disjoint CPU sets when the machine has room for both.
-fn split_cpus(cfg: &TcpBackendConfig, shards: Option<usize>) -> (TcpBackendConfig, TcpBackendConfig) {
+fn split_cpus(
+    cfg: &TcpBackendConfig,
+    shards: Option<usize>,
+) -> (TcpBackendConfig, TcpBackendConfig) {
     let allowed: Vec<usize> = morio::placement::allowed_cpus().iter().collect();
     let per = shards.unwrap_or_else(|| (allowed.len() / 2).clamp(1, cfg.num_data_conns));
     if !cfg.pin_shards || allowed.len() < 2 * per {

@@ -1,8 +1,7 @@
 //! `morio bench` options: MORI benchmark.py's flags that apply to TCP plus morio's own, their
 //! checks (bad values are errors, never panics), and what follows from them: the rows, the
-//! buffer size, the backend config and the argument lists of the loopback children.
+//! buffer size and the backend config.
 
-use std::ffi::OsString;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -11,12 +10,18 @@ use anyhow::{bail, ensure, Context};
 use morio::TcpBackendConfig;
 use serde::Serialize;
 
+use super::argv::{parse_cpus, parse_size};
+
 /// Largest batch accepted (keeps the side channel's segment lists bounded).
 pub const MAX_BATCH: usize = 1 << 20;
 /// Largest batch of `--all-batch` (MORI: 32768).
 pub const ALL_BATCH_MAX: usize = 32768;
 /// Most rows one sweep may have.
 pub const MAX_ROWS: usize = 4096;
+/// Most timed (or warm-up) iterations per row.
+pub const MAX_ITERS: usize = 10_000_000;
+/// Longest --spin-us.
+pub const MAX_SPIN_US: u64 = 1_000_000;
 
 /// Transfer direction, as seen from the initiator.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -174,79 +179,6 @@ pub struct Args {
     pub parent_pid: Option<u32>,
 }
 
-/// A size with an optional unit: `4096`, `64K`, `1MiB`, `1GB`.
-pub fn parse_size(s: &str) -> Result<usize, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: usize = num.parse().map_err(|_| format!("bad size {s:?}"))?;
-    let mul: usize = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => 1 << 10,
-        "m" | "mib" => 1 << 20,
-        "g" | "gib" => 1 << 30,
-        "kb" => 1_000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        u => return Err(format!("unknown unit {u:?} in {s:?}")),
-    };
-    n.checked_mul(mul)
-        .ok_or_else(|| format!("size {s:?} overflows"))
-}
-
-/// A CPU list: comma-separated CPUs and inclusive ranges, distinct, below 1024.
-pub fn parse_cpus(s: &str) -> Result<CpuList, String> {
-    let mut out = Vec::new();
-    for part in s.split(',').map(str::trim) {
-        let num = |x: &str| -> Result<usize, String> {
-            let n: usize = x
-                .trim()
-                .parse()
-                .map_err(|_| format!("bad CPU {x:?} in {s:?}"))?;
-            if n >= 1024 {
-                return Err(format!("CPU {n} out of range (0..1024)"));
-            }
-            Ok(n)
-        };
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b) = (num(a)?, num(b)?);
-                if a > b {
-                    return Err(format!("bad CPU range {part:?}"));
-                }
-                out.extend(a..=b);
-            }
-            None => out.push(num(part)?),
-        }
-    }
-    let mut sorted = out.clone();
-    sorted.sort_unstable();
-    sorted.dedup();
-    if sorted.len() != out.len() {
-        return Err(format!("CPU list {s:?} repeats a CPU"));
-    }
-    Ok(CpuList(out))
-}
-
-/// `0-3,8` style text for a CPU list.
-pub fn format_cpus(cpus: &[usize]) -> String {
-    let mut parts = Vec::new();
-    let mut i = 0;
-    while i < cpus.len() {
-        let mut j = i;
-        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
-            j += 1;
-        }
-        parts.push(if j > i {
-            format!("{}-{}", cpus[i], cpus[j])
-        } else {
-            cpus[i].to_string()
-        });
-        i = j + 1;
-    }
-    parts.join(",")
-}
-
 impl Args {
     /// Every check that does not need the network. Run before anything is started.
     pub fn check(&self) -> anyhow::Result<()> {
@@ -264,7 +196,9 @@ impl Args {
                 (None, _) => bail!(
                     "choose --loopback, --role target, or --role initiator --connect HOST:PORT"
                 ),
-                (Some(Role::Initiator), None) => bail!("--role initiator needs --connect HOST:PORT"),
+                (Some(Role::Initiator), None) => {
+                    bail!("--role initiator needs --connect HOST:PORT")
+                }
                 (Some(Role::Target), Some(_)) => bail!("--connect is for the initiator role"),
                 _ => {}
             }
@@ -272,14 +206,28 @@ impl Args {
         self.host
             .parse::<IpAddr>()
             .map_err(|_| anyhow::anyhow!("--host {:?} is not a numeric IP address", self.host))?;
-        ensure!(self.iters >= 1, "--iters must be at least 1");
+        ensure!(
+            (1..=MAX_ITERS).contains(&self.iters),
+            "--iters must be in 1..={MAX_ITERS}"
+        );
+        ensure!(
+            self.warmup.unwrap_or(0) <= MAX_ITERS,
+            "--warmup must be at most {MAX_ITERS}"
+        );
+        ensure!(
+            self.spin_us.unwrap_or(0) <= MAX_SPIN_US,
+            "--spin-us must be at most {MAX_SPIN_US}"
+        );
         ensure!(
             (1..=MAX_BATCH).contains(&self.transfer_batch_size),
             "--transfer-batch-size must be in 1..={MAX_BATCH}"
         );
         ensure!(self.buffer_size >= 1, "--buffer-size must be at least 1");
         if self.all {
-            ensure!(self.sweep_start_size >= 1, "--sweep-start-size must be at least 1");
+            ensure!(
+                self.sweep_start_size >= 1,
+                "--sweep-start-size must be at least 1"
+            );
             ensure!(
                 self.sweep_start_size <= self.sweep_max_size,
                 "--sweep-start-size {} exceeds --sweep-max-size {}",
@@ -323,7 +271,10 @@ impl Args {
         if self.all {
             let mut s = self.sweep_start_size;
             while s <= self.sweep_max_size {
-                ensure!(rows.len() < MAX_ROWS, "the sweep has more than {MAX_ROWS} rows");
+                ensure!(
+                    rows.len() < MAX_ROWS,
+                    "the sweep has more than {MAX_ROWS} rows"
+                );
                 rows.push((s, self.transfer_batch_size));
                 let next = if self.sweep_step == 0 {
                     s.checked_mul(2)
@@ -399,94 +350,6 @@ impl Args {
             None => Some(morio::placement::allowed_cpus().iter().collect()),
         }
     }
-
-    /// The arguments (after `bench`) of one loopback child: every option of this run, the
-    /// role, and this child's CPUs (or `--no-pin`).
-    pub fn child_args(
-        &self,
-        role: Role,
-        cpus: Option<&[usize]>,
-        no_pin: bool,
-        connect: Option<&str>,
-    ) -> Vec<OsString> {
-        let mut v: Vec<OsString> = Vec::new();
-        let mut opt = |k: &str, val: String| {
-            v.push(k.into());
-            v.push(val.into());
-        };
-        opt(
-            "--role",
-            match role {
-                Role::Target => "target",
-                Role::Initiator => "initiator",
-            }
-            .into(),
-        );
-        if let Some(c) = connect {
-            opt("--connect", c.into());
-        }
-        opt("--host", self.host.clone());
-        opt("--parent-pid", std::process::id().to_string());
-        opt("--op-type", name(self.op_type));
-        opt("--buffer-size", self.buffer_size.to_string());
-        opt("--sweep-start-size", self.sweep_start_size.to_string());
-        opt("--sweep-max-size", self.sweep_max_size.to_string());
-        opt("--sweep-step", self.sweep_step.to_string());
-        opt("--transfer-batch-size", self.transfer_batch_size.to_string());
-        opt("--iters", self.iters.to_string());
-        opt("--num-data-conns", self.num_data_conns.to_string());
-        opt(
-            "--striping-threshold-bytes",
-            self.striping_threshold_bytes.to_string(),
-        );
-        opt("--mem-type", name(self.mem_type));
-        opt("--ceiling-bytes", self.ceiling_bytes.to_string());
-        if let Some(m) = self.initiator_mem_type {
-            opt("--initiator-mem-type", name(m));
-        }
-        if let Some(m) = self.target_mem_type {
-            opt("--target-mem-type", name(m));
-        }
-        if let Some(c) = cpus {
-            opt("--cpus", format_cpus(c));
-        } else if let Some(n) = self.shards {
-            opt("--shards", n.to_string());
-        }
-        if let Some(c) = self.chunk_bytes {
-            opt("--chunk-bytes", c.to_string());
-        }
-        if let Some(s) = self.spin_us {
-            opt("--spin-us", s.to_string());
-        }
-        if let Some(w) = self.warmup {
-            opt("--warmup", w.to_string());
-        }
-        if let (Role::Initiator, Some(j)) = (role, &self.json) {
-            v.push("--json".into());
-            v.push(j.clone().into_os_string());
-        }
-        for (on, flag) in [
-            (self.all, "--all"),
-            (self.all_batch, "--all-batch"),
-            (self.enable_batch_transfer, "--enable-batch-transfer"),
-            (self.batch_contiguous, "--batch-contiguous"),
-            (self.enable_sess, "--enable-sess"),
-            (self.no_ceiling, "--no-ceiling"),
-            (self.no_validate, "--no-validate"),
-            (no_pin, "--no-pin"),
-        ] {
-            if on {
-                v.push(flag.into());
-            }
-        }
-        v
-    }
-}
-
-fn name<T: clap::ValueEnum>(v: T) -> String {
-    v.to_possible_value()
-        .map(|p| p.get_name().to_string())
-        .unwrap_or_default()
 }
 
 /// Bytes of physical memory (0 if unknown).
@@ -523,8 +386,14 @@ mod tests {
     fn defaults_are_mori_defaults() {
         let a = parse(&["--loopback"]).unwrap();
         assert_eq!(a.op_type, OpType::Read);
-        assert_eq!((a.buffer_size, a.transfer_batch_size, a.iters), (32768, 256, 128));
-        assert_eq!((a.sweep_start_size, a.sweep_max_size, a.sweep_step), (8, 1 << 20, 0));
+        assert_eq!(
+            (a.buffer_size, a.transfer_batch_size, a.iters),
+            (32768, 256, 128)
+        );
+        assert_eq!(
+            (a.sweep_start_size, a.sweep_max_size, a.sweep_step),
+            (8, 1 << 20, 0)
+        );
         assert_eq!((a.num_data_conns, a.striping_threshold_bytes), (8, 65536));
         assert_eq!(a.buffer_len().unwrap(), 32769 * 256);
         assert_eq!(a.warmup_iters(), 8);
@@ -539,11 +408,24 @@ mod tests {
         let sizes: Vec<usize> = a.rows().unwrap().iter().map(|r| r.0).collect();
         assert_eq!(sizes, [8, 16, 32, 64]);
         assert_eq!(a.buffer_len().unwrap(), 32769 * 256);
-        let a = parse(&["--loopback", "--all", "--sweep-step", "8", "--sweep-max-size", "30"])
-            .unwrap();
+        let a = parse(&[
+            "--loopback",
+            "--all",
+            "--sweep-step",
+            "8",
+            "--sweep-max-size",
+            "30",
+        ])
+        .unwrap();
         assert_eq!(a.rows().unwrap().len(), 3);
-        let a = parse(&["--loopback", "--all-batch", "--batch-contiguous", "--buffer-size", "8"])
-            .unwrap();
+        let a = parse(&[
+            "--loopback",
+            "--all-batch",
+            "--batch-contiguous",
+            "--buffer-size",
+            "8",
+        ])
+        .unwrap();
         assert_eq!(a.rows().unwrap().len(), 16);
         assert_eq!(a.buffer_len().unwrap(), 8 * 32768);
     }
@@ -554,20 +436,38 @@ mod tests {
             &["--loopback", "--mem-type", "gpu"][..],
             &["--loopback", "--target-mem-type", "gpu"],
             &["--loopback", "--iters", "0"],
+            &["--loopback", "--iters", "18446744073709551615"],
+            &["--loopback", "--warmup", "18446744073709551615"],
+            &["--loopback", "--spin-us", "18446744073709551615"],
             &["--loopback", "--num-data-conns", "17"],
             &["--loopback", "--chunk-bytes", "10"],
-            &["--loopback", "--all", "--sweep-start-size", "64", "--sweep-max-size", "8"],
+            &[
+                "--loopback",
+                "--all",
+                "--sweep-start-size",
+                "64",
+                "--sweep-max-size",
+                "8",
+            ],
             &["--loopback", "--all", "--sweep-start-size", "0"],
             &["--loopback", "--transfer-batch-size", "0"],
             &["--loopback", "--shards", "0"],
             &["--loopback", "--shards", "2", "--cpus", "0"],
             &["--loopback", "--host", "localhost"],
-            &["--loopback", "--buffer-size", "1000000G", "--transfer-batch-size", "1000000"],
+            &[
+                "--loopback",
+                "--buffer-size",
+                "1000000G",
+                "--transfer-batch-size",
+                "1000000",
+            ],
             &["--role", "initiator"],
             &["--role", "target", "--connect", "1.2.3.4:5"],
             &[],
         ] {
-            let r = parse(bad).map_err(anyhow::Error::from).and_then(|a| a.check());
+            let r = parse(bad)
+                .map_err(anyhow::Error::from)
+                .and_then(|a| a.check());
             assert!(r.is_err(), "{bad:?} was accepted");
         }
         for bad in [
@@ -580,46 +480,5 @@ mod tests {
         ] {
             assert!(parse(bad).is_err(), "{bad:?} was accepted");
         }
-    }
-
-    #[test]
-    fn cpu_lists() {
-        assert_eq!(parse_cpus("0-3,8").unwrap().0, [0, 1, 2, 3, 8]);
-        assert_eq!(format_cpus(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
-        assert!(parse_cpus("5000").is_err());
-    }
-
-    #[test]
-    fn child_args_round_trip() {
-        let a = parse(&[
-            "--loopback",
-            "--op-type",
-            "write",
-            "--all",
-            "--sweep-max-size",
-            "4K",
-            "--enable-sess",
-            "--enable-batch-transfer",
-            "--spin-us",
-            "50",
-            "--json",
-            "x.json",
-            "--ceiling-bytes",
-            "1M",
-        ])
-        .unwrap();
-        let v = a.child_args(Role::Initiator, Some(&[2, 3]), false, Some("127.0.0.1:9"));
-        let strs: Vec<String> = v.iter().map(|s| s.to_string_lossy().into_owned()).collect();
-        let strs: Vec<&str> = strs.iter().map(String::as_str).collect();
-        let b = parse(&strs).unwrap();
-        b.check().unwrap();
-        assert_eq!(b.role, Some(Role::Initiator));
-        assert_eq!(b.cpus, Some(CpuList(vec![2, 3])));
-        assert_eq!(b.rows().unwrap(), a.rows().unwrap());
-        assert_eq!(b.buffer_len().unwrap(), a.buffer_len().unwrap());
-        assert_eq!((b.op_type, b.spin_us, b.ceiling_bytes), (OpType::Write, Some(50), 1 << 20));
-        assert!(b.enable_sess && b.enable_batch_transfer && b.json.is_some());
-        let t = a.child_args(Role::Target, None, true, None);
-        assert!(t.iter().all(|s| s != "--json") && t.iter().any(|s| s == "--no-pin"));
     }
 }

@@ -12,11 +12,11 @@ use morio::{EngineDesc, IoEngine, IoEngineConfig, MemoryDesc, RegisteredBuffer};
 
 use super::args::{Args, OpType};
 use super::ceiling::{self, Ceiling};
+use super::data;
 use super::report::{self, Report, Side};
 use super::runner::Runner;
 use super::stats::RowStats;
 use super::wire::{Channel, Reply, Request, TargetInfo};
-use super::data;
 
 /// Seed of the initiator's initial contents.
 const INITIAL_SEED: u64 = 0x1A17_1A70_0000_0001;
@@ -30,7 +30,10 @@ fn row_seed(i: usize) -> u64 {
 pub fn run(a: &Args) -> anyhow::Result<()> {
     let rows = a.rows()?;
     let blen = a.buffer_len()?;
-    let connect = a.connect.as_deref().context("--connect HOST:PORT is required")?;
+    let connect = a
+        .connect
+        .as_deref()
+        .context("--connect HOST:PORT is required")?;
     let mut ch = Channel::connect(connect, Duration::from_secs(30))?;
     let tdesc = EngineDesc::unpack(&ch.recv_frame()?).context("target's EngineDesc")?;
     let tmem = MemoryDesc::unpack(&ch.recv_frame()?).context("target's MemoryDesc")?;
@@ -53,17 +56,19 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     if !a.no_validate {
         data::scramble(&buf, INITIAL_SEED, blen)?;
     }
-    let session = match a.enable_sess {
-        true => Some(
-            engine
-                .create_session(buf.desc(), &tmem)
-                .context("create_session: no backend")?,
-        ),
-        false => None,
+    let session = if a.enable_sess {
+        let s = engine.create_session(buf.desc(), &tmem);
+        Some(s.context("create_session: no backend")?)
+    } else {
+        None
     };
     let idesc = engine.engine_desc();
     let sides = [
-        Side::new(&idesc, engine.n_shards(), a.cpus.as_ref().map(|c| c.0.clone())),
+        Side::new(
+            &idesc,
+            engine.n_shards(),
+            a.cpus.as_ref().map(|c| c.0.clone()),
+        ),
         Side::new(&tdesc, tinfo.shards, tinfo.cpus.clone()),
     ];
     report::print_config(a, &sides, rows.len(), blen);
@@ -79,9 +84,10 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     };
     let mut done = Vec::new();
     let res = run_rows(a, &rows, &runner, &mut ch, &buf, &mut done).and_then(|()| {
-        match a.no_ceiling {
-            true => Ok(None),
-            false => measure_ceiling(a, &mut ch).map(Some),
+        if a.no_ceiling {
+            Ok(None)
+        } else {
+            measure_ceiling(a, &mut ch).map(Some)
         }
     });
     let ceiling = match res {
@@ -95,6 +101,17 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         }
     };
     ch.call(&Request::Done)?;
+    finish(a, blen, sides, ceiling, done)
+}
+
+/// Print the table (and the ceiling's line), write the JSON report.
+fn finish(
+    a: &Args,
+    blen: usize,
+    [initiator, target]: [Side; 2],
+    ceiling: Option<Ceiling>,
+    mut done: Vec<RowStats>,
+) -> anyhow::Result<()> {
     if let Some(c) = &ceiling {
         for r in &mut done {
             r.avg_over_ceiling = Some(r.avg_bw_gbps / c.gbps);
@@ -112,11 +129,8 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         );
     }
     if let Some(path) = &a.json {
-        let [initiator, target] = sides;
-        report::write_json(
-            path,
-            &Report::new(a, blen, initiator, target, ceiling, done),
-        )?;
+        let r = Report::new(a, blen, initiator, target, ceiling, done);
+        report::write_json(path, &r)?;
         println!("JSON: {}", path.display());
     }
     Ok(())

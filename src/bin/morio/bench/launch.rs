@@ -145,7 +145,10 @@ fn command(exe: &Path, args: Vec<std::ffi::OsString>) -> Command {
 pub fn run(a: &Args) -> anyhow::Result<ExitCode> {
     let exe = std::env::current_exe().context("cannot find this executable")?;
     let (icpus, tcpus, unpin) = split(a);
-    let mut tcmd = command(&exe, a.child_args(Role::Target, tcpus.as_deref(), unpin, None));
+    let mut tcmd = command(
+        &exe,
+        a.child_args(Role::Target, tcpus.as_deref(), unpin, None),
+    );
     tcmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
     let mut target = Guard::spawn("target", &mut tcmd)?;
     let out = target

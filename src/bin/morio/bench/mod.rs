@@ -4,6 +4,7 @@
 //! `--loopback` starts both.
 
 mod args;
+mod argv;
 mod ceiling;
 mod data;
 mod initiator;

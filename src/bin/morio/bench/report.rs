@@ -10,7 +10,8 @@ use morio::EngineDesc;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::args::{format_cpus, Args};
+use super::args::Args;
+use super::argv::format_cpus;
 use super::ceiling::Ceiling;
 use super::stats::RowStats;
 
@@ -147,7 +148,10 @@ pub fn print_config(a: &Args, sides: &[Side; 2], n_rows: usize, buffer_bytes: us
         ),
         ("buffer_size", format!("{} B", a.buffer_size)),
         ("transfer_batch_size", a.transfer_batch_size.to_string()),
-        ("enable_batch_transfer", py_bool(a.enable_batch_transfer).into()),
+        (
+            "enable_batch_transfer",
+            py_bool(a.enable_batch_transfer).into(),
+        ),
         ("enable_sess", py_bool(a.enable_sess).into()),
         ("batch_contiguous", py_bool(a.batch_contiguous).into()),
         ("sweep", format!("{sweep} ({n_rows} rows)")),
@@ -171,20 +175,22 @@ pub fn print_config(a: &Args, sides: &[Side; 2], n_rows: usize, buffer_bytes: us
         ),
         (
             "validate",
-            match a.no_validate {
-                true => "off".into(),
-                false => "xxh3 of every row's segments on both sides".to_string(),
+            if a.no_validate {
+                "off".into()
+            } else {
+                "xxh3 of every row's segments on both sides".to_string()
             },
         ),
         (
             "ceiling",
-            match a.no_ceiling {
-                true => "off".into(),
-                false => format!(
+            if a.no_ceiling {
+                "off".into()
+            } else {
+                format!(
                     "raw TCP, {} streams, {} B, measured after the rows",
                     a.num_data_conns,
                     a.ceiling_bytes / a.num_data_conns.max(1) * a.num_data_conns
-                ),
+                )
             },
         ),
     ];
@@ -266,8 +272,18 @@ pub fn write_json(path: &Path, r: &Report<'_>) -> anyhow::Result<()> {
 /// `--summarize`: one line per row of every JSON report given.
 pub fn summarize(files: &[PathBuf]) -> anyhow::Result<()> {
     let mut t = new_table(&[
-        "run", "op", "mode", "shards", "MsgSize (B)", "BatchSize", "Avg BW (GB/s)",
-        "Max BW (GB/s)", "p50 (us)", "p99 (us)", "Ceiling (GB/s)", "Avg/Ceil",
+        "run",
+        "op",
+        "mode",
+        "shards",
+        "MsgSize (B)",
+        "BatchSize",
+        "Avg BW (GB/s)",
+        "Max BW (GB/s)",
+        "p50 (us)",
+        "p99 (us)",
+        "Ceiling (GB/s)",
+        "Avg/Ceil",
     ]);
     for c in 0..3 {
         if let Some(col) = t.column_mut(c) {
@@ -279,16 +295,24 @@ pub fn summarize(files: &[PathBuf]) -> anyhow::Result<()> {
             std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
         let v: Value =
             serde_json::from_str(&text).with_context(|| format!("{} is not JSON", f.display()))?;
-        let name = f
-            .file_stem()
-            .map_or(f.display().to_string(), |s| s.to_string_lossy().into_owned());
+        let name = f.file_stem().map_or(f.display().to_string(), |s| {
+            s.to_string_lossy().into_owned()
+        });
         let c = &v["config"];
         let flag = |k: &str| c[k].as_bool().unwrap_or(false);
         let mode = format!(
             "{}{} {}",
-            if flag("enable_batch_transfer") { "batch" } else { "single" },
+            if flag("enable_batch_transfer") {
+                "batch"
+            } else {
+                "single"
+            },
             if flag("enable_sess") { "+sess" } else { "" },
-            if flag("batch_contiguous") { "contig" } else { "strided" },
+            if flag("batch_contiguous") {
+                "contig"
+            } else {
+                "strided"
+            },
         );
         let num = |x: &Value| x.as_f64().map_or("-".into(), f2);
         let int = |x: &Value| x.as_u64().map_or("-".into(), |n| n.to_string());

@@ -13,6 +13,9 @@ use serde::{Deserialize, Serialize};
 
 /// Largest frame either side accepts.
 pub const MAX_FRAME: usize = 64 << 20;
+/// How long the initiator waits for any reply (the target waits for requests forever: a row
+/// may run for a long time).
+pub const REPLY_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// What the target tells the initiator about itself, after the descriptors.
 #[derive(Serialize, Deserialize, Debug, Clone)]
@@ -67,7 +70,8 @@ impl Channel {
     }
 
     /// Connect to `addr`, retrying refused connections until `patience` has passed (so the
-    /// initiator may be started just after the target).
+    /// initiator may be started just after the target). Replies must come within
+    /// [`REPLY_TIMEOUT`].
     pub fn connect(addr: &str, patience: Duration) -> anyhow::Result<Self> {
         let addrs: Vec<SocketAddr> = addr
             .to_socket_addrs()
@@ -78,7 +82,10 @@ impl Channel {
             let mut last = None;
             for a in &addrs {
                 match TcpStream::connect_timeout(a, Duration::from_secs(5)) {
-                    Ok(s) => return Self::new(s),
+                    Ok(s) => {
+                        s.set_read_timeout(Some(REPLY_TIMEOUT))?;
+                        return Self::new(s);
+                    }
                     Err(e) => last = Some(e),
                 }
             }

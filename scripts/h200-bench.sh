@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Build morio here, run the standard `morio bench` sweep on the H200 host.
+#
+#   scripts/h200-bench.sh build   # here: cargo build --release --locked, stripped into .dev/morio
+#   scripts/h200-bench.sh run     # there, from the repo root, with .dev carried along:
+#                                 # the standard sweep, one JSON report per invocation,
+#                                 # a compact summary table last
+#
+# `run` writes under "${OUT:-/tmp/morio-bench}": json/NAME.json while it runs, then bundles them
+# into morio-bench-json.tar.gz (the device tool brings back at most 8 files; KEEP_JSON=1 keeps
+# the loose files too) beside summary.txt. ITERS (default 128) sets --iters of every row.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+BIN=./.dev/morio
+OUT_DIR="${OUT:-/tmp/morio-bench}"
+ITERS="${ITERS:-128}"
+
+usage() {
+	echo "usage: $0 build|run" >&2
+	exit 2
+}
+
+build() {
+	cargo build --release --locked
+	mkdir -p .dev
+	if command -v strip >/dev/null; then
+		strip -o .dev/morio target/release/morio
+	else
+		cp target/release/morio .dev/morio
+	fi
+	ls -l .dev/morio
+}
+
+# bench NAME ARGS...: one `morio bench --loopback` invocation with its JSON report.
+bench() {
+	local name=$1
+	shift
+	echo
+	echo "=== ${name}: morio bench --loopback --iters ${ITERS} $*"
+	"${BIN}" bench --loopback --iters "${ITERS}" --json "${OUT_DIR}/json/${name}.json" "$@"
+}
+
+run() {
+	if [[ ! -x ${BIN} ]]; then
+		echo "missing ${BIN}: run '$0 build' first and carry .dev" >&2
+		exit 1
+	fi
+	rm -rf "${OUT_DIR}/json" "${OUT_DIR}/summary.txt"
+	mkdir -p "${OUT_DIR}/json"
+	nproc
+	"${BIN}" --version
+
+	local big=(--buffer-size 1048576 --transfer-batch-size 256 --enable-batch-transfer --enable-sess)
+	local small=(--transfer-batch-size 256 --enable-batch-transfer --enable-sess)
+	local names=() failed=()
+	add() {
+		local name=$1
+		names+=("${name}")
+		if ! bench "$@"; then
+			failed+=("${name}")
+		fi
+	}
+	for op in write read; do
+		add "${op}-1m-b256-contig" --op-type "${op}" "${big[@]}" --batch-contiguous
+		add "${op}-1m-b256-strided" --op-type "${op}" "${big[@]}"
+		add "${op}-8b-b256" --op-type "${op}" --buffer-size 8 "${small[@]}"
+		add "${op}-4k-b256" --op-type "${op}" --buffer-size 4096 "${small[@]}"
+		add "${op}-8b-single" --op-type "${op}" --buffer-size 8 --transfer-batch-size 1
+	done
+	for shards in 1 2 4 8; do
+		add "write-1m-b256-shards${shards}" --op-type write "${big[@]}" --batch-contiguous \
+			--shards "${shards}"
+	done
+
+	local files=()
+	for n in "${names[@]}"; do
+		if [[ -f ${OUT_DIR}/json/${n}.json ]]; then
+			files+=("${OUT_DIR}/json/${n}.json")
+		fi
+	done
+	if ((${#files[@]} > 0)); then
+		"${BIN}" bench --summarize "${files[@]}" >"${OUT_DIR}/summary.txt"
+	fi
+	tar -czf "${OUT_DIR}/morio-bench-json.tar.gz" -C "${OUT_DIR}" json
+	if [[ ${KEEP_JSON:-0} != 1 ]]; then
+		rm -r "${OUT_DIR}/json"
+	fi
+	echo
+	if ((${#failed[@]} > 0)); then
+		echo "FAILED: ${failed[*]}" >&2
+	fi
+	if [[ -f ${OUT_DIR}/summary.txt ]]; then
+		cat "${OUT_DIR}/summary.txt"
+	fi
+	((${#failed[@]} == 0))
+}
+
+case "${1:-}" in
+build) build ;;
+run) run ;;
+*) usage ;;
+esac

@@ -1,0 +1,324 @@
+//! Transfer sizes from 1 byte to 256 MiB at odd offsets, many-segment batches checked against
+//! a model, and the engine-level batch API (one uid and status per pair).
+
+use morio::{IoEngine, MemoryDesc, StatusCode};
+use rand::{seq::SliceRandom, Rng, SeedableRng};
+
+use super::common::*;
+
+/// Write `n` bytes from a's buffer at an odd offset into b's buffer at another, then read them
+/// back into a third buffer at a third offset; every byte, and every byte around, checked.
+fn write_then_read_back(a: &IoEngine, b: &IoEngine, n: usize, seed: u64) {
+    let (off_src, off_dst, off_back) = (3usize, 1031usize, 13usize);
+    let slack = 29;
+    let src = a
+        .register_buffer(random_big(off_src + n + slack, seed))
+        .unwrap();
+    let dst_init = random_big(off_dst + n + slack, seed + 1);
+    let dst = b.register_buffer(dst_init.clone()).unwrap();
+    let back_init = random_big(off_back + n + slack, seed + 2);
+    let back = a.register_buffer(back_init.clone()).unwrap();
+    let payload = bytes_at(&src, off_src, n);
+
+    let uid = a.allocate_transfer_uid();
+    let st = a.write(src.desc(), off_src, dst.desc(), off_dst, n, uid);
+    assert_ok(&st, &format!("write of {n} bytes"));
+    assert_eq!(inbound(b, a.key(), uid), StatusCode::Success);
+    let mut want = dst_init;
+    want[off_dst..off_dst + n].copy_from_slice(&payload);
+    assert_bytes_eq(
+        &dst.to_vec(),
+        &want,
+        &format!("target after writing {n} bytes"),
+    );
+    drop(want);
+
+    let uid = a.allocate_transfer_uid();
+    let st = a.read(back.desc(), off_back, dst.desc(), off_dst, n, uid);
+    assert_ok(&st, &format!("read of {n} bytes"));
+    assert_eq!(inbound(b, a.key(), uid), StatusCode::Success);
+    let mut want = back_init;
+    want[off_back..off_back + n].copy_from_slice(&payload);
+    assert_bytes_eq(
+        &back.to_vec(),
+        &want,
+        &format!("local after reading {n} bytes"),
+    );
+}
+
+fn size_case(n: usize) {
+    let (a, b) = pair(&format!("size{n}"), test_cfg());
+    write_then_read_back(&a, &b, n, n as u64);
+}
+
+#[test]
+fn size_1_byte() {
+    size_case(1);
+}
+
+#[test]
+fn size_7_bytes() {
+    size_case(7);
+}
+
+#[test]
+fn size_4095() {
+    size_case(4095);
+}
+
+#[test]
+fn size_4096() {
+    size_case(4096);
+}
+
+#[test]
+fn size_65535_just_below_striping() {
+    size_case(65535);
+}
+
+#[test]
+fn size_65536_striping_threshold() {
+    size_case(65536);
+}
+
+#[test]
+fn size_65537() {
+    size_case(65537);
+}
+
+#[test]
+fn size_1_mib_plus_3() {
+    size_case((1 << 20) + 3);
+}
+
+#[test]
+fn size_17_mib() {
+    size_case(17 << 20);
+}
+
+#[test]
+fn size_256_mib() {
+    // Default chunk_bytes (1 MiB): 256 stripes over 8 lanes.
+    let cfg = test_cfg();
+    assert_eq!(cfg.chunk_bytes, 1 << 20);
+    let (a, b) = pair("size256m", cfg);
+    write_then_read_back(&a, &b, 256 << 20, 256);
+}
+
+#[test]
+fn sizes_on_one_engine_pair_in_sequence() {
+    // The same sizes through one pair, so lanes are reused across sizes and modes.
+    let (a, b) = pair("size_seq", test_cfg());
+    for (i, n) in [1usize, 7, 4095, 4096, 65535, 65536, 65537, (1 << 20) + 3]
+        .into_iter()
+        .enumerate()
+    {
+        write_then_read_back(&a, &b, n, 1000 + i as u64 * 7);
+    }
+}
+
+#[test]
+fn batch_256_segments_of_8_bytes_strided() {
+    let (a, b) = pair("batch256x8", test_cfg());
+    let n = 256;
+    let local = random_buffer(&a, n * 16 + 5, 80);
+    let remote_init = random_bytes(n * 32 + 11, 81);
+    let remote = b.register_buffer(remote_init.clone()).unwrap();
+    let lo: Vec<usize> = (0..n).map(|i| 5 + i * 16).collect();
+    let ro: Vec<usize> = (0..n).map(|i| 11 + i * 32).collect();
+    let sz = vec![8usize; n];
+    let sess = a.create_session(local.desc(), remote.desc()).unwrap();
+
+    let uid = sess.allocate_transfer_uid();
+    assert_ok(&sess.batch_write(&lo, &ro, &sz, uid), "strided batch_write");
+    assert_eq!(inbound(&b, a.key(), uid), StatusCode::Success);
+    let l = local.to_vec();
+    let mut model = remote_init;
+    for i in 0..n {
+        model[ro[i]..ro[i] + 8].copy_from_slice(&l[lo[i]..lo[i] + 8]);
+    }
+    assert_bytes_eq(&remote.to_vec(), &model, "strided batch_write");
+
+    // Fresh remote bytes, read back strided into the local buffer.
+    let fresh = random_bytes(model.len(), 82);
+    remote.write_at(0, &fresh);
+    let local_before = local.to_vec();
+    let uid = sess.allocate_transfer_uid();
+    assert_ok(&sess.batch_read(&lo, &ro, &sz, uid), "strided batch_read");
+    assert_eq!(inbound(&b, a.key(), uid), StatusCode::Success);
+    let mut want = local_before;
+    for i in 0..n {
+        want[lo[i]..lo[i] + 8].copy_from_slice(&fresh[ro[i]..ro[i] + 8]);
+    }
+    assert_bytes_eq(&local.to_vec(), &want, "strided batch_read");
+}
+
+/// `sizes.len()` non-overlapping ranges in a region, placed in a random order with random
+/// gaps (sometimes none); returns the offsets (in `sizes` order) and the region size.
+fn scatter(sizes: &[usize], rng: &mut impl Rng) -> (Vec<usize>, usize) {
+    let mut order: Vec<usize> = (0..sizes.len()).collect();
+    order.shuffle(rng);
+    let mut offs = vec![0; sizes.len()];
+    let mut at = rng.gen_range(0..64);
+    for i in order {
+        offs[i] = at;
+        at += sizes[i]
+            + if rng.gen_bool(0.2) {
+                0
+            } else {
+                rng.gen_range(1..100)
+            };
+    }
+    (offs, at + 17)
+}
+
+#[test]
+fn batch_1000_random_segments_against_a_model() {
+    let (a, b) = pair("batch1000", test_cfg());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(90);
+    let sizes: Vec<usize> = (0..1000).map(|_| rng.gen_range(1..5000)).collect();
+    let (lo, l_len) = scatter(&sizes, &mut rng);
+    let (ro, r_len) = scatter(&sizes, &mut rng);
+    let local = a.register_buffer(random_bytes(l_len, 91)).unwrap();
+    let remote_init = random_bytes(r_len, 92);
+    let remote = b.register_buffer(remote_init.clone()).unwrap();
+    let sess = a.create_session(local.desc(), remote.desc()).unwrap();
+
+    // ~2.5 MB in total: striped over every lane.
+    let uid = sess.allocate_transfer_uid();
+    assert_ok(
+        &sess.batch_write(&lo, &ro, &sizes, uid),
+        "batch_write of 1000 segments",
+    );
+    assert_eq!(inbound(&b, a.key(), uid), StatusCode::Success);
+    let l = local.to_vec();
+    let mut model = remote_init;
+    for i in 0..sizes.len() {
+        model[ro[i]..ro[i] + sizes[i]].copy_from_slice(&l[lo[i]..lo[i] + sizes[i]]);
+    }
+    assert_bytes_eq(&remote.to_vec(), &model, "1000-segment batch_write");
+
+    // Read them back into a different local layout of a second buffer.
+    let (lo2, l2_len) = scatter(&sizes, &mut rng);
+    let back_init = random_bytes(l2_len, 93);
+    let back = a.register_buffer(back_init.clone()).unwrap();
+    let fresh = random_bytes(r_len, 94);
+    remote.write_at(0, &fresh);
+    let sess2 = a.create_session(back.desc(), remote.desc()).unwrap();
+    let uid = sess2.allocate_transfer_uid();
+    assert_ok(
+        &sess2.batch_read(&lo2, &ro, &sizes, uid),
+        "batch_read of 1000 segments",
+    );
+    assert_eq!(inbound(&b, a.key(), uid), StatusCode::Success);
+    let mut want = back_init;
+    for i in 0..sizes.len() {
+        want[lo2[i]..lo2[i] + sizes[i]].copy_from_slice(&fresh[ro[i]..ro[i] + sizes[i]]);
+    }
+    assert_bytes_eq(&back.to_vec(), &want, "1000-segment batch_read");
+}
+
+#[test]
+fn engine_batch_write_and_read_three_pairs() {
+    let (a, b) = pair("batch3", test_cfg());
+    let sizes_of = [
+        vec![100usize, 7, 3000],
+        vec![1usize],
+        vec![70_000usize, 70_000],
+    ];
+    let locals: Vec<_> = (0..3)
+        .map(|i| a.register_buffer(random_bytes(200_000, 100 + i)).unwrap())
+        .collect();
+    let remote_inits: Vec<_> = (0..3).map(|i| random_bytes(200_000, 110 + i)).collect();
+    let remotes: Vec<_> = remote_inits
+        .iter()
+        .map(|v| b.register_buffer(v.clone()).unwrap())
+        .collect();
+    let lo = vec![vec![0usize, 500, 1000], vec![9], vec![10, 80_010]];
+    let ro = vec![vec![50usize, 400, 5000], vec![199_999], vec![0, 100_000]];
+    let l_md: Vec<MemoryDesc> = locals.iter().map(|x| x.desc().clone()).collect();
+    let r_md: Vec<MemoryDesc> = remotes.iter().map(|x| x.desc().clone()).collect();
+    let uids: Vec<u64> = (0..3).map(|_| a.allocate_transfer_uid()).collect();
+
+    let sts = a.batch_write(&l_md, &lo, &r_md, &ro, &sizes_of, &uids);
+    assert_eq!(sts.len(), 3, "one status per pair");
+    assert_eq!(a.wait_all(&sts, 60_000), StatusCode::Success);
+    for (i, st) in sts.iter().enumerate() {
+        assert_eq!(st.code(), StatusCode::Success, "pair {i}: {}", st.message());
+        assert_eq!(
+            inbound(&b, a.key(), uids[i]),
+            StatusCode::Success,
+            "pair {i}"
+        );
+        let l = locals[i].to_vec();
+        let mut want = remote_inits[i].clone();
+        for j in 0..sizes_of[i].len() {
+            let (s, d, z) = (lo[i][j], ro[i][j], sizes_of[i][j]);
+            want[d..d + z].copy_from_slice(&l[s..s + z]);
+        }
+        assert_bytes_eq(&remotes[i].to_vec(), &want, &format!("pair {i} written"));
+    }
+
+    // batch_read of the same pairs with fresh remote data.
+    let fresh: Vec<_> = (0..3).map(|i| random_bytes(200_000, 120 + i)).collect();
+    for i in 0..3 {
+        remotes[i].write_at(0, &fresh[i]);
+    }
+    let before: Vec<_> = locals.iter().map(|x| x.to_vec()).collect();
+    let uids: Vec<u64> = (0..3).map(|_| a.allocate_transfer_uid()).collect();
+    let sts = a.batch_read(&l_md, &lo, &r_md, &ro, &sizes_of, &uids);
+    assert_eq!(sts.len(), 3);
+    assert_eq!(a.wait_all(&sts, -1), StatusCode::Success);
+    for i in 0..3 {
+        assert_eq!(
+            inbound(&b, a.key(), uids[i]),
+            StatusCode::Success,
+            "pair {i}"
+        );
+        let mut want = before[i].clone();
+        for j in 0..sizes_of[i].len() {
+            let (s, d, z) = (lo[i][j], ro[i][j], sizes_of[i][j]);
+            want[s..s + z].copy_from_slice(&fresh[i][d..d + z]);
+        }
+        assert_bytes_eq(&locals[i].to_vec(), &want, &format!("pair {i} read"));
+    }
+
+    // Outer lists of different lengths: every status ERR_INVALID_ARGS at once, nothing moved.
+    let snapshot: Vec<_> = remotes.iter().map(|x| x.to_vec()).collect();
+    let uids: Vec<u64> = (0..3).map(|_| a.allocate_transfer_uid()).collect();
+    let bad = [
+        a.batch_write(&l_md[..2], &lo, &r_md, &ro, &sizes_of, &uids),
+        a.batch_write(&l_md, &lo, &r_md, &ro[..2], &sizes_of, &uids),
+        a.batch_write(&l_md, &lo, &r_md, &ro, &sizes_of[..1], &uids),
+        a.batch_write(&l_md, &lo, &r_md, &ro, &sizes_of, &uids[..2]),
+        a.batch_read(&l_md, &lo[..1], &r_md, &ro, &sizes_of, &uids),
+    ];
+    for (k, sts) in bad.iter().enumerate() {
+        assert!(!sts.is_empty(), "case {k}: no status to report the error");
+        for st in sts {
+            assert_eq!(
+                st.code(),
+                StatusCode::ErrInvalidArgs,
+                "case {k}: {}",
+                st.message()
+            );
+        }
+    }
+    // An inner mismatch fails only its own pair.
+    let mut sizes_bad = sizes_of.clone();
+    sizes_bad[1] = vec![1, 1];
+    let sts = a.batch_write(&l_md, &lo, &r_md, &ro, &sizes_bad, &uids);
+    assert_eq!(
+        sts[1].code(),
+        StatusCode::ErrInvalidArgs,
+        "{}",
+        sts[1].message()
+    );
+    assert_eq!(wait(&sts[0]), StatusCode::Success);
+    assert_eq!(wait(&sts[2]), StatusCode::Success);
+    assert_bytes_eq(
+        &remotes[1].to_vec(),
+        &snapshot[1],
+        "pair with the inner mismatch",
+    );
+}
