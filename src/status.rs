@@ -196,6 +196,19 @@ impl TransferStatus {
         if c != StatusCode::InProgress {
             return c;
         }
+        // Small transfers complete within a few microseconds of a round trip: spin briefly
+        // before paying for a futex sleep and wake-up.
+        let spin_until = Instant::now() + WAIT_SPIN;
+        let spin_until = deadline.map_or(spin_until, |d| d.min(spin_until));
+        while Instant::now() < spin_until {
+            for _ in 0..64 {
+                std::hint::spin_loop();
+            }
+            let c = self.code();
+            if c != StatusCode::InProgress {
+                return c;
+            }
+        }
         let mut guard = self.lock();
         loop {
             // Stores happen under the mutex we hold, so this cannot miss a notify.
@@ -228,6 +241,9 @@ impl TransferStatus {
         self.message.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
+
+/// How long a waiter spins on the status before sleeping.
+const WAIT_SPIN: Duration = Duration::from_micros(50);
 
 impl Default for TransferStatus {
     fn default() -> Self {

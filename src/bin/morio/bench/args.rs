@@ -163,8 +163,8 @@ pub struct Args {
     /// Skip the raw-TCP ceiling.
     #[arg(long)]
     pub no_ceiling: bool,
-    /// Bytes the ceiling moves, split evenly over the streams.
-    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    /// Bytes the ceiling moves per run (best of 3 runs), split evenly over the streams.
+    #[arg(long, default_value = "2GiB", value_parser = parse_size)]
     pub ceiling_bytes: usize,
     /// Skip the validation of each row's bytes.
     #[arg(long)]

@@ -202,7 +202,22 @@ fn validate(
     Ok(())
 }
 
+/// The ceiling is the best of this many runs: it stands for what the kernel allows, and a
+/// single short run is at the mercy of scheduling noise.
+const CEILING_RUNS: usize = 3;
+
 fn measure_ceiling(a: &Args, ch: &mut Channel) -> anyhow::Result<Ceiling> {
+    let mut best: Option<Ceiling> = None;
+    for _ in 0..CEILING_RUNS {
+        let c = measure_ceiling_once(a, ch)?;
+        if best.as_ref().is_none_or(|b| c.gbps > b.gbps) {
+            best = Some(c);
+        }
+    }
+    best.context("no ceiling run")
+}
+
+fn measure_ceiling_once(a: &Args, ch: &mut Channel) -> anyhow::Result<Ceiling> {
     let streams = a.num_data_conns;
     let per = (a.ceiling_bytes / streams) as u64;
     let port = match ch.call(&Request::CeilingStart {
