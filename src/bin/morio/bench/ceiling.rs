@@ -1,6 +1,7 @@
 //! The raw-TCP ceiling: plain blocking std sockets, one stream per lane, sender threads pinned
 //! round robin to the initiator's CPUs and receiver threads to the target's, each stream moving
-//! an equal share with 4 MiB writes and reads. GB/s = bytes / 1e9 / seconds from the first
+//! an equal share with 4 MiB writes and reads from and into its own buffer of that share's
+//! size (memory to memory, like the engine; not a cache-hot scratch buffer reused). GB/s = bytes / 1e9 / seconds from the first
 //! write to the last receiver's 1-byte ack, measured on the initiator.
 
 use std::io::{ErrorKind, Read, Write};
@@ -66,6 +67,11 @@ pub fn serve(
     bytes_per_stream: u64,
     cpus: Option<Vec<usize>>,
 ) -> anyhow::Result<(u16, JoinHandle<anyhow::Result<()>>)> {
+    // Destinations are allocated and touched before the port is handed out, so the timed
+    // part moves bytes only.
+    let mut dests: Vec<Vec<u8>> = (0..streams)
+        .map(|_| vec![0xA5u8; bytes_per_stream as usize])
+        .collect();
     let l = TcpListener::bind((host, 0)).context("ceiling: bind")?;
     let port = l.local_addr()?.port();
     l.set_nonblocking(true)?;
@@ -79,9 +85,10 @@ pub fn serve(
                     Ok((s, _)) => {
                         s.set_nonblocking(false)?;
                         let (i, cpus) = (rx.len(), cpus.clone());
+                        let dest = dests.pop().unwrap_or_default();
                         rx.push(std::thread::spawn(move || {
                             pin_nth(&cpus, i);
-                            receive(s, bytes_per_stream)
+                            receive(s, dest)
                         }));
                     }
                     Err(e) if e.kind() == ErrorKind::WouldBlock => {
@@ -103,17 +110,19 @@ pub fn serve(
     Ok((port, h))
 }
 
-fn receive(mut s: TcpStream, bytes: u64) -> anyhow::Result<()> {
+fn receive(mut s: TcpStream, mut dest: Vec<u8>) -> anyhow::Result<()> {
     s.set_read_timeout(Some(STALL))?;
-    let mut buf = vec![0u8; IO_BYTES];
-    let mut got = 0u64;
+    let bytes = dest.len();
+    let mut got = 0usize;
     while got < bytes {
-        let want = (bytes - got).min(IO_BYTES as u64) as usize;
-        let k = s.read(&mut buf[..want]).context("ceiling: receive")?;
+        let want = (bytes - got).min(IO_BYTES);
+        let k = s
+            .read(&mut dest[got..got + want])
+            .context("ceiling: receive")?;
         if k == 0 {
             bail!("ceiling: stream closed after {got} of {bytes} bytes");
         }
-        got += k as u64;
+        got += k;
     }
     s.write_all(&[1]).context("ceiling: ack")?;
     Ok(())
@@ -137,22 +146,19 @@ pub fn send(
         })
         .collect::<std::io::Result<Vec<_>>>()
         .context("ceiling: connect")?;
-    let data = Arc::new(vec![0x5Au8; IO_BYTES]);
     let go = Arc::new(Barrier::new(streams));
     let threads: Vec<_> = socks
         .into_iter()
         .enumerate()
         .map(|(i, mut s)| {
-            let (data, go, cpus) = (data.clone(), go.clone(), cpus.clone());
+            let (go, cpus) = (go.clone(), cpus.clone());
             std::thread::spawn(move || -> anyhow::Result<(Instant, Instant)> {
                 pin_nth(&cpus, i);
+                let data = vec![0x5Au8; bytes_per_stream as usize];
                 go.wait();
                 let start = Instant::now();
-                let mut left = bytes_per_stream;
-                while left > 0 {
-                    let n = left.min(IO_BYTES as u64) as usize;
-                    s.write_all(&data[..n]).context("ceiling: send")?;
-                    left -= n as u64;
+                for window in data.chunks(IO_BYTES) {
+                    s.write_all(window).context("ceiling: send")?;
                 }
                 let mut ack = [0u8; 1];
                 s.read_exact(&mut ack).context("ceiling: wait for ack")?;
