@@ -31,6 +31,54 @@ pub struct Ceiling {
     pub gbps: f64,
     /// When it was measured relative to the rows.
     pub measured: &'static str,
+    /// Raw TCP round trip of 8 bytes between pinned threads: p50 (µs), the latency floor.
+    pub rtt_p50_us: Option<f64>,
+    /// Its p99 (µs).
+    pub rtt_p99_us: Option<f64>,
+}
+
+/// Round trips the latency floor measures.
+const ECHO_ROUNDS: usize = 5000;
+
+/// Target side of the latency floor: echo 8-byte messages on one connection from a thread
+/// pinned to the target's first CPU, until the peer closes.
+pub fn serve_echo(host: IpAddr, cpus: Option<Vec<usize>>) -> anyhow::Result<u16> {
+    let l = TcpListener::bind((host, 0)).context("echo: bind")?;
+    let port = l.local_addr()?.port();
+    std::thread::Builder::new()
+        .name("ceiling-echo".into())
+        .spawn(move || {
+            pin_nth(&cpus, 0);
+            let Ok((mut s, _)) = l.accept() else { return };
+            let _ = s.set_nodelay(true);
+            let _ = s.set_read_timeout(Some(STALL));
+            let mut m = [0u8; 8];
+            while s.read_exact(&mut m).is_ok() && s.write_all(&m).is_ok() {}
+        })
+        .context("echo: spawn")?;
+    Ok(port)
+}
+
+/// Initiator side of the latency floor: (p50, p99) in µs of 8-byte round trips.
+pub fn ping(addr: SocketAddr, cpus: Option<Vec<usize>>) -> anyhow::Result<(f64, f64)> {
+    pin_nth(&cpus, 0);
+    let mut s =
+        TcpStream::connect_timeout(&addr, Duration::from_secs(10)).context("echo: connect")?;
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(STALL))?;
+    let mut m = [7u8; 8];
+    let mut rtts = Vec::with_capacity(ECHO_ROUNDS);
+    for i in 0..ECHO_ROUNDS + ECHO_ROUNDS / 10 {
+        let t = Instant::now();
+        s.write_all(&m).context("echo: send")?;
+        s.read_exact(&mut m).context("echo: receive")?;
+        if i >= ECHO_ROUNDS / 10 {
+            rtts.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    rtts.sort_by(f64::total_cmp);
+    let at = |q: f64| rtts[((rtts.len() - 1) as f64 * q) as usize];
+    Ok((at(0.5), at(0.99)))
 }
 
 /// Pin the calling thread to `cpu`.
@@ -186,6 +234,8 @@ pub fn send(
         seconds,
         gbps: bytes as f64 / 1e9 / seconds,
         measured: "after the rows",
+        rtt_p50_us: None,
+        rtt_p99_us: None,
     })
 }
 

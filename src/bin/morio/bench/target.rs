@@ -72,6 +72,9 @@ fn serve(ch: &mut Channel, a: &Args, host: IpAddr, buf: &RegisteredBuffer) -> an
                     Reply::CeilingReady { port }
                 },
             ),
+            Request::EchoStart => {
+                ceiling::serve_echo(host, a.pin_cpus()).map(|port| Reply::CeilingReady { port })
+            }
             Request::CeilingJoin => match receivers.take() {
                 Some(h) => h
                     .join()

@@ -39,6 +39,8 @@ pub enum Request {
     CeilingStart { streams: u32, bytes_per_stream: u64 },
     /// Wait for the ceiling receivers and report how they ended.
     CeilingJoin,
+    /// Start a one-connection echo server for the raw-TCP round-trip floor.
+    EchoStart,
     /// The run is over; exit.
     Done,
 }
