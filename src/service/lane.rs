@@ -139,14 +139,7 @@ fn lane_for(shard: &Rc<Shard>, peer: &Arc<Peer>, idx: u16) -> (Rc<Lane>, bool) {
 
 /// Drop queued and pending work of a transfer that ended early.
 pub(crate) fn cancel(shard: &Rc<Shard>, peer: &str, uid: u64, gen: u64) {
-    let lanes: Vec<_> = shard
-        .lanes
-        .borrow()
-        .iter()
-        .filter(|((p, _), _)| &**p == peer)
-        .map(|(_, l)| l.clone())
-        .collect();
-    for l in lanes {
+    for l in lanes_to(shard, peer) {
         l.queue
             .borrow_mut()
             .retain(|i| (i.uid, i.gen) != (uid, gen));
@@ -166,16 +159,20 @@ pub(crate) fn cancel(shard: &Rc<Shard>, peer: &str, uid: u64, gen: u64) {
 
 /// Close every lane to `peer`.
 pub(crate) fn drop_peer(shard: &Rc<Shard>, peer: &str) {
-    let lanes: Vec<_> = shard
+    for l in lanes_to(shard, peer) {
+        die(shard, &l, "remote engine deregistered");
+    }
+}
+
+/// This shard's lanes to `peer` (a snapshot: the callers may kill them).
+fn lanes_to(shard: &Shard, peer: &str) -> Vec<Rc<Lane>> {
+    shard
         .lanes
         .borrow()
         .iter()
         .filter(|((p, _), _)| &**p == peer)
         .map(|(_, l)| l.clone())
-        .collect();
-    for l in lanes {
-        die(shard, &l, "remote engine deregistered");
-    }
+        .collect()
 }
 
 /// Close every lane (shutdown).

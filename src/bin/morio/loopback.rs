@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context};
 use morio::{IoEngine, IoEngineConfig, StatusCode, TcpBackendConfig};
 
+use crate::bench::argv::parse_size;
+
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Bytes to move each way (suffixes K, M, G, KiB, MiB, GiB).
@@ -27,25 +29,6 @@ pub struct Args {
     /// Skip the plain-TCP baseline.
     #[arg(long)]
     no_baseline: bool,
-}
-
-fn parse_size(s: &str) -> Result<usize, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: usize = num.parse().map_err(|_| format!("bad size {s:?}"))?;
-    let mul: usize = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => 1 << 10,
-        "m" | "mib" => 1 << 20,
-        "g" | "gib" => 1 << 30,
-        "kb" => 1_000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        u => return Err(format!("unknown unit {u:?}")),
-    };
-    n.checked_mul(mul)
-        .ok_or_else(|| format!("size {s:?} overflows"))
 }
 
 /// Fast deterministic fill (xorshift64*), so a GiB of test data costs little time.

@@ -4,7 +4,7 @@
 //! `--loopback` starts both.
 
 mod args;
-mod argv;
+pub(crate) mod argv;
 mod ceiling;
 mod data;
 mod initiator;
