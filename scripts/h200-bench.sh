@@ -8,7 +8,8 @@
 #
 # `run` writes under "${OUT:-/tmp/morio-bench}": json/NAME.json while it runs, then bundles them
 # into morio-bench-json.tar.gz (the device tool brings back at most 8 files; KEEP_JSON=1 keeps
-# the loose files too) beside summary.txt. ITERS (default 128) sets --iters of every row.
+# the loose files too) beside summary.txt. ITERS (default 128) sets --iters of every row;
+# EXTRA adds options to every run (e.g. EXTRA="--spin-us 50").
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -39,7 +40,9 @@ bench() {
 	shift
 	echo
 	echo "=== ${name}: morio bench --loopback --iters ${ITERS} $*"
-	"${BIN}" bench --loopback --iters "${ITERS}" --json "${OUT_DIR}/json/${name}.json" "$@"
+	local extra=()
+	read -ra extra <<<"${EXTRA:-}"
+	"${BIN}" bench --loopback --iters "${ITERS}" --json "${OUT_DIR}/json/${name}.json" "$@" "${extra[@]}"
 }
 
 run() {
