@@ -19,11 +19,13 @@ use crate::proto::plan;
 use crate::region::{Backing, Region, SharedRegion};
 use crate::service::{self, now_ns, Peer, ShardMsg, Shared, Submission};
 use crate::session::IoEngineSession;
+use crate::stats::{EngineStats, ShardStats};
 use crate::status::{wait_all, StatusCode, TransferStatus};
 
 struct Backend {
     pool: ShardPool<ShardMsg>,
     shared: Arc<Shared>,
+    cpus: Vec<Option<usize>>,
 }
 
 pub(crate) struct Inner {
@@ -133,8 +135,13 @@ impl IoEngine {
         };
         pool_cfg.spin_before_park = cfg.spin_before_park;
         let sh = shared.clone();
+        let shard_cpus = pool_cfg.cpus.clone();
         let pool = ShardPool::start(pool_cfg, move |ctx| service::run(ctx, sh.clone()))?;
-        let backend = Arc::new(Backend { pool, shared });
+        let backend = Arc::new(Backend {
+            pool,
+            shared,
+            cpus: shard_cpus,
+        });
         let regions: Vec<SharedRegion> = read(&self.inner.regions).values().cloned().collect();
         for r in regions {
             broadcast(&backend, |ack| ShardMsg::AddRegion(r.clone(), ack))?;
@@ -386,6 +393,28 @@ impl IoEngine {
     /// MORI's `WaitAll`: see [`crate::status::wait_all`].
     pub fn wait_all(&self, statuses: &[Arc<TransferStatus>], timeout_ms: i64) -> StatusCode {
         wait_all(statuses, timeout_ms)
+    }
+
+    /// Every shard's statistics (counters and latency histograms), collected by message;
+    /// `None` before `create_backend`.
+    pub fn stats(&self) -> Option<EngineStats> {
+        let b = self.backend()?;
+        let (tx, rx) = mpsc::channel();
+        let n = b.pool.n_shards();
+        for s in 0..n {
+            b.pool.mesh().send(s, ShardMsg::Stats(tx.clone())).ok()?;
+        }
+        let mut shards: Vec<ShardStats> = (0..n)
+            .map(|_| rx.recv_timeout(Duration::from_secs(10)).ok())
+            .collect::<Option<_>>()?;
+        shards.sort_by_key(|s| s.shard);
+        Some(EngineStats { shards })
+    }
+
+    /// The CPU each shard is pinned to (`None` entries when unpinned); empty before
+    /// `create_backend`.
+    pub fn shard_cpus(&self) -> Vec<Option<usize>> {
+        self.backend().map_or_else(Vec::new, |b| b.cpus.clone())
     }
 
     fn backend(&self) -> Option<Arc<Backend>> {

@@ -30,6 +30,7 @@ pub mod proto;
 mod region;
 mod service;
 mod session;
+pub mod stats;
 pub mod status;
 
 pub use config::{ConfigError, IoEngineConfig, TcpBackendConfig};
@@ -37,4 +38,5 @@ pub use desc::{BackendType, DescError, EngineDesc, MemoryDesc, MemoryLocationTyp
 pub use engine::{IoEngine, RegisteredBuffer};
 pub use error::EngineError;
 pub use session::IoEngineSession;
+pub use stats::{EngineStats, ShardStats};
 pub use status::{wait_all, StatusCode, TransferStatus};

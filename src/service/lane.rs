@@ -283,7 +283,7 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
         if lane.dead.get() {
             return;
         }
-        if let Err(e) = write_item(&lane, &mut writer, item).await {
+        if let Err(e) = write_item(&shard, &lane, &mut writer, item).await {
             return die(&shard, &lane, &format!("send failed: {e}"));
         }
         lane.writing.set(None);
@@ -341,7 +341,12 @@ async fn connect(shard: &Rc<Shard>, lane: &Rc<Lane>) -> Result<rt::TcpStream, St
         .unwrap_or_else(|| Err(format!("connect to {addr} timed out")))
 }
 
-async fn write_item(lane: &Lane, writer: &mut FrameWriter, item: LaneItem) -> std::io::Result<()> {
+async fn write_item(
+    shard: &Shard,
+    lane: &Lane,
+    writer: &mut FrameWriter,
+    item: LaneItem,
+) -> std::io::Result<()> {
     let tag = lane.next_tag.get();
     lane.next_tag.set(tag + 1);
     let (uid, gen, owner) = (item.uid, item.gen, item.owner);
@@ -392,6 +397,7 @@ async fn write_item(lane: &Lane, writer: &mut FrameWriter, item: LaneItem) -> st
                         .borrow_mut()
                         .insert(tag, pending(Wait::Write { chunk, final_ }));
                     lane.writing.set(Some((uid, gen)));
+                    shard.stats.borrow_mut().bytes_sent += c.bytes();
                     writer
                         .push(&Frame::Write { chunk: c, final_ }, &slices)
                         .await
@@ -518,6 +524,7 @@ async fn on_frame(
                         .ok_or_else(|| ConnError::Violation("local range out of bounds".into()))?;
                     reader.read_payload(dst).await?;
                 }
+                shard.stats.borrow_mut().bytes_received += bytes;
             }
             if final_ {
                 LaneEventKind::Complete {

@@ -30,6 +30,7 @@ use crate::inbound_status::InboundStatuses;
 use crate::proto::frame::{Hello, Op};
 use crate::proto::plan::Piece;
 use crate::region::SharedRegion;
+use crate::stats::ShardStats;
 use crate::status::TransferStatus;
 
 pub(crate) use io::configure_buffers;
@@ -84,6 +85,8 @@ pub(crate) enum ShardMsg {
     DropPeer(Arc<str>),
     /// Serve a connection a peer opened (accepted and HELLO-checked by shard 0).
     Adopt(OwnedFd, Hello),
+    /// Answer with a snapshot of this shard's statistics.
+    Stats(mpsc::Sender<ShardStats>),
 }
 
 /// What every shard shares (read-only after start, or internally synchronised).
@@ -119,6 +122,8 @@ pub(crate) struct Shard {
     pub next_conn: Cell<u64>,
     /// Tasks still running on this shard; shutdown waits for them so no socket outlives it.
     pub live_tasks: Cell<usize>,
+    /// This shard's statistics.
+    pub stats: RefCell<ShardStats>,
 }
 
 /// Counts a task as live for as long as it exists.
@@ -197,6 +202,9 @@ impl Shard {
             }
             ShardMsg::DropPeer(key) => lane::drop_peer(self, &key),
             ShardMsg::Adopt(fd, hello) => serve::adopt(self, fd, hello),
+            ShardMsg::Stats(tx) => {
+                let _ = tx.send(self.stats.borrow().clone());
+            }
         }
     }
 }
@@ -215,6 +223,7 @@ pub(crate) async fn run(ctx: ShardCtx<ShardMsg>, shared: Arc<Shared>) {
         served: RefCell::new(HashMap::new()),
         next_conn: Cell::new(0),
         live_tasks: Cell::new(0),
+        stats: RefCell::new(ShardStats::new(ctx.id)),
     });
     let listener = shard
         .shared

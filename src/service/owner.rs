@@ -42,6 +42,7 @@ struct Entry {
     n_chunks: u32,
     home_lane: u16,
     lanes: Vec<u16>,
+    submitted_ns: u64,
 }
 
 /// Transfers owned by one shard, keyed by (peer key, uid): uids are unique per initiator, so
@@ -155,6 +156,9 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
             n_chunks,
             home_lane: home,
             lanes,
+            submitted_ns: s
+                .deadline_ns
+                .saturating_sub(cfg.op_timeout.as_nanos() as u64),
         },
     );
     for (lane, items) in per_lane {
@@ -240,6 +244,11 @@ fn finish(
             shard.send(s, m);
         }
     }
+    let latency_us = super::now_ns().saturating_sub(e.submitted_ns) / 1000;
+    shard
+        .stats
+        .borrow_mut()
+        .record_transfer(code == codes::SUCCESS, latency_us);
     if code == codes::SUCCESS {
         e.status.update(StatusCode::Success, "");
     } else {

@@ -210,6 +210,7 @@ async fn on_frame(
             let out = if final_ {
                 // The inbound status exists before the initiator can see the completion.
                 inbound.record(peer, chunk.uid, status_of(code), &reply.msg);
+                shard.stats.borrow_mut().inbound_transfers += 1;
                 Frame::Complete(reply)
             } else {
                 Frame::Ack(reply)
@@ -251,18 +252,22 @@ async fn on_frame(
                 // target's status already exists. A failed send aborts the connection and the
                 // initiator fails too.
                 inbound.record(peer, chunk.uid, status_of(reply.code), &reply.msg);
+                shard.stats.borrow_mut().inbound_transfers += 1;
             }
             let payload: Vec<&[u8]> = if reply.code == codes::SUCCESS {
                 slices
             } else {
                 Vec::new()
             };
+            let sent: u64 = payload.iter().map(|p| p.len() as u64).sum();
             writer
                 .push(&Frame::ReadData { reply, final_ }, &payload)
                 .await?;
+            shard.stats.borrow_mut().inbound_bytes_read += sent;
         }
         Frame::Finish(f) => {
             inbound.record(peer, f.uid, status_of(f.code), &f.msg);
+            shard.stats.borrow_mut().inbound_transfers += 1;
             let reply = Reply {
                 tag: f.tag,
                 uid: f.uid,
@@ -308,6 +313,7 @@ async fn place(
                 let dst = dst.ok_or_else(|| ConnError::Violation("segment out of range".into()))?;
                 reader.read_payload(dst).await?;
             }
+            shard.stats.borrow_mut().inbound_bytes_written += payload;
             Ok((codes::SUCCESS, String::new()))
         }
         (Err(refusal), _) => {

@@ -1,7 +1,7 @@
 //! Core cases: write, read (truly verified), batch, session, with inbound statuses.
 
 use super::common::*;
-use morio::StatusCode;
+use morio::{IoEngine, IoEngineConfig, StatusCode};
 
 #[test]
 fn write_then_read_verified() {
@@ -23,4 +23,55 @@ fn write_then_read_verified() {
     assert_eq!(wait(&st), StatusCode::Success, "{}", st.message());
     assert_eq!(inbound(&b, a.key(), uid), StatusCode::Success);
     assert_eq!(back.to_vec(), fresh);
+}
+
+#[test]
+fn stats_count_transfers_bytes_and_latency() {
+    let (a, b) = pair("stats", test_cfg());
+    assert!(
+        IoEngine::new("nobackend", IoEngineConfig::new("127.0.0.1", 0))
+            .unwrap()
+            .stats()
+            .is_none()
+    );
+    let n = 3 << 20;
+    let src = random_buffer(&a, n, 11);
+    let dst = b.alloc_buffer(n).unwrap();
+    let st = a.write(src.desc(), 0, dst.desc(), 0, n, a.allocate_transfer_uid());
+    assert_eq!(wait(&st), StatusCode::Success);
+    let st = a.read(
+        src.desc(),
+        0,
+        dst.desc(),
+        0,
+        4096,
+        a.allocate_transfer_uid(),
+    );
+    assert_eq!(wait(&st), StatusCode::Success);
+    let bad = a.write(
+        src.desc(),
+        0,
+        dst.desc(),
+        0,
+        n + 1,
+        a.allocate_transfer_uid(),
+    );
+    assert_eq!(wait(&bad), StatusCode::ErrInvalidArgs);
+    let sa = a.stats().unwrap();
+    assert_eq!(sa.shards.len(), a.n_shards());
+    assert_eq!(a.shard_cpus().len(), a.n_shards());
+    let ta = sa.total();
+    assert_eq!(
+        (ta.transfers_ok, ta.transfers_failed),
+        (2, 0),
+        "argument errors never reach a shard"
+    );
+    assert_eq!((ta.bytes_sent, ta.bytes_received), (n as u64, 4096));
+    assert_eq!(ta.latency_us.len(), 2);
+    let tb = b.stats().unwrap().total();
+    assert_eq!(
+        (tb.inbound_bytes_written, tb.inbound_bytes_read),
+        (n as u64, 4096)
+    );
+    assert_eq!(tb.inbound_transfers, 2);
 }
