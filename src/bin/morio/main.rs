@@ -4,6 +4,7 @@
 
 mod bench;
 mod loopback;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -27,6 +28,11 @@ enum Cmd {
     /// MORI's benchmark table (target and initiator processes, or --loopback for both),
     /// with latency percentiles, per-row validation and the raw-TCP ceiling.
     Bench(Box<bench::Args>),
+    /// A long-running transfer node: registers memory from a TOML config, serves peers,
+    /// hands out descriptors and stats on its control port, stops cleanly on SIGTERM.
+    Serve(serve::Args),
+    /// Ask a running `morio serve` for its stats or descriptors.
+    Ctl(serve::CtlArgs),
 }
 
 fn main() -> anyhow::Result<ExitCode> {
@@ -34,5 +40,7 @@ fn main() -> anyhow::Result<ExitCode> {
     match Cli::parse().cmd {
         Cmd::Loopback(a) => loopback::run(a).map(|()| ExitCode::SUCCESS),
         Cmd::Bench(a) => bench::run(*a),
+        Cmd::Serve(a) => serve::run(a).map(|()| ExitCode::SUCCESS),
+        Cmd::Ctl(a) => serve::ctl(a).map(|()| ExitCode::SUCCESS),
     }
 }

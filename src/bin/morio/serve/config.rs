@@ -1,0 +1,216 @@
+//! `morio serve`'s TOML configuration, with the commented defaults `--dump-config` prints.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde::Deserialize;
+
+use crate::bench::argv::parse_size;
+
+/// The commented default configuration (every value shown is the default).
+pub const DEFAULT_TOML: &str = r#"# morio serve configuration. Every value shown is the default.
+
+[engine]
+# Engine key peers address this node by; unique among engines.
+key = "morio-serve"
+# Numeric IP the data plane listens on and advertises.
+host = "127.0.0.1"
+# Data port (0: ephemeral; the control service reports the one bound).
+port = 0
+
+[tcp]
+# Lanes (TCP connections) per peer, 1..=16.
+num_data_conns = 8
+# Transfers of at least this many bytes are striped over all lanes.
+striping_threshold_bytes = 65536
+# Deadline of every transfer, in milliseconds.
+op_timeout_ms = 30000
+# Largest chunk one frame carries.
+chunk_bytes = "1MiB"
+# Shard count; leave out for one per allowed CPU (at most num_data_conns).
+# shards = 8
+# Explicit shard CPUs, e.g. from `morio topology` (overrides shards).
+# cpus = [2, 3, 4, 5]
+# Pin shards to CPUs.
+pin_shards = true
+# Spin this many microseconds before sleeping (lower latency, burns the core).
+spin_us = 0
+
+[control]
+# Where initiators fetch descriptors and operators read stats (host:port; port 0: ephemeral).
+listen = "127.0.0.1:7070"
+
+[stats]
+# Print a stats line every this many seconds (0: never).
+interval_s = 10
+
+# Host memory regions to register, each handed out by name.
+[[memory]]
+name = "kv"
+size = "1GiB"
+"#;
+
+/// The whole file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeConfig {
+    pub engine: EngineSection,
+    #[serde(default)]
+    pub tcp: TcpSection,
+    pub control: ControlSection,
+    #[serde(default)]
+    pub stats: StatsSection,
+    #[serde(default)]
+    pub memory: Vec<MemorySection>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineSection {
+    pub key: String,
+    pub host: String,
+    #[serde(default)]
+    pub port: u16,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TcpSection {
+    pub num_data_conns: usize,
+    pub striping_threshold_bytes: usize,
+    pub op_timeout_ms: u64,
+    pub chunk_bytes: Size,
+    pub shards: Option<usize>,
+    pub cpus: Option<Vec<usize>>,
+    pub pin_shards: bool,
+    pub spin_us: u64,
+}
+
+impl Default for TcpSection {
+    fn default() -> Self {
+        let d = morio::TcpBackendConfig::default();
+        Self {
+            num_data_conns: d.num_data_conns,
+            striping_threshold_bytes: d.striping_threshold_bytes,
+            op_timeout_ms: d.op_timeout.as_millis() as u64,
+            chunk_bytes: Size(d.chunk_bytes),
+            shards: None,
+            cpus: None,
+            pin_shards: true,
+            spin_us: 0,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlSection {
+    pub listen: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StatsSection {
+    pub interval_s: u64,
+}
+
+impl Default for StatsSection {
+    fn default() -> Self {
+        Self { interval_s: 10 }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemorySection {
+    pub name: String,
+    pub size: Size,
+}
+
+/// A byte size written as a number or a string with a unit ("1GiB").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Size(pub usize);
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => usize::try_from(n)
+                .map(Size)
+                .map_err(serde::de::Error::custom),
+            Raw::S(s) => parse_size(&s).map(Size).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+impl ServeConfig {
+    /// Parse and check a configuration text.
+    pub fn parse(text: &str) -> anyhow::Result<Self> {
+        let c: Self = toml::from_str(text).context("invalid morio serve configuration")?;
+        let mut names = std::collections::HashSet::new();
+        for m in &c.memory {
+            if m.size.0 == 0 {
+                bail!("memory {:?}: size must be positive", m.name);
+            }
+            if !names.insert(m.name.as_str()) {
+                bail!("memory {:?} is listed twice", m.name);
+            }
+        }
+        c.tcp_config().validate().context("invalid [tcp] section")?;
+        Ok(c)
+    }
+
+    /// The engine's TCP backend configuration.
+    pub fn tcp_config(&self) -> morio::TcpBackendConfig {
+        let t = &self.tcp;
+        morio::TcpBackendConfig {
+            num_data_conns: t.num_data_conns,
+            striping_threshold_bytes: t.striping_threshold_bytes,
+            op_timeout: Duration::from_millis(t.op_timeout_ms),
+            chunk_bytes: t.chunk_bytes.0,
+            num_shards: t.shards,
+            cpus: t.cpus.clone(),
+            pin_shards: t.pin_shards,
+            spin_before_park: (t.spin_us > 0).then(|| Duration::from_micros(t.spin_us)),
+            ..Default::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_parse_and_match_the_engine() {
+        let c = ServeConfig::parse(DEFAULT_TOML).unwrap();
+        assert_eq!(c.engine.key, "morio-serve");
+        assert_eq!(c.memory.len(), 1);
+        assert_eq!(c.memory[0].size, Size(1 << 30));
+        let t = c.tcp_config();
+        let d = morio::TcpBackendConfig::default();
+        assert_eq!(
+            (t.num_data_conns, t.chunk_bytes, t.op_timeout),
+            (d.num_data_conns, d.chunk_bytes, d.op_timeout)
+        );
+    }
+
+    #[test]
+    fn bad_configs_are_clear_errors() {
+        let base = DEFAULT_TOML.replace("num_data_conns = 8", "num_data_conns = 17");
+        let e = ServeConfig::parse(&base).unwrap_err();
+        assert!(format!("{e:#}").contains("num_data_conns"), "{e:#}");
+        let e = ServeConfig::parse("[engine]\nkey='k'\nhost='x'\n[control]\nlisten='a'\n[oops]\n")
+            .unwrap_err();
+        assert!(format!("{e:#}").contains("oops"), "{e:#}");
+        let dup = format!("{DEFAULT_TOML}\n[[memory]]\nname = \"kv\"\nsize = 8\n");
+        assert!(format!("{:#}", ServeConfig::parse(&dup).unwrap_err()).contains("twice"));
+        let bad = DEFAULT_TOML.replace("size = \"1GiB\"", "size = \"1XB\"");
+        assert!(ServeConfig::parse(&bad).is_err());
+    }
+}

@@ -1,0 +1,189 @@
+//! `morio serve`: a long-running transfer node. It registers host memory from its TOML
+//! configuration, serves any number of peers, hands out its descriptors to initiators that
+//! ask, reports stats on request and periodically, and shuts down cleanly on SIGTERM/SIGINT.
+
+pub mod config;
+pub mod control;
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use morio::{IoEngine, IoEngineConfig, RegisteredBuffer};
+use serde_json::json;
+
+use config::{ServeConfig, DEFAULT_TOML};
+use control::{Descriptors, NamedDesc};
+
+/// `morio serve` options.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The TOML configuration file.
+    #[arg(long, required_unless_present = "dump_config")]
+    config: Option<PathBuf>,
+    /// Print the commented default configuration and exit.
+    #[arg(long)]
+    dump_config: bool,
+}
+
+/// `morio ctl` options: query a running `morio serve`.
+#[derive(clap::Args, Debug)]
+pub struct CtlArgs {
+    /// The node's control address (its `[control] listen`).
+    #[arg(long)]
+    connect: SocketAddr,
+    /// What to ask for.
+    #[arg(value_parser = ["stats", "descriptors"])]
+    what: String,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    if a.dump_config {
+        print!("{DEFAULT_TOML}");
+        return Ok(());
+    }
+    let path = a.config.context("--config is required")?;
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+    let cfg = ServeConfig::parse(&text)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone()).context("install signal handler")?;
+    }
+
+    let engine = IoEngine::new(
+        &cfg.engine.key,
+        IoEngineConfig::new(&cfg.engine.host, cfg.engine.port),
+    )?;
+    engine
+        .create_backend(cfg.tcp_config())
+        .context("start the TCP backend")?;
+    let mut regions: Vec<(String, RegisteredBuffer)> = Vec::new();
+    for m in &cfg.memory {
+        let b = engine
+            .alloc_buffer(m.size.0)
+            .with_context(|| format!("register memory {:?}", m.name))?;
+        regions.push((m.name.clone(), b));
+    }
+    let listener = TcpListener::bind(&cfg.control.listen)
+        .with_context(|| format!("control service on {}", cfg.control.listen))?;
+    let control_addr = listener.local_addr()?;
+    let desc = engine.engine_desc();
+    let descriptors = Descriptors {
+        engine: desc.pack(),
+        memory: regions
+            .iter()
+            .map(|(name, b)| NamedDesc {
+                name: name.clone(),
+                desc: b.desc().pack(),
+            })
+            .collect(),
+    };
+    let engine = Arc::new(engine);
+    let e2 = engine.clone();
+    let packed = rmp_serde::to_vec_named(&descriptors)?;
+    let answer = Arc::new(move |what: &str| -> anyhow::Result<Vec<u8>> {
+        match what {
+            "descriptors" => Ok(packed.clone()),
+            "stats" => Ok(serde_json::to_vec_pretty(&stats_json(&e2))?),
+            other => bail!("unknown request {other:?} (want descriptors or stats)"),
+        }
+    });
+    let ctl = control::serve(listener, stop.clone(), answer);
+
+    // The first line is for scripts and tests; the rest for people.
+    println!("MORIO_SERVE_CONTROL {control_addr}");
+    println!(
+        "morio serve: engine {:?} on {}:{}, {} shards on CPUs {:?}, memory {}",
+        desc.key,
+        desc.host,
+        desc.port,
+        engine.n_shards(),
+        engine.shard_cpus(),
+        regions
+            .iter()
+            .map(|(n, b)| format!("{n}={}B", b.len()))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let every = Duration::from_secs(cfg.stats.interval_s);
+    let mut last = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(50));
+        if !every.is_zero() && last.elapsed() >= every {
+            last = Instant::now();
+            println!("stats {}", stats_json(&engine)["total"]);
+        }
+    }
+    println!("morio serve: signal received, shutting down");
+    let _ = ctl.join();
+    drop(regions);
+    match Arc::try_unwrap(engine) {
+        Ok(e) => drop(e),
+        Err(_) => bail!("engine still referenced at shutdown"),
+    }
+    println!("morio serve: shut down cleanly");
+    Ok(())
+}
+
+pub fn ctl(a: CtlArgs) -> anyhow::Result<()> {
+    if a.what == "descriptors" {
+        let d = control::fetch_descriptors(a.connect)?;
+        let e = morio::EngineDesc::unpack(&d.engine)?;
+        println!(
+            "engine {:?} at {}:{} (pid {}, node {})",
+            e.key, e.host, e.port, e.pid, e.node_id
+        );
+        for m in d.memory {
+            let md = morio::MemoryDesc::unpack(&m.desc)?;
+            println!(
+                "memory {:?}: id {} size {} loc {}",
+                m.name, md.id, md.size, md.loc
+            );
+        }
+    } else {
+        let body = control::query(a.connect, &a.what)?;
+        println!("{}", String::from_utf8_lossy(&body));
+    }
+    Ok(())
+}
+
+fn stats_json(e: &IoEngine) -> serde_json::Value {
+    let Some(s) = e.stats() else {
+        return json!({"error": "no backend"});
+    };
+    let cpus = e.shard_cpus();
+    let one = |st: &morio::ShardStats| {
+        let h = &st.latency_us;
+        json!({
+            "transfers_ok": st.transfers_ok,
+            "transfers_failed": st.transfers_failed,
+            "bytes_sent": st.bytes_sent,
+            "bytes_received": st.bytes_received,
+            "inbound_bytes_written": st.inbound_bytes_written,
+            "inbound_bytes_read": st.inbound_bytes_read,
+            "inbound_transfers": st.inbound_transfers,
+            "latency_us": {
+                "count": h.len(),
+                "p50": h.value_at_quantile(0.5),
+                "p99": h.value_at_quantile(0.99),
+                "p999": h.value_at_quantile(0.999),
+                "max": h.max(),
+            },
+        })
+    };
+    let shards: Vec<_> = s
+        .shards
+        .iter()
+        .map(|st| {
+            let mut v = one(st);
+            v["shard"] = json!(st.shard);
+            v["cpu"] = json!(cpus.get(st.shard).copied().flatten());
+            v
+        })
+        .collect();
+    json!({"engine": e.key(), "total": one(&s.total()), "shards": shards})
+}

@@ -1,0 +1,182 @@
+//! `morio serve` end to end: start the binary, fetch its descriptors from the control port,
+//! move verified bytes into and out of its memory, read its stats, stop it with SIGTERM.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use morio::{EngineDesc, IoEngine, IoEngineConfig, MemoryDesc, StatusCode, TcpBackendConfig};
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+struct Descriptors {
+    #[serde(with = "serde_bytes")]
+    engine: Vec<u8>,
+    memory: Vec<NamedDesc>,
+}
+
+#[derive(Deserialize)]
+struct NamedDesc {
+    name: String,
+    #[serde(with = "serde_bytes")]
+    desc: Vec<u8>,
+}
+
+fn ask(addr: SocketAddr, what: &str) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(format!("{what}\n").as_bytes()).unwrap();
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).unwrap();
+    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+    s.read_exact(&mut body).unwrap();
+    body
+}
+
+#[test]
+fn serve_hands_out_descriptors_moves_bytes_reports_stats_and_stops_on_sigterm() {
+    let dir = std::env::temp_dir().join(format!("morio-serve-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("serve.toml");
+    std::fs::write(
+        &cfg,
+        r#"
+[engine]
+key = "serve-node"
+host = "127.0.0.1"
+[tcp]
+shards = 2
+pin_shards = false
+op_timeout_ms = 10000
+[control]
+listen = "127.0.0.1:0"
+[stats]
+interval_s = 0
+[[memory]]
+name = "kv"
+size = "8MiB"
+[[memory]]
+name = "aux"
+size = 4096
+"#,
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_morio"))
+        .args(["serve", "--config"])
+        .arg(&cfg)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    let addr: SocketAddr = first
+        .strip_prefix("MORIO_SERVE_CONTROL ")
+        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+        .trim()
+        .parse()
+        .unwrap();
+
+    let d: Descriptors = rmp_serde::from_slice(&ask(addr, "descriptors")).unwrap();
+    let node = EngineDesc::unpack(&d.engine).unwrap();
+    assert_eq!(node.key, "serve-node");
+    assert!(node.port > 0);
+    let names: Vec<&str> = d.memory.iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(names, ["kv", "aux"]);
+    let kv = MemoryDesc::unpack(&d.memory[0].desc).unwrap();
+    assert_eq!(kv.size, 8 << 20);
+
+    let me = IoEngine::new("serve-client", IoEngineConfig::new("127.0.0.1", 0)).unwrap();
+    me.create_backend(TcpBackendConfig {
+        num_shards: Some(2),
+        pin_shards: false,
+        ..Default::default()
+    })
+    .unwrap();
+    me.register_remote_engine(&node).unwrap();
+    let n = 5 << 20;
+    let data: Vec<u8> = (0..n).map(|i| (i * 31 % 251) as u8).collect();
+    let src = me.register_buffer(data.clone()).unwrap();
+    let back = me.alloc_buffer(n).unwrap();
+    let st = me.write(src.desc(), 0, &kv, 1000, n, me.allocate_transfer_uid());
+    assert_eq!(
+        st.wait_for(Duration::from_secs(30)),
+        StatusCode::Success,
+        "{}",
+        st.message()
+    );
+    let st = me.read(back.desc(), 0, &kv, 1000, n, me.allocate_transfer_uid());
+    assert_eq!(
+        st.wait_for(Duration::from_secs(30)),
+        StatusCode::Success,
+        "{}",
+        st.message()
+    );
+    assert!(
+        back.to_vec() == data,
+        "bytes read back from the node differ"
+    );
+
+    let stats: serde_json::Value = serde_json::from_slice(&ask(addr, "stats")).unwrap();
+    assert_eq!(stats["engine"], "serve-node");
+    assert_eq!(stats["total"]["inbound_bytes_written"], n as u64, "{stats}");
+    assert_eq!(stats["total"]["inbound_bytes_read"], n as u64, "{stats}");
+    assert_eq!(stats["total"]["inbound_transfers"], 2, "{stats}");
+    assert_eq!(stats["shards"].as_array().map(Vec::len), Some(2));
+    let bad = String::from_utf8(ask(addr, "bogus")).unwrap();
+    assert!(bad.starts_with("error: "), "{bad}");
+
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "serve did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    assert!(status.success(), "exit {status:?}: {rest}");
+    assert!(rest.contains("shut down cleanly"), "{rest}");
+    // The transfer node is gone: a new transfer to it fails instead of hanging.
+    let st = me.write(src.desc(), 0, &kv, 0, 4096, me.allocate_transfer_uid());
+    assert_eq!(
+        st.wait_for(Duration::from_secs(15)),
+        StatusCode::ErrBadState
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn dump_config_is_the_commented_default_and_bad_configs_fail_clearly() {
+    let out = Command::new(env!("CARGO_BIN_EXE_morio"))
+        .args(["serve", "--dump-config"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("[engine]") && text.contains("# "), "{text}");
+    let dir = std::env::temp_dir().join(format!("morio-serve-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("bad.toml");
+    std::fs::write(
+        &cfg,
+        text.replace("num_data_conns = 8", "num_data_conns = 0"),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_morio"))
+        .args(["serve", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("num_data_conns"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
