@@ -73,7 +73,9 @@ pub enum TopologyError {
         cpu: usize,
     },
 
-    /// `prefer_node` names a NUMA node the topology does not have.
+    /// `prefer_node`, or the `numa_node` of the NIC or GPU given to
+    /// [`plan_node`](crate::plan_node), names a NUMA node the topology does
+    /// not have.
     #[error("NUMA node {node} does not exist")]
     UnknownNode {
         /// The requested node id.
@@ -81,10 +83,37 @@ pub enum TopologyError {
     },
 
     /// More shards were requested than there are usable (online and
-    /// allowed) CPUs.
+    /// allowed) CPUs — for [`plan_node`](crate::plan_node), usable physical
+    /// cores left after the IRQ CPUs.
     #[error("{requested} shards requested but only {available} usable CPUs")]
     TooManyShards {
         /// The requested shard count.
+        requested: usize,
+        /// How many CPUs (for `plan_node`: physical cores) are usable.
+        available: usize,
+    },
+
+    /// [`plan_node`](crate::plan_node) was asked for a NIC the topology
+    /// does not have.
+    #[error("no network interface named {name:?}")]
+    UnknownNic {
+        /// The requested interface name.
+        name: String,
+    },
+
+    /// [`plan_node`](crate::plan_node) was asked for a GPU the topology
+    /// does not have.
+    #[error("no GPU at PCI address {bus_id:?}")]
+    UnknownGpu {
+        /// The requested PCI address, as given.
+        bus_id: String,
+    },
+
+    /// More IRQ CPUs were requested than there are usable (online and
+    /// allowed) CPUs.
+    #[error("{requested} IRQ CPUs requested but only {available} usable CPUs")]
+    TooManyIrqCpus {
+        /// The requested IRQ CPU count.
         requested: usize,
         /// How many CPUs are online and allowed.
         available: usize,

@@ -1,9 +1,10 @@
 //! The machine model: [`Cpu`], [`NumaNode`] and [`Topology`] (reading it from sysfs lives in `sysfs.rs`).
 
 use crate::cpulist::CpuSet;
+use crate::device::{normalize_bus_id, Gpu, Nic};
 
 /// One online logical CPU (hardware thread).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Cpu {
     /// The kernel's logical CPU number (`cpuN`).
     pub id: usize,
@@ -14,6 +15,10 @@ pub struct Cpu {
     pub package: usize,
     /// The NUMA node the CPU belongs to.
     pub node: usize,
+    /// The online SMT threads of this CPU's physical core, itself included
+    /// (`topology/thread_siblings_list`; without that file, the online CPUs
+    /// with the same `(package, core)`).
+    pub siblings: CpuSet,
 }
 
 /// A NUMA node and its online CPUs. A node may have no CPUs (memory-only).
@@ -23,12 +28,17 @@ pub struct NumaNode {
     pub id: usize,
     /// The online CPUs on this node.
     pub cpus: CpuSet,
+    /// The node's row of the distance matrix (`nodeN/distance`): entry `i`
+    /// is the distance to the `i`-th node of [`Topology::nodes`] (10 = local).
+    /// Empty when unknown.
+    pub distances: Vec<u32>,
 }
 
-/// The CPUs and NUMA nodes of a machine.
+/// The CPUs, NUMA nodes, NICs and GPUs of a machine.
 ///
-/// Built by [`Topology::from_sysfs`] or [`Topology::flat`]; `cpus` is sorted
-/// by id and `nodes` by id. The fields are public so tests and callers can
+/// Built by [`Topology::from_sysfs`] (CPUs and nodes), [`Topology::discover`]
+/// (also NICs and GPUs) or [`Topology::flat`]; `cpus` is sorted by id,
+/// `nodes` by id, `nics` by name and `gpus` by bus id. The fields are public so tests and callers can
 /// build synthetic machines; [`plan_shards`](crate::plan_shards) takes each
 /// CPU's node from [`Cpu::node`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -37,6 +47,12 @@ pub struct Topology {
     pub cpus: Vec<Cpu>,
     /// The NUMA nodes, sorted by id.
     pub nodes: Vec<NumaNode>,
+    /// The physical network interfaces, sorted by name (empty unless read by
+    /// [`Topology::discover`]).
+    pub nics: Vec<Nic>,
+    /// The NVIDIA and AMD GPUs, sorted by bus id (empty unless read by
+    /// [`Topology::discover`]).
+    pub gpus: Vec<Gpu>,
 }
 
 impl Topology {
@@ -53,13 +69,19 @@ impl Topology {
                 core: id,
                 package: 0,
                 node: 0,
+                siblings: [id].into_iter().collect(),
             })
             .collect();
         let nodes = vec![NumaNode {
             id: 0,
             cpus: (0..n_cpus).collect(),
+            distances: vec![10],
         }];
-        Topology { cpus, nodes }
+        Topology {
+            cpus,
+            nodes,
+            ..Topology::default()
+        }
     }
 
     /// The CPU with logical id `id`, if it is in the topology.
@@ -70,6 +92,25 @@ impl Topology {
     /// The node with id `id`, if it exists.
     pub fn node(&self, id: usize) -> Option<&NumaNode> {
         self.nodes.iter().find(|node| node.id == id)
+    }
+
+    /// The NIC named `name`, if any.
+    pub fn nic(&self, name: &str) -> Option<&Nic> {
+        self.nics.iter().find(|nic| nic.name == name)
+    }
+
+    /// The GPU at PCI address `bus_id`, if any. Case is ignored, and the
+    /// domain may be left out (`18:00.0` is `0000:18:00.0`).
+    pub fn gpu(&self, bus_id: &str) -> Option<&Gpu> {
+        let wanted = normalize_bus_id(bus_id);
+        self.gpus.iter().find(|gpu| gpu.bus_id == wanted)
+    }
+
+    /// The NUMA distance from node `from` to node `to`, when both exist and
+    /// `from`'s distance row is known.
+    pub fn distance(&self, from: usize, to: usize) -> Option<u32> {
+        let index = self.nodes.iter().position(|node| node.id == to)?;
+        self.node(from)?.distances.get(index).copied()
     }
 
     /// The ids of all CPUs in the topology (all online).
@@ -101,6 +142,13 @@ mod tests {
         assert_eq!(topo.nodes[0].cpus.to_string(), "0-3");
         assert_eq!(topo.online().to_string(), "0-3");
         assert_eq!(topo.cpu(2).map(|c| c.core), Some(2));
+        assert_eq!(
+            topo.cpu(2).map(|c| c.siblings.to_string()).as_deref(),
+            Some("2")
+        );
+        assert_eq!(topo.distance(0, 0), Some(10));
+        assert_eq!(topo.distance(0, 1), None);
+        assert!(topo.nics.is_empty() && topo.gpus.is_empty());
         assert!(topo.cpu(4).is_none());
         assert!(topo.node(0).is_some() && topo.node(1).is_none());
     }

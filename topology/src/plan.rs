@@ -191,6 +191,7 @@ mod tests {
                 core: id % 2,
                 package: 0,
                 node: 0,
+                siblings: [id % 2, id % 2 + 2].into_iter().collect(),
             })
             .collect();
         let topo = Topology {
@@ -198,7 +199,9 @@ mod tests {
             nodes: vec![crate::NumaNode {
                 id: 0,
                 cpus: (0..4).collect(),
+                distances: vec![10],
             }],
+            ..Topology::default()
         };
         let allowed = all(&topo);
         assert_eq!(

@@ -20,7 +20,8 @@ fn h200_one_socket_sixteen_cores() {
                 id: i,
                 core: i,
                 package: 0,
-                node: 0
+                node: 0,
+                siblings: [i].into_iter().collect(),
             }
         );
     }

@@ -5,6 +5,7 @@
 mod bench;
 mod loopback;
 mod serve;
+mod topology;
 
 use std::process::ExitCode;
 
@@ -33,6 +34,8 @@ enum Cmd {
     Serve(serve::Args),
     /// Ask a running `morio serve` for its stats or descriptors.
     Ctl(serve::CtlArgs),
+    /// The machine's CPUs, NUMA nodes, NICs and GPUs, and a NUMA-aware placement plan.
+    Topology(topology::Args),
 }
 
 fn main() -> anyhow::Result<ExitCode> {
@@ -42,5 +45,6 @@ fn main() -> anyhow::Result<ExitCode> {
         Cmd::Bench(a) => bench::run(*a),
         Cmd::Serve(a) => serve::run(a).map(|()| ExitCode::SUCCESS),
         Cmd::Ctl(a) => serve::ctl(a).map(|()| ExitCode::SUCCESS),
+        Cmd::Topology(a) => topology::run(a).map(|()| ExitCode::SUCCESS),
     }
 }

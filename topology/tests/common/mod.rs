@@ -55,3 +55,17 @@ pub fn minimal(name: &str, n: usize) -> PathBuf {
     }
     root
 }
+
+/// The sysfs and proc roots of a committed machine fixture with devices.
+pub fn roots(name: &str) -> (PathBuf, PathBuf) {
+    match name {
+        "h200-1s16c" => (fixture(name), fixture("h200-1s16c-proc")),
+        _ => (fixture(name).join("sys"), fixture(name).join("proc")),
+    }
+}
+
+/// Discovers the whole machine (CPUs, nodes, NICs, GPUs, IRQ affinity) of a fixture.
+pub fn discover(name: &str) -> Topology {
+    let (sys, proc) = roots(name);
+    Topology::discover(&sys, Some(&proc)).unwrap()
+}
