@@ -143,8 +143,10 @@ impl<M: Send + 'static> ShardPool<M> {
                 Some(c) => Placement::Fixed(*c),
                 None => Placement::Unbound,
             };
+            // glommio names its threads "{name}-{executor id}"; the executor thread is renamed
+            // to "{name}-{shard}" below, so helper threads carry a "-io" name instead.
             let mut b = LocalExecutorBuilder::new(placement)
-                .name(&format!("{}-{id}", cfg.name))
+                .name(&format!("{}-io", cfg.name))
                 .io_memory(cfg.io_memory_bytes);
             if let Some(spin) = cfg.spin_before_park {
                 b = b.spin_before_park(spin);
@@ -156,7 +158,9 @@ impl<M: Send + 'static> ShardPool<M> {
             };
             let factory = factory.clone();
             let ready = ready_tx.clone();
+            let thread_name = format!("{}-{id}", cfg.name);
             match b.spawn(move || async move {
+                set_thread_name(&thread_name);
                 let _ = ready.send((id, Ok(())));
                 drop(ready);
                 factory(ctx).await;
@@ -196,6 +200,16 @@ impl<M: Send + 'static> ShardPool<M> {
             }
         }
         Ok(pool)
+    }
+}
+
+/// Name the calling thread (Linux keeps 15 bytes).
+fn set_thread_name(name: &str) {
+    let mut bytes: Vec<u8> = name.bytes().filter(|&b| b != 0).take(15).collect();
+    bytes.push(0);
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes, which `bytes` is.
+    unsafe {
+        libc::prctl(libc::PR_SET_NAME, bytes.as_ptr() as libc::c_ulong, 0, 0, 0);
     }
 }
 
@@ -282,6 +296,29 @@ mod tests {
         pool.shutdown();
         assert!(mesh.send(0, 1).is_err(), "closed pool must refuse messages");
         assert!(mesh.send(9, 1).is_err());
+    }
+
+    #[test]
+    fn shard_threads_are_named_by_shard() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let pool = ShardPool::<()>::start(PoolConfig::unpinned(2, "named-shard"), move |ctx| {
+            let tx = tx.clone();
+            async move {
+                let _ = tx.send(std::thread::current().name().map(str::to_string));
+                let mut comm =
+                    std::fs::read_to_string("/proc/thread-self/comm").unwrap_or_default();
+                comm.truncate(comm.trim_end().len());
+                let _ = tx.send(Some(comm));
+                while ctx.inbox.recv().await.is_ok() {}
+            }
+        })
+        .unwrap();
+        let mut names: Vec<String> = (0..4).filter_map(|_| rx.recv().ok().flatten()).collect();
+        names.sort();
+        names.dedup();
+        assert!(names.contains(&"named-shard-0".to_string()), "{names:?}");
+        assert!(names.contains(&"named-shard-1".to_string()), "{names:?}");
+        pool.shutdown();
     }
 
     #[test]
