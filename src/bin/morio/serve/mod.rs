@@ -27,6 +27,9 @@ pub struct Args {
     /// Print the commented default configuration and exit.
     #[arg(long)]
     dump_config: bool,
+    /// Shard CPUs (e.g. `5,6,7` from `morio topology`); overrides `[tcp] cpus` and `shards`.
+    #[arg(long, value_delimiter = ',')]
+    cpus: Option<Vec<usize>>,
 }
 
 /// `morio ctl` options: query a running `morio serve`.
@@ -48,7 +51,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let path = a.config.context("--config is required")?;
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
-    let cfg = ServeConfig::parse(&text)?;
+    let mut cfg = ServeConfig::parse(&text)?;
+    if let Some(cpus) = a.cpus {
+        cfg.tcp.cpus = Some(cpus);
+        cfg.tcp.shards = None;
+        cfg.tcp_config().validate().context("invalid --cpus")?;
+    }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).context("install signal handler")?;
