@@ -574,7 +574,7 @@ impl Inner {
         let status = Arc::new(TransferStatus::new());
         status.set_code(StatusCode::InProgress);
         let shared = &backend.shared;
-        let owner = (uid % shared.n_owners(backend.pool.n_shards()) as u64) as usize;
+        let owner = owner_of(uid, shared.n_owners(backend.pool.n_shards()));
         let sub = Submission {
             peer,
             op,
@@ -596,6 +596,17 @@ impl Inner {
         }
         status
     }
+}
+
+/// Uids per owner block: consecutive uids share an owner shard, so a caller issuing transfers
+/// one after another keeps finding that shard awake (waking an idle shard costs more than the
+/// whole transfer), while concurrent and later transfers still spread over every shard.
+const OWNER_BLOCK: u64 = 16;
+
+/// The owner shard of transfer `uid` (derived from the uid alone, so every submission of one
+/// uid meets the same owner table and duplicates are caught there).
+fn owner_of(uid: u64, n_owners: usize) -> usize {
+    ((uid / OWNER_BLOCK) % n_owners.max(1) as u64) as usize
 }
 
 /// Send a registry change to every shard and wait until each has applied it.
