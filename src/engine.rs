@@ -717,3 +717,22 @@ impl RegisteredBuffer {
         v
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owners_come_in_blocks_of_consecutive_uids_and_cover_every_shard() {
+        assert!((0..OWNER_BLOCK).all(|u| owner_of(u, 4) == 0));
+        assert_eq!(owner_of(OWNER_BLOCK, 4), 1);
+        assert_eq!(owner_of(4 * OWNER_BLOCK, 4), 0);
+        assert_eq!(owner_of(u64::MAX, 1), 0);
+        assert_eq!(owner_of(7, 0), 0, "no owners is treated as one");
+        let mut seen = [0usize; 8];
+        for u in 0..8 * OWNER_BLOCK * 10 {
+            seen[owner_of(u, 8)] += 1;
+        }
+        assert!(seen.iter().all(|&n| n == (OWNER_BLOCK * 10) as usize));
+    }
+}
