@@ -1051,3 +1051,47 @@ fn daemonset_is_guaranteed_qos_with_ipc_lock() {
     }
     assert!(!y.contains('\t'), "tabs in YAML");
 }
+
+/// The real pipeline: `morio topology --json` over the committed 2-socket fixture drives a
+/// dry run of tune.sh, which moves the node-1 NIC's IRQs onto that node's first core (both
+/// SMT threads) and changes nothing (the fixture is read only here).
+#[test]
+fn tune_dry_run_with_the_real_topology_command_on_the_two_socket_fixture() {
+    let fx = root().join("topology/tests/fixtures/2s-smt-8gpu-8nic");
+    let sys = fx.join("sys");
+    let proc_ = fx.join("proc");
+    let before = read(&proc_.join("irq/150/smp_affinity_list"));
+    let out = run_ok(
+        "tune.sh",
+        &[
+            "--morio",
+            env!("CARGO_BIN_EXE_morio"),
+            "--sysfs-root",
+            sys.to_str().unwrap(),
+            "--proc-root",
+            proc_.to_str().unwrap(),
+            "--etc-dir",
+            scratch("tune-real-topology-etc").to_str().unwrap(),
+            "--nic",
+            "eth5",
+            "--allowed",
+            "0-63",
+        ],
+    );
+    assert!(
+        out.contains("node 1, nic eth5, irq cpus 16,48, shard cpus 17-31"),
+        "{out}"
+    );
+    for irq in 150..=153 {
+        let line = format!(
+            "would set {}/irq/{irq}/smp_affinity_list: 16-31,48-63 -> 16,48",
+            proc_.display()
+        );
+        assert!(out.contains(&line), "missing {line:?} in\n{out}");
+    }
+    assert_eq!(
+        read(&proc_.join("irq/150/smp_affinity_list")),
+        before,
+        "a dry run changed a file"
+    );
+}
