@@ -65,9 +65,8 @@ pub struct TcpBackendConfig {
     /// Payloads up to this size are copied next to their header and sent with one syscall;
     /// larger ones are sent straight from registered memory.
     pub inline_write_bytes: usize,
-    /// Spin this long before sleeping: the shard's executor before parking, and each
-    /// connection's reader on its socket once it runs dry (lower latency, burns the core
-    /// while it lasts). Off by default.
+    /// Busy-poll a shard this long before parking it (glommio's `spin_before_park`: lower
+    /// wake-up latency, burns the core while it lasts). Off by default.
     pub spin_before_park: Option<Duration>,
     /// How long an accepted connection may take to send its HELLO.
     pub handshake_timeout: Duration,

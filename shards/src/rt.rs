@@ -86,32 +86,13 @@ pub async fn timeout<F: std::future::Future>(dur: Duration, fut: F) -> Option<F:
 /// drive at once (glommio keeps separate readiness sources for each direction).
 pub fn split(stream: TcpStream) -> (ReadHalf, WriteHalf) {
     let s = Rc::new(RefCell::new(stream));
-    (
-        ReadHalf {
-            s: s.clone(),
-            busy_poll: None,
-            idle_since: None,
-        },
-        WriteHalf(s),
-    )
+    (ReadHalf(s.clone()), WriteHalf(s))
 }
 
 /// The reading half of a split stream.
 #[derive(Debug)]
-pub struct ReadHalf {
-    s: Rc<RefCell<TcpStream>>,
-    busy_poll: Option<Duration>,
-    idle_since: Option<std::time::Instant>,
-}
+pub struct ReadHalf(Rc<RefCell<TcpStream>>);
 
-impl ReadHalf {
-    /// Busy-poll the socket this long after it runs dry before parking on readiness: the
-    /// task yields and retries instead of sleeping, so the executor never parks while a
-    /// reply may be a few microseconds away (costs the core while it lasts).
-    pub fn set_busy_poll(&mut self, d: Option<Duration>) {
-        self.busy_poll = d.filter(|d| !d.is_zero());
-    }
-}
 /// The writing half of a split stream.
 #[derive(Debug)]
 pub struct WriteHalf(Rc<RefCell<TcpStream>>);
@@ -211,27 +192,17 @@ impl AsyncRead for ReadHalf {
         if buf.is_empty() {
             return Poll::Ready(Ok(0));
         }
-        let this = self.get_mut();
-        let fd = this.s.borrow().as_raw_fd();
+        let fd = self.0.borrow().as_raw_fd();
         // SAFETY: fd is our open socket; buf is a valid writable slice.
         let r = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
         if r >= 0 {
-            this.idle_since = None;
             return Poll::Ready(Ok(r as usize));
         }
         let e = io::Error::last_os_error();
         if e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted {
             return Poll::Ready(Err(e));
         }
-        if let Some(window) = this.busy_poll {
-            let now = std::time::Instant::now();
-            let since = *this.idle_since.get_or_insert(now);
-            if now.duration_since(since) < window {
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
-            }
-        }
-        Pin::new(&mut *this.s.borrow_mut()).poll_read(cx, buf)
+        Pin::new(&mut *self.0.borrow_mut()).poll_read(cx, buf)
     }
 }
 

@@ -263,8 +263,7 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
     }
     lane.fd.set(Some(stream.as_raw_fd()));
     let cfg = &shard.shared.cfg;
-    let (mut r, w) = rt::split(stream);
-    r.set_busy_poll(cfg.spin_before_park);
+    let (r, w) = rt::split(stream);
     let reader = FrameReader::new(r, cfg.op_timeout);
     rt::spawn_local(read_loop(shard.clone(), lane.clone(), reader)).detach();
     let mut writer = FrameWriter::new(w, cfg.inline_write_bytes);

@@ -143,8 +143,7 @@ async fn serve(shard: Rc<Shard>, stream: rt::TcpStream, hello: Hello) {
         log::debug!("socket options on an accepted connection: {e}");
     }
     let peer = hello.src_key;
-    let (mut r, w) = rt::split(stream);
-    r.set_busy_poll(cfg.spin_before_park);
+    let (r, w) = rt::split(stream);
     let mut reader = FrameReader::new(r, cfg.op_timeout);
     let mut writer = FrameWriter::new(w, cfg.inline_write_bytes);
     let ack = Frame::HelloAck(HelloAck {
