@@ -24,6 +24,7 @@ pub mod config;
 pub mod desc;
 mod engine;
 pub mod error;
+pub mod gpu;
 mod inbound_status;
 pub mod placement;
 pub mod proto;

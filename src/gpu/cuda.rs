@@ -1,0 +1,287 @@
+//! CUDA backend over the driver API (cudarc, loaded at run time): primary contexts, one
+//! non-blocking stream per shard and device, portable pinned staging, event fences.
+
+use std::cell::Cell;
+use std::ffi::c_void;
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::result::{self as cu, DriverError};
+use cudarc::driver::sys;
+
+use super::{DeviceBuf, DeviceInfo, GpuError, GpuFence, GpuRuntime, GpuStream, PinnedBuf};
+
+/// The CUDA runtime of this process.
+#[derive(Debug)]
+pub struct CudaRuntime {
+    count: usize,
+    /// Primary context per device (as `usize`: `CUcontext` is a raw pointer), retained once.
+    ctxs: Vec<OnceLock<Result<usize, GpuError>>>,
+}
+
+fn err(call: &'static str) -> impl Fn(DriverError) -> GpuError {
+    move |e| GpuError::Call {
+        call,
+        msg: match e.error_name() {
+            Ok(n) => n.to_string_lossy().into_owned(),
+            Err(_) => format!("{e:?}"),
+        },
+    }
+}
+
+thread_local! {
+    /// The context current on this thread, to skip redundant `cuCtxSetCurrent` calls.
+    static CURRENT: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Make `ctx` current on this thread.
+fn bind(ctx: usize) -> Result<(), GpuError> {
+    if CURRENT.with(|c| c.get()) == ctx {
+        return Ok(());
+    }
+    // SAFETY: `ctx` is a retained primary context, never released while the process runs.
+    unsafe { cu::ctx::set_current(ctx as sys::CUcontext) }.map_err(err("cuCtxSetCurrent"))?;
+    CURRENT.with(|c| c.set(ctx));
+    Ok(())
+}
+
+impl CudaRuntime {
+    /// Load the driver and count devices. Never panics: without `libcuda` this is
+    /// [`GpuError::Unavailable`] (cudarc itself would panic on the first call).
+    pub fn new() -> Result<Self, GpuError> {
+        // SAFETY: only probes whether the library can be loaded.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(GpuError::Unavailable(
+                "the CUDA driver library (libcuda.so) was not found".into(),
+            ));
+        }
+        cu::init().map_err(|e| GpuError::Unavailable(format!("cuInit: {e:?}")))?;
+        let count = cu::device::get_count().map_err(err("cuDeviceGetCount"))?;
+        if count <= 0 {
+            return Err(GpuError::Unavailable("no CUDA device".into()));
+        }
+        Ok(Self {
+            count: count as usize,
+            ctxs: (0..count).map(|_| OnceLock::new()).collect(),
+        })
+    }
+
+    fn ctx(&self, dev: i32) -> Result<usize, GpuError> {
+        if dev < 0 || dev as usize >= self.count {
+            return Err(GpuError::NoDevice {
+                dev,
+                count: self.count,
+            });
+        }
+        self.ctxs[dev as usize]
+            .get_or_init(|| {
+                let d = cu::device::get(dev).map_err(err("cuDeviceGet"))?;
+                // SAFETY: `d` comes from cuDeviceGet; the context is kept for the process.
+                let c = unsafe { cu::primary_ctx::retain(d) }
+                    .map_err(err("cuDevicePrimaryCtxRetain"))?;
+                Ok(c as usize)
+            })
+            .clone()
+    }
+
+    fn attr<T: Default>(ptr: u64, a: sys::CUpointer_attribute) -> Result<T, DriverError> {
+        let mut v = T::default();
+        // SAFETY: `v` is the attribute's documented type at every call site.
+        unsafe { sys::cuPointerGetAttribute(&mut v as *mut T as *mut c_void, a, ptr) }.result()?;
+        Ok(v)
+    }
+}
+
+impl GpuRuntime for CudaRuntime {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn device_count(&self) -> Result<usize, GpuError> {
+        Ok(self.count)
+    }
+
+    fn device_info(&self, dev: i32) -> Result<DeviceInfo, GpuError> {
+        self.ctx(dev)?;
+        let d = cu::device::get(dev).map_err(err("cuDeviceGet"))?;
+        let mut buf = [0 as std::ffi::c_char; 32];
+        // SAFETY: the buffer is large enough for "dddd:bb:dd.f" and NUL-terminated by CUDA.
+        unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, d) }
+            .result()
+            .map_err(err("cuDeviceGetPCIBusId"))?;
+        // SAFETY: NUL-terminated above.
+        let bus = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+        Ok(DeviceInfo {
+            ordinal: dev,
+            bus_id: bus.to_string_lossy().to_lowercase(),
+            name: cu::device::get_name(d).unwrap_or_default(),
+        })
+    }
+
+    fn check_device_range(&self, dev: i32, ptr: u64, len: usize) -> Result<(), GpuError> {
+        bind(self.ctx(dev)?)?;
+        let bad = |why: String| GpuError::NotDeviceMemory { dev, ptr, len, why };
+        use sys::CUpointer_attribute as A;
+        let kind: u32 = Self::attr(ptr, A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE)
+            .map_err(|e| bad(format!("the driver does not know it ({e:?})")))?;
+        if kind != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
+            return Err(bad(format!("memory type {kind} is not device memory")));
+        }
+        let ord: i32 = Self::attr(ptr, A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)
+            .map_err(|e| bad(format!("{e:?}")))?;
+        if ord != dev {
+            return Err(bad(format!("it belongs to GPU {ord}")));
+        }
+        let start: u64 = Self::attr(ptr, A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
+            .map_err(|e| bad(format!("{e:?}")))?;
+        let size: usize = Self::attr(ptr, A::CU_POINTER_ATTRIBUTE_RANGE_SIZE)
+            .map_err(|e| bad(format!("{e:?}")))?;
+        let end = ptr.checked_add(len as u64);
+        if end.is_none_or(|e| e > start + size as u64) {
+            return Err(bad(format!("its allocation is {size} bytes at {start:#x}")));
+        }
+        Ok(())
+    }
+
+    fn alloc_pinned(&self, len: usize) -> Result<PinnedBuf, GpuError> {
+        let ctx = self.ctx(0)?;
+        bind(ctx)?;
+        // Portable: usable with every device's context.
+        const PORTABLE: u32 = 1;
+        // SAFETY: plain allocation; freed exactly once below.
+        let p = unsafe { cu::malloc_host(len.max(1), PORTABLE) }.map_err(err("cuMemHostAlloc"))?;
+        let addr = p as usize;
+        let free = Box::new(move || {
+            if bind(ctx).is_ok() {
+                // SAFETY: allocated by cuMemHostAlloc above, freed once.
+                let _ = unsafe { cu::free_host(addr as *mut c_void) };
+            }
+        });
+        // SAFETY: `len` bytes of host memory owned until `free`.
+        Ok(unsafe { PinnedBuf::from_raw(p as *mut u8, len, free) })
+    }
+
+    fn create_stream(&self, dev: i32) -> Result<Box<dyn GpuStream>, GpuError> {
+        let ctx = self.ctx(dev)?;
+        bind(ctx)?;
+        let s = cu::stream::create(cu::stream::StreamKind::NonBlocking)
+            .map_err(err("cuStreamCreate"))?;
+        Ok(Box::new(CudaStream {
+            ctx,
+            stream: s as usize,
+        }))
+    }
+
+    fn alloc_device(self: Arc<Self>, dev: i32, len: usize) -> Result<DeviceBuf, GpuError> {
+        let ctx = self.ctx(dev)?;
+        bind(ctx)?;
+        // SAFETY: plain allocation; freed exactly once below.
+        let p = unsafe { cu::malloc_sync(len.max(1)) }.map_err(err("cuMemAlloc"))?;
+        let free = Box::new(move || {
+            if bind(ctx).is_ok() {
+                // SAFETY: allocated by cuMemAlloc above, freed once.
+                let _ = unsafe { cu::free_sync(p) };
+            }
+        });
+        // SAFETY: a live allocation of `len` bytes on `dev` until `free`.
+        Ok(unsafe { DeviceBuf::from_raw(self, dev, p, len, free) })
+    }
+
+    unsafe fn copy_to_device(&self, dev: i32, dst: u64, src: &[u8]) -> Result<(), GpuError> {
+        bind(self.ctx(dev)?)?;
+        // SAFETY: forwarded from the caller.
+        unsafe { cu::memcpy_htod_sync(dst, src) }.map_err(err("cuMemcpyHtoD"))
+    }
+
+    unsafe fn copy_from_device(&self, dev: i32, dst: &mut [u8], src: u64) -> Result<(), GpuError> {
+        bind(self.ctx(dev)?)?;
+        // SAFETY: forwarded from the caller.
+        unsafe { cu::memcpy_dtoh_sync(dst, src) }.map_err(err("cuMemcpyDtoH"))
+    }
+}
+
+/// A non-blocking stream in a device's primary context.
+#[derive(Debug)]
+struct CudaStream {
+    ctx: usize,
+    stream: usize,
+}
+
+impl GpuStream for CudaStream {
+    unsafe fn d2h(&self, dst: *mut u8, src: u64, len: usize) -> Result<(), GpuError> {
+        bind(self.ctx)?;
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, len, self.stream as sys::CUstream)
+        }
+        .result()
+        .map_err(err("cuMemcpyDtoHAsync"))
+    }
+
+    unsafe fn h2d(&self, dst: u64, src: *const u8, len: usize) -> Result<(), GpuError> {
+        bind(self.ctx)?;
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, len, self.stream as sys::CUstream)
+        }
+        .result()
+        .map_err(err("cuMemcpyHtoDAsync"))
+    }
+
+    fn fence(&self) -> Result<Box<dyn GpuFence>, GpuError> {
+        bind(self.ctx)?;
+        let ev = cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map_err(err("cuEventCreate"))?;
+        let f = CudaFence {
+            ctx: self.ctx,
+            ev: ev as usize,
+        };
+        // SAFETY: a fresh event and this live stream.
+        unsafe { cu::event::record(ev, self.stream as sys::CUstream) }
+            .map_err(err("cuEventRecord"))?;
+        Ok(Box::new(f))
+    }
+}
+
+impl Drop for CudaStream {
+    fn drop(&mut self) {
+        if bind(self.ctx).is_ok() {
+            // SAFETY: created in create_stream; pending work finishes before it is destroyed.
+            let _ = unsafe { cu::stream::destroy(self.stream as sys::CUstream) };
+        }
+    }
+}
+
+#[derive(Debug)]
+struct CudaFence {
+    ctx: usize,
+    ev: usize,
+}
+
+impl GpuFence for CudaFence {
+    fn poll(&self) -> Result<bool, GpuError> {
+        bind(self.ctx)?;
+        // SAFETY: a live event recorded on a stream.
+        match unsafe { cu::event::query(self.ev as sys::CUevent) } {
+            Ok(()) => Ok(true),
+            Err(DriverError(sys::CUresult::CUDA_ERROR_NOT_READY)) => Ok(false),
+            Err(e) => Err(err("cuEventQuery")(e)),
+        }
+    }
+
+    fn wait_blocking(&self) -> Result<(), GpuError> {
+        bind(self.ctx)?;
+        // SAFETY: a live event recorded on a stream.
+        unsafe { cu::event::synchronize(self.ev as sys::CUevent) }
+            .map_err(err("cuEventSynchronize"))
+    }
+}
+
+impl Drop for CudaFence {
+    fn drop(&mut self) {
+        if bind(self.ctx).is_ok() {
+            // SAFETY: created in fence(); destroying a pending event is allowed (CUDA frees
+            // it once its work completes).
+            let _ = unsafe { cu::event::destroy(self.ev as sys::CUevent) };
+        }
+    }
+}

@@ -1,0 +1,473 @@
+//! An in-memory GPU runtime for machines without one: "device memory" lives in host vectors
+//! behind addresses the CPU cannot dereference (so any code path that touches device memory
+//! directly crashes), copies run asynchronously on a worker thread per stream, and faults
+//! can be injected. Tests and `morio bench --gpu-runtime fake` use it to drive the pipeline.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::{DeviceBuf, DeviceInfo, GpuError, GpuFence, GpuRuntime, GpuStream, PinnedBuf};
+
+/// Non-canonical on x86-64 and unmapped elsewhere: a stray host dereference faults at once.
+const BASE: u64 = 0x4000_0000_0000_0000;
+/// Address space per allocation (so each allocation can be up to 16 GiB).
+const SPAN: u64 = 1 << 34;
+
+/// Where an injected fault strikes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultAt {
+    /// The copy call itself returns an error.
+    Submit,
+    /// The copy is accepted and fails later: its fence reports the error.
+    Complete,
+}
+
+/// The fake runtime. Cheap to clone; clones share devices and counters.
+#[derive(Debug, Clone)]
+pub struct FakeGpu {
+    st: Arc<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    devices: usize,
+    allocs: Mutex<BTreeMap<u64, Arc<Alloc>>>,
+    next: AtomicU64,
+    pinned_live: AtomicUsize,
+    pinned_peak: AtomicUsize,
+    copies: AtomicU64,
+    delay_ns: AtomicU64,
+    fault_countdown: AtomicI64,
+    fault_at_complete: AtomicBool,
+}
+
+#[derive(Debug)]
+struct Alloc {
+    dev: i32,
+    base: u64,
+    bytes: Mutex<Vec<u8>>,
+}
+
+impl FakeGpu {
+    /// A runtime with `devices` GPUs.
+    pub fn new(devices: usize) -> Self {
+        Self {
+            st: Arc::new(State {
+                devices,
+                allocs: Mutex::new(BTreeMap::new()),
+                next: AtomicU64::new(0),
+                pinned_live: AtomicUsize::new(0),
+                pinned_peak: AtomicUsize::new(0),
+                copies: AtomicU64::new(0),
+                delay_ns: AtomicU64::new(0),
+                fault_countdown: AtomicI64::new(-1),
+                fault_at_complete: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Make every asynchronous copy take at least `d` (to widen the windows the pipeline
+    /// must wait through).
+    pub fn set_copy_delay(&self, d: Duration) {
+        self.st
+            .delay_ns
+            .store(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Fail the asynchronous copy after the next `n` succeed (`None`: no fault).
+    pub fn inject_fault(&self, n: Option<u64>, at: FaultAt) {
+        self.st
+            .fault_at_complete
+            .store(at == FaultAt::Complete, Ordering::Relaxed);
+        self.st
+            .fault_countdown
+            .store(n.map_or(-1, |n| n as i64), Ordering::Relaxed);
+    }
+
+    /// Pinned bytes allocated and not yet freed.
+    pub fn pinned_live_bytes(&self) -> usize {
+        self.st.pinned_live.load(Ordering::Relaxed)
+    }
+
+    /// Most pinned bytes allocated at once.
+    pub fn pinned_peak_bytes(&self) -> usize {
+        self.st.pinned_peak.load(Ordering::Relaxed)
+    }
+
+    /// Asynchronous copies submitted so far.
+    pub fn copies(&self) -> u64 {
+        self.st.copies.load(Ordering::Relaxed)
+    }
+
+    fn find(&self, ptr: u64, len: usize) -> Option<Arc<Alloc>> {
+        let allocs = self.st.allocs.lock().unwrap_or_else(|e| e.into_inner());
+        let (_, a) = allocs.range(..=ptr).next_back()?;
+        let len_a = a.bytes.lock().unwrap_or_else(|e| e.into_inner()).len() as u64;
+        (ptr.checked_add(len as u64)? <= a.base + len_a).then(|| a.clone())
+    }
+
+    /// Whether the next copy is the faulty one.
+    fn take_fault(&self) -> Option<FaultAt> {
+        let left = self.st.fault_countdown.load(Ordering::Relaxed);
+        if left < 0 {
+            return None;
+        }
+        self.st.fault_countdown.fetch_sub(1, Ordering::Relaxed);
+        if left > 0 {
+            return None;
+        }
+        Some(if self.st.fault_at_complete.load(Ordering::Relaxed) {
+            FaultAt::Complete
+        } else {
+            FaultAt::Submit
+        })
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl GpuRuntime for FakeGpu {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+
+    fn device_count(&self) -> Result<usize, GpuError> {
+        Ok(self.st.devices)
+    }
+
+    fn device_info(&self, dev: i32) -> Result<DeviceInfo, GpuError> {
+        if dev < 0 || dev as usize >= self.st.devices {
+            return Err(GpuError::NoDevice {
+                dev,
+                count: self.st.devices,
+            });
+        }
+        Ok(DeviceInfo {
+            ordinal: dev,
+            bus_id: format!("0000:{:02x}:00.0", 0x10 + dev),
+            name: "morio fake GPU".into(),
+        })
+    }
+
+    fn check_device_range(&self, dev: i32, ptr: u64, len: usize) -> Result<(), GpuError> {
+        self.device_info(dev)?;
+        let bad = |why: &str| GpuError::NotDeviceMemory {
+            dev,
+            ptr,
+            len,
+            why: why.into(),
+        };
+        let a = self
+            .find(ptr, len)
+            .ok_or_else(|| bad("not inside one allocation"))?;
+        if a.dev != dev {
+            return Err(bad(&format!("it belongs to GPU {}", a.dev)));
+        }
+        Ok(())
+    }
+
+    fn alloc_pinned(&self, len: usize) -> Result<PinnedBuf, GpuError> {
+        let mut v = vec![0u8; len].into_boxed_slice();
+        let ptr = v.as_mut_ptr();
+        let raw = Box::into_raw(v) as *mut [u8] as *mut u8 as usize;
+        let live = self.st.pinned_live.fetch_add(len, Ordering::Relaxed) + len;
+        self.st.pinned_peak.fetch_max(live, Ordering::Relaxed);
+        let st = self.st.clone();
+        let free = Box::new(move || {
+            // SAFETY: re-boxing the slice leaked above, exactly once.
+            drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(raw as *mut u8, len)) });
+            st.pinned_live.fetch_sub(len, Ordering::Relaxed);
+        });
+        // SAFETY: `ptr..ptr+len` is the leaked boxed slice, freed only by `free`.
+        Ok(unsafe { PinnedBuf::from_raw(ptr, len, free) })
+    }
+
+    fn create_stream(&self, dev: i32) -> Result<Box<dyn GpuStream>, GpuError> {
+        self.device_info(dev)?;
+        Ok(Box::new(FakeStream::new(self.clone(), dev)))
+    }
+
+    fn alloc_device(self: Arc<Self>, dev: i32, len: usize) -> Result<DeviceBuf, GpuError> {
+        self.device_info(dev)?;
+        if len as u64 > SPAN {
+            return Err(GpuError::Call {
+                call: "fake alloc",
+                msg: format!("{len} bytes is more than one fake allocation holds"),
+            });
+        }
+        let base = BASE + self.st.next.fetch_add(1, Ordering::Relaxed) * SPAN;
+        let a = Arc::new(Alloc {
+            dev,
+            base,
+            bytes: Mutex::new(vec![0u8; len]),
+        });
+        lock(&self.st.allocs).insert(base, a);
+        let st = self.st.clone();
+        let free = Box::new(move || {
+            lock(&st.allocs).remove(&base);
+        });
+        // SAFETY: the allocation stays in the table until `free` removes it.
+        Ok(unsafe { DeviceBuf::from_raw(self, dev, base, len, free) })
+    }
+
+    unsafe fn copy_to_device(&self, dev: i32, dst: u64, src: &[u8]) -> Result<(), GpuError> {
+        self.check_device_range(dev, dst, src.len())?;
+        let a = self.find(dst, src.len()).ok_or(GpuError::Call {
+            call: "fake copy",
+            msg: "freed".into(),
+        })?;
+        let off = (dst - a.base) as usize;
+        lock(&a.bytes)[off..off + src.len()].copy_from_slice(src);
+        Ok(())
+    }
+
+    unsafe fn copy_from_device(&self, dev: i32, dst: &mut [u8], src: u64) -> Result<(), GpuError> {
+        self.check_device_range(dev, src, dst.len())?;
+        let a = self.find(src, dst.len()).ok_or(GpuError::Call {
+            call: "fake copy",
+            msg: "freed".into(),
+        })?;
+        let off = (src - a.base) as usize;
+        dst.copy_from_slice(&lock(&a.bytes)[off..off + dst.len()]);
+        Ok(())
+    }
+}
+
+enum Op {
+    D2h { dst: usize, src: u64, len: usize },
+    H2d { dst: u64, src: usize, len: usize },
+    Fault,
+    Mark(Arc<Mark>),
+}
+
+#[derive(Debug, Default)]
+struct Mark {
+    /// 0 pending, 1 done, 2 failed.
+    state: AtomicU8,
+    msg: Mutex<String>,
+    cv: Condvar,
+}
+
+/// A fake stream: a worker thread executing copies in order.
+#[derive(Debug)]
+struct FakeStream {
+    gpu: FakeGpu,
+    dev: i32,
+    tx: Option<mpsc::Sender<Op>>,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl FakeStream {
+    fn new(gpu: FakeGpu, dev: i32) -> Self {
+        let (tx, rx) = mpsc::channel::<Op>();
+        let g = gpu.clone();
+        let worker = std::thread::Builder::new()
+            .name(format!("fake-gpu{dev}"))
+            .spawn(move || run_stream(g, rx))
+            .ok();
+        Self {
+            gpu,
+            dev,
+            tx: Some(tx),
+            worker,
+        }
+    }
+
+    fn submit(&self, op: Op) -> Result<(), GpuError> {
+        let fault = match op {
+            Op::D2h { .. } | Op::H2d { .. } => {
+                self.gpu.st.copies.fetch_add(1, Ordering::Relaxed);
+                self.gpu.take_fault()
+            }
+            _ => None,
+        };
+        let op = match fault {
+            Some(FaultAt::Submit) => {
+                return Err(GpuError::Call {
+                    call: "fake copy",
+                    msg: "injected fault".into(),
+                })
+            }
+            Some(FaultAt::Complete) => Op::Fault,
+            None => op,
+        };
+        self.tx
+            .as_ref()
+            .and_then(|t| t.send(op).ok())
+            .ok_or(GpuError::Call {
+                call: "fake stream",
+                msg: "worker thread gone".into(),
+            })
+    }
+
+    fn check(&self, ptr: u64, len: usize) -> Result<(), GpuError> {
+        self.gpu.check_device_range(self.dev, ptr, len)
+    }
+}
+
+fn run_stream(gpu: FakeGpu, rx: mpsc::Receiver<Op>) {
+    let mut error: Option<String> = None;
+    while let Ok(op) = rx.recv() {
+        let delay = gpu.st.delay_ns.load(Ordering::Relaxed);
+        match op {
+            Op::Mark(m) => {
+                let st = if let Some(e) = &error {
+                    *lock(&m.msg) = e.clone();
+                    2
+                } else {
+                    1
+                };
+                let _g = lock(&m.msg);
+                m.state.store(st, Ordering::Release);
+                m.cv.notify_all();
+            }
+            _ if error.is_some() => {}
+            Op::Fault => error = Some("injected fault (sticky, as a CUDA device error)".into()),
+            Op::D2h { dst, src, len } => {
+                if delay > 0 {
+                    std::thread::sleep(Duration::from_nanos(delay));
+                }
+                match gpu.find(src, len) {
+                    Some(a) => {
+                        let off = (src - a.base) as usize;
+                        let b = lock(&a.bytes);
+                        // SAFETY: `dst` is pinned memory the submitter keeps alive and
+                        // untouched until the fence after this copy completes.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(b[off..].as_ptr(), dst as *mut u8, len)
+                        };
+                    }
+                    None => error = Some(format!("D2H from freed memory {src:#x}")),
+                }
+            }
+            Op::H2d { dst, src, len } => {
+                if delay > 0 {
+                    std::thread::sleep(Duration::from_nanos(delay));
+                }
+                match gpu.find(dst, len) {
+                    Some(a) => {
+                        let off = (dst - a.base) as usize;
+                        let mut b = lock(&a.bytes);
+                        // SAFETY: as above, `src` is live pinned memory.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                src as *const u8,
+                                b[off..].as_mut_ptr(),
+                                len,
+                            )
+                        };
+                    }
+                    None => error = Some(format!("H2D into freed memory {dst:#x}")),
+                }
+            }
+        }
+    }
+}
+
+impl GpuStream for FakeStream {
+    unsafe fn d2h(&self, dst: *mut u8, src: u64, len: usize) -> Result<(), GpuError> {
+        self.check(src, len)?;
+        self.submit(Op::D2h {
+            dst: dst as usize,
+            src,
+            len,
+        })
+    }
+
+    unsafe fn h2d(&self, dst: u64, src: *const u8, len: usize) -> Result<(), GpuError> {
+        self.check(dst, len)?;
+        self.submit(Op::H2d {
+            dst,
+            src: src as usize,
+            len,
+        })
+    }
+
+    fn fence(&self) -> Result<Box<dyn GpuFence>, GpuError> {
+        let m = Arc::new(Mark::default());
+        self.submit(Op::Mark(m.clone()))?;
+        Ok(Box::new(FakeFence(m)))
+    }
+}
+
+impl Drop for FakeStream {
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+#[derive(Debug)]
+struct FakeFence(Arc<Mark>);
+
+impl GpuFence for FakeFence {
+    fn poll(&self) -> Result<bool, GpuError> {
+        match self.0.state.load(Ordering::Acquire) {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(GpuError::Call {
+                call: "fake copy",
+                msg: lock(&self.0.msg).clone(),
+            }),
+        }
+    }
+
+    fn wait_blocking(&self) -> Result<(), GpuError> {
+        let mut g = lock(&self.0.msg);
+        while self.0.state.load(Ordering::Acquire) == 0 {
+            g = self.0.cv.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+        drop(g);
+        self.poll().map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_round_trip_through_a_stream_and_faults_surface() {
+        let gpu = Arc::new(FakeGpu::new(2));
+        let d = gpu.clone().alloc_device(1, 1000).unwrap();
+        assert!(gpu.check_device_range(1, d.ptr() + 10, 990).is_ok());
+        assert!(gpu.check_device_range(1, d.ptr() + 10, 991).is_err());
+        assert!(
+            gpu.check_device_range(0, d.ptr(), 1).is_err(),
+            "wrong device"
+        );
+        assert!(
+            gpu.check_device_range(2, d.ptr(), 1).is_err(),
+            "no such device"
+        );
+        d.write_at(0, &[5u8; 1000]).unwrap();
+        let s = gpu.create_stream(1).unwrap();
+        let mut p = gpu.alloc_pinned(100).unwrap();
+        unsafe { s.d2h(p.as_mut_slice().as_mut_ptr(), d.ptr() + 900, 100) }.unwrap();
+        s.fence().unwrap().wait_blocking().unwrap();
+        assert_eq!(p.as_slice(), &[5u8; 100]);
+        p.as_mut_slice().fill(9);
+        unsafe { s.h2d(d.ptr(), p.as_slice().as_ptr(), 100) }.unwrap();
+        s.fence().unwrap().wait_blocking().unwrap();
+        let mut back = [0u8; 101];
+        d.read_at(0, &mut back).unwrap();
+        assert_eq!(&back[..100], &[9u8; 100]);
+        assert_eq!(back[100], 5);
+        gpu.inject_fault(Some(0), FaultAt::Submit);
+        assert!(unsafe { s.h2d(d.ptr(), p.as_slice().as_ptr(), 1) }.is_err());
+        gpu.inject_fault(Some(0), FaultAt::Complete);
+        unsafe { s.h2d(d.ptr(), p.as_slice().as_ptr(), 1) }.unwrap();
+        assert!(s.fence().unwrap().wait_blocking().is_err(), "sticky error");
+        assert_eq!(gpu.pinned_live_bytes(), 100);
+        drop(p);
+        assert_eq!(gpu.pinned_live_bytes(), 0);
+        assert_eq!(gpu.pinned_peak_bytes(), 100);
+    }
+}
