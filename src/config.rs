@@ -70,6 +70,12 @@ pub struct TcpBackendConfig {
     pub spin_before_park: Option<Duration>,
     /// How long an accepted connection may take to send its HELLO.
     pub handshake_timeout: Duration,
+    /// Pinned host memory for GPU staging, for the whole engine (split evenly over shards;
+    /// allocated on first GPU transfer, never more). Bounds staging whatever the transfer size.
+    pub gpu_staging_bytes: usize,
+    /// Size of one staging slot: the unit of the copy/network pipeline (the D2H of slot i+1
+    /// overlaps the send of slot i; the receive of slot i+1 overlaps the H2D of slot i).
+    pub gpu_slot_bytes: usize,
 }
 
 impl Default for TcpBackendConfig {
@@ -92,6 +98,8 @@ impl Default for TcpBackendConfig {
             inline_write_bytes: 16 << 10,
             spin_before_park: None,
             handshake_timeout: Duration::from_secs(10),
+            gpu_staging_bytes: 64 << 20,
+            gpu_slot_bytes: 256 << 10,
         }
     }
 }
@@ -126,6 +134,19 @@ pub enum ConfigError {
     /// Socket buffer sizes above what `setsockopt` takes.
     #[error("socket buffer sizes must fit in an i32")]
     SockBuf,
+    /// A staging slot outside 4 KiB..=64 MiB.
+    #[error("gpu_slot_bytes must be in [4096, {MAX_CHUNK_BYTES}], got {0}")]
+    GpuSlot(usize),
+    /// Too little staging for every shard to hold a send and a receive slot.
+    #[error("gpu_staging_bytes ({staging}) must hold 2 slots of {slot} bytes for each of {shards} shards")]
+    GpuStaging {
+        /// The configured total.
+        staging: usize,
+        /// The slot size.
+        slot: usize,
+        /// Shards sharing it.
+        shards: usize,
+    },
 }
 
 impl TcpBackendConfig {
@@ -167,6 +188,21 @@ impl TcpBackendConfig {
         if self.sock_sndbuf_bytes > i32::MAX as usize || self.sock_rcvbuf_bytes > i32::MAX as usize
         {
             return Err(ConfigError::SockBuf);
+        }
+        if self.gpu_slot_bytes < 4096 || self.gpu_slot_bytes as u64 > MAX_CHUNK_BYTES {
+            return Err(ConfigError::GpuSlot(self.gpu_slot_bytes));
+        }
+        self.check_staging(1)
+    }
+
+    /// Whether `n_shards` shards can each hold a send and a receive slot.
+    pub fn check_staging(&self, n_shards: usize) -> Result<(), ConfigError> {
+        if self.gpu_staging_bytes / n_shards.max(1) < 2 * self.gpu_slot_bytes {
+            return Err(ConfigError::GpuStaging {
+                staging: self.gpu_staging_bytes,
+                slot: self.gpu_slot_bytes,
+                shards: n_shards,
+            });
         }
         Ok(())
     }

@@ -11,12 +11,13 @@ use morio_shards::{PoolConfig, ShardPool};
 use crate::config::{ConfigError, IoEngineConfig, TcpBackendConfig};
 use crate::desc::{EngineDesc, MemoryDesc, MemoryLocationType};
 use crate::error::EngineError;
+use crate::gpu::{self, GpuRuntime};
 use crate::inbound_status::InboundStatuses;
 use crate::placement;
 use crate::proto::frame::Op;
 use crate::proto::limits::MAX_KEY_BYTES;
 use crate::proto::plan;
-use crate::region::{Backing, Region, SharedRegion};
+use crate::region::{Backing, DeviceMem, Region, SharedRegion};
 use crate::service::{self, now_ns, Peer, ShardMsg, Shared, Submission};
 use crate::session::IoEngineSession;
 use crate::stats::{EngineStats, ShardStats};
@@ -38,6 +39,7 @@ pub(crate) struct Inner {
     regions: RwLock<HashMap<u32, SharedRegion>>,
     remotes: RwLock<HashMap<String, Arc<Peer>>>,
     inbound: Mutex<Option<Arc<InboundStatuses>>>,
+    gpu: Mutex<Option<Arc<dyn GpuRuntime>>>,
 }
 
 /// One engine per process endpoint, named by a unique key (MORI-IO's `IOEngine`).
@@ -96,6 +98,7 @@ impl IoEngine {
                 regions: RwLock::new(HashMap::new()),
                 remotes: RwLock::new(HashMap::new()),
                 inbound: Mutex::new(None),
+                gpu: Mutex::new(None),
             }),
         })
     }
@@ -120,6 +123,10 @@ impl IoEngine {
         }
         let (listener, port) = listen(&self.inner.cfg, &cfg)?;
         let cpus = placement::shard_cpus(&cfg)?;
+        let n_shards = cpus
+            .as_ref()
+            .map_or_else(|| placement::default_shards(&cfg), Vec::len);
+        cfg.check_staging(n_shards)?;
         let inbound = Arc::new(InboundStatuses::new(
             (cfg.op_timeout * 4).max(Duration::from_secs(60)),
         ));
@@ -209,15 +216,89 @@ impl IoEngine {
         device_id: i32,
         loc: MemoryLocationType,
     ) -> Result<MemoryDesc, EngineError> {
-        if loc != MemoryLocationType::Cpu || device_id != -1 {
-            return Err(EngineError::UnsupportedMemory(format!(
-                "{loc} memory on device {device_id} (this build moves host memory only)"
-            )));
+        match loc {
+            MemoryLocationType::Cpu if device_id == -1 => {
+                let id = self.inner.next_mem_id.fetch_add(1, Ordering::Relaxed);
+                // SAFETY: forwarded from the caller's contract.
+                let region = Arc::new(unsafe { Region::from_raw(id, ptr, size) });
+                self.add_region(region)
+            }
+            MemoryLocationType::Gpu => {
+                let dm = self.device_mem(device_id, ptr as u64, size)?;
+                let id = self.inner.next_mem_id.fetch_add(1, Ordering::Relaxed);
+                // SAFETY: checked to be device memory of `device_id`; it stays allocated
+                // until deregistration by the caller's contract.
+                let region =
+                    Arc::new(unsafe { Region::from_device(id, ptr as u64, size, dm, None) });
+                self.add_region(region)
+            }
+            _ => Err(EngineError::UnsupportedMemory(format!(
+                "{loc} memory on device {device_id} (CPU memory takes device -1, GPU memory a \
+                 device ordinal)"
+            ))),
         }
+    }
+
+    /// Use `rt` for GPU memory (for example [`gpu::fake::FakeGpu`] in tests). Without this
+    /// call the engine detects the runtime at the first GPU registration ([`gpu::detect`]).
+    /// Fails once another runtime is in use.
+    pub fn set_gpu_runtime(&self, rt: Arc<dyn GpuRuntime>) -> Result<(), EngineError> {
+        let mut slot = lock(&self.inner.gpu);
+        match &*slot {
+            Some(cur) if !Arc::ptr_eq(cur, &rt) => Err(EngineError::UnsupportedMemory(format!(
+                "GPU runtime {} already in use",
+                cur.name()
+            ))),
+            _ => {
+                *slot = Some(rt);
+                Ok(())
+            }
+        }
+    }
+
+    /// The engine's GPU runtime, detected on first use.
+    pub fn gpu_runtime(&self) -> Result<Arc<dyn GpuRuntime>, EngineError> {
+        let mut slot = lock(&self.inner.gpu);
+        if let Some(rt) = &*slot {
+            return Ok(rt.clone());
+        }
+        let rt = gpu::detect()?;
+        *slot = Some(rt.clone());
+        Ok(rt)
+    }
+
+    fn device_mem(&self, dev: i32, ptr: u64, size: usize) -> Result<DeviceMem, EngineError> {
+        let gpu = self.gpu_runtime()?;
+        let info = gpu.device_info(dev)?;
+        gpu.check_device_range(dev, ptr, size)?;
+        Ok(DeviceMem {
+            dev,
+            bus_id: info.bus_id,
+            gpu,
+        })
+    }
+
+    /// Allocate `size` bytes on GPU `dev` and register them (the safe form of GPU
+    /// registration; copy data in and out through the returned [`RegisteredBuffer`]).
+    pub fn alloc_gpu_buffer(&self, dev: i32, size: usize) -> Result<RegisteredBuffer, EngineError> {
+        let gpu = self.gpu_runtime()?;
+        let buf = gpu.clone().alloc_device(dev, size)?;
+        let ptr = buf.ptr();
+        let dm = self.device_mem(dev, ptr, size)?;
+        let backing = Backing::device(buf);
         let id = self.inner.next_mem_id.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: forwarded from the caller's contract.
-        let region = Arc::new(unsafe { Region::from_raw(id, ptr, size) });
-        self.add_region(region)
+        // SAFETY: `backing` owns the allocation and outlives both regions.
+        let (reg, handle) = unsafe {
+            (
+                Region::from_device(id, ptr, size, dm.clone(), Some(backing.clone())),
+                Region::from_device(id, ptr, size, dm, Some(backing)),
+            )
+        };
+        let desc = self.add_region(Arc::new(reg))?;
+        Ok(RegisteredBuffer {
+            desc,
+            region: Arc::new(handle),
+        })
     }
 
     /// Register a buffer the engine owns (the safe form). Access it through the returned
@@ -238,12 +319,17 @@ impl IoEngine {
     }
 
     fn add_region(&self, region: SharedRegion) -> Result<MemoryDesc, EngineError> {
-        let desc = MemoryDesc::cpu(
+        let mut desc = MemoryDesc::cpu(
             &self.inner.key,
             region.id,
             region.addr(),
             region.len() as u64,
         );
+        if let Some(dm) = region.device() {
+            desc.device_id = dm.dev;
+            desc.device_bus_id = dm.bus_id.clone();
+            desc.loc = MemoryLocationType::Gpu;
+        }
         write(&self.inner.regions).insert(region.id, region.clone());
         if let Some(b) = self.backend() {
             if let Err(e) = broadcast(&b, |ack| ShardMsg::AddRegion(region.clone(), ack)) {
@@ -545,10 +631,12 @@ impl Inner {
                 "local memory belongs to another engine",
             );
         }
-        if remote.loc != MemoryLocationType::Cpu || local.loc != MemoryLocationType::Cpu {
+        let known =
+            |m: &MemoryDesc| matches!(m.loc, MemoryLocationType::Cpu | MemoryLocationType::Gpu);
+        if !known(local) || !known(remote) {
             return failed(
                 StatusCode::ErrInvalidArgs,
-                "this build moves host memory only",
+                "memory location must be CPU or GPU",
             );
         }
         let Some(region) = read(&self.regions).get(&local.id).cloned() else {
@@ -686,8 +774,16 @@ impl RegisteredBuffer {
         self.region.is_empty()
     }
 
-    /// Copy `src` into the buffer at `off`; `false` if out of range.
+    /// Copy `src` into the buffer at `off`; `false` if out of range (or a GPU copy failed).
     pub fn write_at(&self, off: usize, src: &[u8]) -> bool {
+        if let Some(dm) = self.region.device() {
+            if off.checked_add(src.len()).is_none_or(|e| e > self.len()) {
+                return false;
+            }
+            let at = self.region.device_addr(off as u64);
+            // SAFETY: in range of the live device allocation this handle keeps registered.
+            return unsafe { dm.gpu.copy_to_device(dm.dev, at, src) }.is_ok();
+        }
         // SAFETY: bounds-checked; concurrent peer access is the registered-memory contract.
         match unsafe { self.region.slice_mut(off as u64, src.len() as u64) } {
             Some(d) => {
@@ -698,8 +794,17 @@ impl RegisteredBuffer {
         }
     }
 
-    /// Copy from the buffer at `off` into `dst`; `false` if out of range.
+    /// Copy from the buffer at `off` into `dst`; `false` if out of range (or a GPU copy
+    /// failed).
     pub fn read_at(&self, off: usize, dst: &mut [u8]) -> bool {
+        if let Some(dm) = self.region.device() {
+            if off.checked_add(dst.len()).is_none_or(|e| e > self.len()) {
+                return false;
+            }
+            let at = self.region.device_addr(off as u64);
+            // SAFETY: in range of the live device allocation this handle keeps registered.
+            return unsafe { dm.gpu.copy_from_device(dm.dev, dst, at) }.is_ok();
+        }
         // SAFETY: bounds-checked; concurrent peer access is the registered-memory contract.
         match unsafe { self.region.slice(off as u64, dst.len() as u64) } {
             Some(s) => {

@@ -26,9 +26,12 @@ pub enum EngineError {
     /// A memory descriptor that this engine did not register (or already deregistered).
     #[error("memory {0} is not registered with this engine")]
     UnknownMemory(u32),
-    /// Memory this build cannot register (GPU memory arrives with the GPU backends).
+    /// Memory that cannot be registered as described.
     #[error("unsupported memory: {0}")]
     UnsupportedMemory(String),
+    /// The GPU runtime is missing or refused (no driver, no such device, not device memory).
+    #[error("GPU: {0}")]
+    Gpu(#[from] crate::gpu::GpuError),
     /// A remote engine whose host is not a numeric IP address.
     #[error("remote engine {key:?} has an unusable address {host:?}:{port}")]
     BadRemoteAddress {

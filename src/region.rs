@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use crate::gpu::{DeviceBuf, GpuRuntime};
+
 /// A registered buffer. Shared (`Arc`) by the engine's table, every shard's replica, and every
 /// chunk that is placing into or sending from it, so the memory outlives all of them: an
 /// owned buffer is freed only when the last user drops it, and `deregister_memory` of a raw
@@ -12,7 +14,19 @@ pub struct Region {
     pub id: u32,
     base: *mut u8,
     len: usize,
+    device: Option<DeviceMem>,
     _owned: Option<Arc<Backing>>,
+}
+
+/// Where device memory lives: the GPU and the runtime that copies to and from it.
+#[derive(Debug, Clone)]
+pub struct DeviceMem {
+    /// Device ordinal.
+    pub dev: i32,
+    /// Lower-case PCI bus id.
+    pub bus_id: String,
+    /// The runtime that owns the device.
+    pub gpu: Arc<dyn GpuRuntime>,
 }
 
 /// A buffer the engine allocated for `register_buffer`. Shared by the registered region and
@@ -22,7 +36,8 @@ pub struct Region {
 pub struct Backing {
     base: *mut u8,
     len: usize,
-    _buf: Box<[u8]>,
+    _buf: Option<Box<[u8]>>,
+    _dev: Option<DeviceBuf>,
 }
 
 // SAFETY: `Backing` owns its allocation; all access goes through `Region`'s raw slices under
@@ -37,7 +52,18 @@ impl Backing {
         Arc::new(Self {
             base: buf.as_mut_ptr(),
             len: buf.len(),
-            _buf: buf,
+            _buf: Some(buf),
+            _dev: None,
+        })
+    }
+
+    /// Take ownership of device memory.
+    pub fn device(buf: DeviceBuf) -> Arc<Self> {
+        Arc::new(Self {
+            base: buf.ptr() as *mut u8,
+            len: buf.len(),
+            _buf: None,
+            _dev: Some(buf),
         })
     }
 }
@@ -60,7 +86,29 @@ impl Region {
             id,
             base,
             len,
+            device: None,
             _owned: None,
+        }
+    }
+
+    /// A region over device memory, described by `device`.
+    ///
+    /// # Safety
+    /// `base..base+len` must be device memory of `device.dev` that stays allocated until
+    /// `deregister_memory` returns (or that `owned` keeps alive).
+    pub unsafe fn from_device(
+        id: u32,
+        base: u64,
+        len: usize,
+        device: DeviceMem,
+        owned: Option<Arc<Backing>>,
+    ) -> Self {
+        Self {
+            id,
+            base: base as *mut u8,
+            len,
+            device: Some(device),
+            _owned: owned,
         }
     }
 
@@ -70,6 +118,7 @@ impl Region {
             id,
             base: backing.base,
             len: backing.len,
+            device: None,
             _owned: Some(backing),
         }
     }
@@ -89,7 +138,17 @@ impl Region {
         self.base as u64
     }
 
-    /// `len` bytes at `off`, or `None` if out of range.
+    /// The GPU this region lives on; `None` for host memory.
+    pub fn device(&self) -> Option<&DeviceMem> {
+        self.device.as_ref()
+    }
+
+    /// Device address of `off` (device regions; the caller has checked the range).
+    pub fn device_addr(&self, off: u64) -> u64 {
+        self.base as u64 + off
+    }
+
+    /// `len` bytes at `off`, or `None` if out of range or not host memory.
     ///
     /// # Safety
     /// No one may write the range while the slice lives (the caller's transfer contract).
@@ -99,7 +158,7 @@ impl Region {
         Some(unsafe { std::slice::from_raw_parts(self.base.add(off), len) })
     }
 
-    /// Mutable `len` bytes at `off`, or `None` if out of range.
+    /// Mutable `len` bytes at `off`, or `None` if out of range or not host memory.
     ///
     /// # Safety
     /// No one else may access the range while the slice lives (the caller's transfer contract).
@@ -111,6 +170,10 @@ impl Region {
     }
 
     fn check(&self, off: u64, len: u64) -> Option<(usize, usize)> {
+        if self.device.is_some() {
+            // Device memory has no host view; it moves through staging copies only.
+            return None;
+        }
         let end = off.checked_add(len)?;
         if end > self.len as u64 {
             return None;

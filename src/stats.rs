@@ -29,6 +29,10 @@ pub struct ShardStats {
     pub inbound_transfers: u64,
     /// Submission-to-completion latency of owned transfers, in µs.
     pub latency_us: Histogram<u64>,
+    /// Pinned GPU staging memory this shard holds.
+    pub gpu_staging_bytes: usize,
+    /// Most GPU staging memory this shard had in use at once.
+    pub gpu_staging_peak_bytes: usize,
 }
 
 impl ShardStats {
@@ -44,6 +48,8 @@ impl ShardStats {
             inbound_bytes_read: 0,
             inbound_transfers: 0,
             latency_us: new_histogram(),
+            gpu_staging_bytes: 0,
+            gpu_staging_peak_bytes: 0,
         }
     }
 
@@ -85,6 +91,8 @@ impl EngineStats {
             t.inbound_bytes_written += s.inbound_bytes_written;
             t.inbound_bytes_read += s.inbound_bytes_read;
             t.inbound_transfers += s.inbound_transfers;
+            t.gpu_staging_bytes += s.gpu_staging_bytes;
+            t.gpu_staging_peak_bytes += s.gpu_staging_peak_bytes;
             // Same bounds on every shard, so adding cannot fail.
             let _ = t.latency_us.add(&s.latency_us);
         }

@@ -174,7 +174,7 @@ impl GpuRuntime for FakeGpu {
     fn alloc_pinned(&self, len: usize) -> Result<PinnedBuf, GpuError> {
         let mut v = vec![0u8; len].into_boxed_slice();
         let ptr = v.as_mut_ptr();
-        let raw = Box::into_raw(v) as *mut [u8] as *mut u8 as usize;
+        let raw = Box::into_raw(v) as *mut u8 as usize;
         let live = self.st.pinned_live.fetch_add(len, Ordering::Relaxed) + len;
         self.st.pinned_peak.fetch_max(live, Ordering::Relaxed);
         let st = self.st.clone();

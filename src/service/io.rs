@@ -237,6 +237,22 @@ impl FrameWriter {
         }
     }
 
+    /// Queue the header of `frame` whose `payload` bytes follow through [`Self::send_part`].
+    pub(crate) fn push_header(&mut self, frame: &Frame, payload: u64) {
+        frame.encode(payload, &mut self.buf);
+    }
+
+    /// Send everything queued, then `part` (the next payload bytes), in one gather.
+    pub(crate) async fn send_part(&mut self, part: &[u8]) -> io::Result<()> {
+        let r = if self.buf.is_empty() {
+            self.w.send_all(&[part]).await
+        } else {
+            self.w.send_all(&[&self.buf, part]).await
+        };
+        self.buf.clear();
+        r
+    }
+
     /// Send everything queued.
     pub(crate) async fn flush(&mut self) -> io::Result<()> {
         if self.buf.is_empty() {

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use futures_lite::AsyncWriteExt;
 use morio_shards::{rt, ShardId};
 
+use super::gpu_io::{self, SendError};
 use super::io::{
     configure_buffers, configure_conn, read_frame_exact, ConnError, FrameReader, FrameWriter,
 };
@@ -341,7 +342,7 @@ async fn connect(shard: &Rc<Shard>, lane: &Rc<Lane>) -> Result<rt::TcpStream, St
 }
 
 async fn write_item(
-    shard: &Shard,
+    shard: &Rc<Shard>,
     lane: &Lane,
     writer: &mut FrameWriter,
     item: LaneItem,
@@ -382,6 +383,35 @@ async fn write_item(
                     .collect(),
             };
             match op {
+                Op::Write if local.device().is_some() => {
+                    let spans: Vec<(u64, u64)> = pieces.iter().map(|p| (p.local, p.len)).collect();
+                    let bytes = c.bytes();
+                    lane.outstanding
+                        .borrow_mut()
+                        .insert(tag, pending(Wait::Write { chunk, final_ }));
+                    lane.writing.set(Some((uid, gen)));
+                    let frame = Frame::Write { chunk: c, final_ };
+                    match gpu_io::push_from_device(shard, writer, &frame, &local, &spans).await {
+                        Ok(()) => {
+                            shard.stats.borrow_mut().bytes_sent += bytes;
+                            Ok(())
+                        }
+                        Err(SendError::Gpu(e)) => {
+                            // Nothing of the frame left: fail this chunk, keep the lane.
+                            lane.outstanding.borrow_mut().remove(&tag);
+                            let msg = format!("staging copy from GPU memory failed: {e}");
+                            let code = codes::ERR_GPU_OP;
+                            let kind = if final_ {
+                                LaneEventKind::Failed { code, msg }
+                            } else {
+                                LaneEventKind::Chunk { chunk, code, msg }
+                            };
+                            report(shard, owner, &lane.peer.key, uid, gen, kind);
+                            Ok(())
+                        }
+                        Err(SendError::Conn(e)) => Err(std::io::Error::other(e.to_string())),
+                    }
+                }
                 Op::Write => {
                     let mut slices = Vec::with_capacity(pieces.len());
                     for p in &pieces {
@@ -511,7 +541,18 @@ async fn on_frame(
                 bytes,
             },
         ) if final_ == f && reply.chunk == chunk => {
-            if reply.code == codes::SUCCESS {
+            let (mut code, mut msg) = (reply.code, reply.msg);
+            if code == codes::SUCCESS && local.device().is_some() {
+                if payload != bytes {
+                    return violation("read data length differs from the request");
+                }
+                let spans: Vec<(u64, u64)> = pieces.iter().map(|p| (p.local, p.len)).collect();
+                if let Err(e) = gpu_io::read_into_device(shard, reader, &local, &spans).await? {
+                    code = codes::ERR_GPU_OP;
+                    msg = format!("staging copy into GPU memory failed: {e}");
+                }
+                shard.stats.borrow_mut().bytes_received += bytes;
+            } else if code == codes::SUCCESS {
                 if payload != bytes {
                     return violation("read data length differs from the request");
                 }
@@ -526,16 +567,9 @@ async fn on_frame(
                 shard.stats.borrow_mut().bytes_received += bytes;
             }
             if final_ {
-                LaneEventKind::Complete {
-                    code: reply.code,
-                    msg: reply.msg,
-                }
+                LaneEventKind::Complete { code, msg }
             } else {
-                LaneEventKind::Chunk {
-                    chunk,
-                    code: reply.code,
-                    msg: reply.msg,
-                }
+                LaneEventKind::Chunk { chunk, code, msg }
             }
         }
         _ => return violation("answer does not match its request"),

@@ -10,6 +10,7 @@
 //! drives [`crate::proto::outbound::Outbound`] and completes the user's status. On the target,
 //! every connection is served by the shard it was handed to ([`serve`]).
 
+mod gpu_io;
 mod io;
 mod lane;
 mod owner;
@@ -124,6 +125,8 @@ pub(crate) struct Shard {
     pub live_tasks: Cell<usize>,
     /// This shard's statistics.
     pub stats: RefCell<ShardStats>,
+    /// GPU streams and staging, created on the first GPU transfer.
+    pub gpu: RefCell<gpu_io::GpuShard>,
 }
 
 /// Counts a task as live for as long as it exists.
@@ -203,7 +206,10 @@ impl Shard {
             ShardMsg::DropPeer(key) => lane::drop_peer(self, &key),
             ShardMsg::Adopt(fd, hello) => serve::adopt(self, fd, hello),
             ShardMsg::Stats(tx) => {
-                let _ = tx.send(self.stats.borrow().clone());
+                let mut st = self.stats.borrow().clone();
+                (st.gpu_staging_bytes, st.gpu_staging_peak_bytes) =
+                    self.gpu.borrow().staging_bytes();
+                let _ = tx.send(st);
             }
         }
     }
@@ -224,6 +230,7 @@ pub(crate) async fn run(ctx: ShardCtx<ShardMsg>, shared: Arc<Shared>) {
         next_conn: Cell::new(0),
         live_tasks: Cell::new(0),
         stats: RefCell::new(ShardStats::new(ctx.id)),
+        gpu: RefCell::new(gpu_io::GpuShard::default()),
     });
     let listener = shard
         .shared

@@ -29,6 +29,9 @@ pub(crate) enum LaneEventKind {
     Complete { code: u32, msg: String },
     /// The lane carrying part of the transfer failed.
     Lost { msg: String },
+    /// This side failed the transfer before its (single) frame left: e.g. the GPU refused
+    /// the staging copy. Nothing reached the target.
+    Failed { code: u32, msg: String },
 }
 
 #[derive(Debug)]
@@ -182,6 +185,7 @@ pub(crate) fn on_event(shard: &Rc<Shard>, ev: LaneEvent) {
         LaneEventKind::Chunk { chunk, code, msg } => e.sm.on_chunk(chunk, code, &msg),
         LaneEventKind::Complete { code, msg } => e.sm.on_complete(code, &msg).map(Some),
         LaneEventKind::Lost { msg } => Ok(e.sm.on_lane_lost(&msg)),
+        LaneEventKind::Failed { code, msg } => Ok(e.sm.fail(code, &msg)),
     };
     let (action, early) = match step {
         Ok(a) => (a, false),

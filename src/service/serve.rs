@@ -8,6 +8,7 @@ use std::rc::Rc;
 use futures_lite::AsyncWriteExt;
 use morio_shards::rt;
 
+use super::gpu_io::{self, SendError};
 use super::io::{configure_conn, read_frame_exact, ConnError, FrameReader, FrameWriter};
 use super::{ServedConn, Shard, ShardMsg, TaskGuard};
 use crate::proto::codes;
@@ -226,6 +227,12 @@ async fn on_frame(
                 code: codes::SUCCESS,
                 msg: String::new(),
             };
+            if let (Ok(()), Some(region)) = (&checked, &region) {
+                if region.device().is_some() {
+                    return read_from_device(shard, peer, writer, region, &chunk, reply, final_)
+                        .await;
+                }
+            }
             let mut slices = Vec::new();
             match (checked, &region) {
                 (Ok(()), Some(region)) => {
@@ -286,6 +293,48 @@ async fn on_frame(
     Ok(())
 }
 
+/// Answer a READ of device memory: staged through pinned slots, pipelined with the send.
+async fn read_from_device(
+    shard: &Rc<Shard>,
+    peer: &str,
+    writer: &mut FrameWriter,
+    region: &crate::region::Region,
+    chunk: &Chunk,
+    mut reply: Reply,
+    final_: bool,
+) -> Result<(), ConnError> {
+    let inbound = &shard.shared.inbound;
+    if final_ {
+        // As for host memory: recorded before the bytes leave.
+        inbound.record(peer, chunk.uid, StatusCode::Success, "");
+        shard.stats.borrow_mut().inbound_transfers += 1;
+    }
+    let spans: Vec<(u64, u64)> = chunk.segs.iter().map(|s| (s.off, s.len)).collect();
+    let bytes = chunk.bytes();
+    let frame = Frame::ReadData {
+        reply: reply.clone(),
+        final_,
+    };
+    match gpu_io::push_from_device(shard, writer, &frame, region, &spans).await {
+        Ok(()) => {
+            shard.stats.borrow_mut().inbound_bytes_read += bytes;
+            Ok(())
+        }
+        Err(SendError::Gpu(e)) => {
+            // Nothing left yet: answer with the error instead (it replaces the SUCCESS
+            // recorded above, which no one can have seen).
+            reply.code = codes::ERR_GPU_OP;
+            reply.msg = format!("staging copy from GPU memory failed: {e}");
+            if final_ {
+                inbound.record(peer, chunk.uid, StatusCode::ErrGpuOp, &reply.msg);
+            }
+            writer.push(&Frame::ReadData { reply, final_ }, &[]).await?;
+            Ok(())
+        }
+        Err(SendError::Conn(e)) => Err(e),
+    }
+}
+
 fn unreachable_refusal(reply: &mut Reply) {
     // check_chunk refuses a missing region, so this arm cannot run; answer sanely anyway.
     reply.code = codes::ERR_NOT_FOUND;
@@ -304,6 +353,19 @@ async fn place(
         check_chunk(chunk, region.as_ref().map(|r| r.len() as u64)),
         region,
     ) {
+        (Ok(()), Some(region)) if region.device().is_some() => {
+            let spans: Vec<(u64, u64)> = chunk.segs.iter().map(|s| (s.off, s.len)).collect();
+            match gpu_io::read_into_device(shard, reader, &region, &spans).await? {
+                Ok(()) => {
+                    shard.stats.borrow_mut().inbound_bytes_written += payload;
+                    Ok((codes::SUCCESS, String::new()))
+                }
+                Err(e) => Ok((
+                    codes::ERR_GPU_OP,
+                    format!("staging copy into GPU memory failed: {e}"),
+                )),
+            }
+        }
         (Ok(()), Some(region)) => {
             for s in &chunk.segs {
                 // SAFETY: bounds checked above against the live region (kept alive by

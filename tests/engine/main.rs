@@ -4,5 +4,6 @@ mod basic;
 mod common;
 mod concurrency;
 mod failures;
+mod gpu;
 mod mori_cases;
 mod sizes;

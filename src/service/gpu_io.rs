@@ -1,0 +1,245 @@
+//! GPU memory on the wire: a shard's streams and staging pools, and the two pipelines that
+//! move a chunk's payload between device memory and a connection through pinned slots (the
+//! D2H of slot i+1 overlaps the send of slot i; the receive of slot i+1 overlaps the H2D of
+//! slot i).
+
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+use std::time::Duration;
+
+use morio_shards::rt;
+
+use super::io::{ConnError, FrameReader, FrameWriter};
+use super::Shard;
+use crate::gpu::pack::{jobs, Job};
+use crate::gpu::staging::{Slot, Staging};
+use crate::gpu::{GpuError, GpuStream};
+use crate::proto::frame::Frame;
+use crate::region::Region;
+
+/// Copies a pipeline keeps in flight at most (more only if slots are free).
+const WINDOW: usize = 8;
+
+/// A shard's GPU resources, created on its first GPU transfer.
+#[derive(Default)]
+pub(crate) struct GpuShard {
+    /// Slots for outgoing payload (D2H then send).
+    send: Option<Rc<Staging>>,
+    /// Slots for incoming payload (receive then H2D). Separate from `send` so a receiver never
+    /// waits for a sender whose progress depends on the peer's receivers: no circular wait.
+    recv: Option<Rc<Staging>>,
+    streams: HashMap<i32, Rc<dyn GpuStream>>,
+}
+
+impl GpuShard {
+    /// (pinned bytes held, peak bytes in use) over both pools.
+    pub(crate) fn staging_bytes(&self) -> (usize, usize) {
+        [&self.send, &self.recv]
+            .iter()
+            .filter_map(|p| p.as_ref())
+            .fold((0, 0), |(a, b), p| {
+                (a + p.pinned_bytes(), b + p.peak_bytes())
+            })
+    }
+}
+
+/// What a pipeline needs for one region on this shard.
+struct Ctx {
+    staging: Rc<Staging>,
+    stream: Rc<dyn GpuStream>,
+    limit: Duration,
+}
+
+fn ctx(shard: &Shard, region: &Region, outgoing: bool) -> Result<Ctx, GpuError> {
+    let dm = region.device().ok_or_else(|| GpuError::Call {
+        call: "staging",
+        msg: "not device memory".into(),
+    })?;
+    let cfg = &shard.shared.cfg;
+    let mut g = shard.gpu.borrow_mut();
+    let per_pool = cfg.gpu_staging_bytes / shard.n_shards().max(1) / 2;
+    let pool = if outgoing { &mut g.send } else { &mut g.recv };
+    let staging = pool
+        .get_or_insert_with(|| Staging::new(dm.gpu.clone(), cfg.gpu_slot_bytes, per_pool))
+        .clone();
+    let stream = match g.streams.get(&dm.dev) {
+        Some(s) => s.clone(),
+        None => {
+            let s: Rc<dyn GpuStream> = Rc::from(dm.gpu.create_stream(dm.dev)?);
+            g.streams.insert(dm.dev, s.clone());
+            s
+        }
+    };
+    Ok(Ctx {
+        staging,
+        stream,
+        limit: cfg.op_timeout,
+    })
+}
+
+/// Why sending from device memory failed.
+#[derive(Debug)]
+pub(crate) enum SendError {
+    /// A GPU failure before anything of the frame was queued: answer with `ERR_GPU_OP`.
+    Gpu(GpuError),
+    /// The connection failed, or the GPU failed mid-frame: the stream cannot continue.
+    Conn(ConnError),
+}
+
+fn issue_d2h(c: &Ctx, region: &Region, job: &Job, slot: &mut Slot) -> Result<(), GpuError> {
+    let base = slot.ptr();
+    for p in &job.parts {
+        // SAFETY: the parts lie in the region (checked before the transfer started) and in
+        // the slot (`jobs` never overfills it); the slot is not touched again until its
+        // fence completes.
+        unsafe {
+            c.stream
+                .d2h(base.add(p.slot_off), region.device_addr(p.dev_off), p.len)?
+        };
+    }
+    slot.set_fence(c.stream.fence()?);
+    Ok(())
+}
+
+/// Queue `frame` with the device bytes of `spans` (region offset, length) as its payload.
+/// The first slot is copied before the header is queued, so a GPU that refuses the copy
+/// leaves the connection untouched.
+pub(crate) async fn push_from_device(
+    shard: &Shard,
+    writer: &mut FrameWriter,
+    frame: &Frame,
+    region: &Region,
+    spans: &[(u64, u64)],
+) -> Result<(), SendError> {
+    let c = ctx(shard, region, true).map_err(SendError::Gpu)?;
+    let jobs = jobs(spans, c.staging.slot_bytes());
+    let total: u64 = spans.iter().map(|s| s.1).sum();
+    let mut next = 0;
+    let mut inflight: VecDeque<(Slot, usize)> = VecDeque::new();
+    while next < jobs.len() && inflight.len() < WINDOW {
+        let slot = if inflight.is_empty() {
+            Some(c.staging.acquire().await.map_err(SendError::Gpu)?)
+        } else {
+            c.staging.try_acquire().map_err(SendError::Gpu)?
+        };
+        let Some(mut slot) = slot else { break };
+        issue_d2h(&c, region, &jobs[next], &mut slot).map_err(SendError::Gpu)?;
+        inflight.push_back((slot, next));
+        next += 1;
+    }
+    if let Some((first, _)) = inflight.front_mut() {
+        first.settle(c.limit).await.map_err(SendError::Gpu)?;
+    }
+    writer.push_header(frame, total);
+    let mid = |e: GpuError| {
+        SendError::Conn(ConnError::Violation(format!(
+            "GPU copy failed mid-frame: {e}"
+        )))
+    };
+    while let Some((mut slot, j)) = inflight.pop_front() {
+        slot.settle(c.limit).await.map_err(mid)?;
+        writer
+            .send_part(&slot.bytes()[..jobs[j].bytes])
+            .await
+            .map_err(|e| SendError::Conn(e.into()))?;
+        if next < jobs.len() {
+            issue_d2h(&c, region, &jobs[next], &mut slot).map_err(mid)?;
+            inflight.push_back((slot, next));
+            next += 1;
+            // Widen the window while slots are free.
+            while next < jobs.len() && inflight.len() < WINDOW {
+                let Some(mut s) = c.staging.try_acquire().map_err(mid)? else {
+                    break;
+                };
+                issue_d2h(&c, region, &jobs[next], &mut s).map_err(mid)?;
+                inflight.push_back((s, next));
+                next += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn issue_h2d(c: &Ctx, region: &Region, job: &Job, slot: &mut Slot) -> Result<(), GpuError> {
+    let base = slot.bytes().as_ptr();
+    for p in &job.parts {
+        // SAFETY: as in `issue_d2h`, directions swapped; the slot's bytes were filled from
+        // the socket before this call and stay untouched until the fence completes.
+        unsafe {
+            c.stream
+                .h2d(region.device_addr(p.dev_off), base.add(p.slot_off), p.len)?
+        };
+    }
+    slot.set_fence(c.stream.fence()?);
+    Ok(())
+}
+
+/// Receive the current frame's payload into the device bytes of `spans`. The outer error is
+/// the connection's; the inner one a GPU failure, after which the rest of the payload is still
+/// read (and dropped) so the connection stays usable. Returns only once every H2D copy has
+/// completed: the bytes are in device memory.
+pub(crate) async fn read_into_device(
+    shard: &Shard,
+    reader: &mut FrameReader<rt::ReadHalf>,
+    region: &Region,
+    spans: &[(u64, u64)],
+) -> Result<Result<(), GpuError>, ConnError> {
+    let total: u64 = spans.iter().map(|s| s.1).sum();
+    let c = match ctx(shard, region, false) {
+        Ok(c) => c,
+        Err(e) => {
+            reader.discard_payload(total).await?;
+            return Ok(Err(e));
+        }
+    };
+    let mut failed: Option<GpuError> = None;
+    let mut pending: VecDeque<Slot> = VecDeque::new();
+    for job in jobs(spans, c.staging.slot_bytes()) {
+        let fresh = if pending.len() < WINDOW {
+            match c.staging.try_acquire() {
+                Ok(s) => s,
+                Err(e) => {
+                    failed.get_or_insert(e);
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let mut slot = match (fresh, pending.pop_front()) {
+            (Some(s), Some(p)) => {
+                pending.push_front(p);
+                s
+            }
+            (Some(s), None) => s,
+            (None, Some(mut p)) => {
+                if let Err(e) = p.settle(c.limit).await {
+                    failed.get_or_insert(e);
+                }
+                p
+            }
+            (None, None) => match c.staging.acquire().await {
+                Ok(s) => s,
+                Err(e) => {
+                    reader.discard_payload(total).await?;
+                    return Ok(Err(e));
+                }
+            },
+        };
+        reader
+            .read_payload(&mut slot.bytes_mut()[..job.bytes])
+            .await?;
+        if failed.is_none() {
+            if let Err(e) = issue_h2d(&c, region, &job, &mut slot) {
+                failed = Some(e);
+            }
+        }
+        pending.push_back(slot);
+    }
+    for mut p in pending {
+        if let Err(e) = p.settle(c.limit).await {
+            failed.get_or_insert(e);
+        }
+    }
+    Ok(failed.map_or(Ok(()), Err))
+}

@@ -1,0 +1,347 @@
+//! GPU memory: MORI's GPU staging test and the whole matrix (CPU/GPU on either side, read and
+//! write, single, batch and session, odd sizes), staging bounds and GPU faults. Every case runs
+//! on the in-memory fake runtime; on a machine with a GPU runtime (the `cuda` feature and a
+//! driver) it runs there too, and `MORIO_TEST_GPU=1` makes a missing GPU a failure.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use morio::gpu::fake::{FakeGpu, FaultAt};
+use morio::gpu::GpuRuntime;
+use morio::{
+    EngineError, IoEngine, MemoryLocationType, RegisteredBuffer, StatusCode, TcpBackendConfig,
+};
+
+use crate::common::*;
+
+/// The runtimes to test: a fresh fake, and the machine's own when it has one.
+fn runtimes() -> Vec<(&'static str, Arc<dyn GpuRuntime>)> {
+    let mut v: Vec<(&'static str, Arc<dyn GpuRuntime>)> = vec![("fake", Arc::new(FakeGpu::new(2)))];
+    match morio::gpu::detect() {
+        Ok(rt) => v.push((rt.name(), rt)),
+        Err(e) if std::env::var_os("MORIO_TEST_GPU").is_some() => {
+            panic!("MORIO_TEST_GPU is set but no GPU runtime is usable: {e}")
+        }
+        Err(e) => eprintln!("no real GPU runtime here ({e}); fake only"),
+    }
+    v
+}
+
+fn gpu_pair(prefix: &str, cfg: TcpBackendConfig, rt: &Arc<dyn GpuRuntime>) -> (IoEngine, IoEngine) {
+    let (a, b) = pair(prefix, cfg);
+    a.set_gpu_runtime(rt.clone()).unwrap();
+    b.set_gpu_runtime(rt.clone()).unwrap();
+    (a, b)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    Cpu,
+    Gpu,
+}
+
+fn buffer(e: &IoEngine, kind: Kind, bytes: &[u8]) -> RegisteredBuffer {
+    match kind {
+        Kind::Cpu => e.register_buffer(bytes.to_vec()).unwrap(),
+        Kind::Gpu => {
+            let b = e.alloc_gpu_buffer(0, bytes.len()).unwrap();
+            assert!(b.write_at(0, bytes));
+            b
+        }
+    }
+}
+
+/// Small slots and chunks so that even modest sizes run multi-slot, multi-chunk pipelines.
+fn small_slots() -> TcpBackendConfig {
+    cfg_with(|c| {
+        c.gpu_slot_bytes = 16 << 10;
+        c.gpu_staging_bytes = 2 * 2 * 4 * (16 << 10);
+        c.chunk_bytes = 64 << 10;
+        c.striping_threshold_bytes = 32 << 10;
+        c.num_data_conns = 4;
+    })
+}
+
+/// MORI-IO's `test_tcp_gpu_write_read_and_batch_staging`: 4096-byte GPU buffers on device 0.
+#[test]
+fn tcp_gpu_write_read_and_batch_staging() {
+    for (name, rt) in runtimes() {
+        let (a, b) = gpu_pair(&format!("gpu_mori_{name}"), test_cfg(), &rt);
+        let n = 4096;
+        let src = buffer(&a, Kind::Gpu, &random_bytes(n, 1));
+        let dst = buffer(&b, Kind::Gpu, &random_bytes(n, 2));
+        assert_eq!(src.desc().loc, MemoryLocationType::Gpu);
+        assert_eq!(src.desc().device_id, 0);
+        assert!(!src.desc().device_bus_id.is_empty(), "bus id carried");
+
+        let uid = a.allocate_transfer_uid();
+        assert_ok(&a.write(src.desc(), 0, dst.desc(), 0, n, uid), "gpu write");
+        assert_eq!(inbound(&b, a.key(), uid), StatusCode::Success);
+        assert_bytes_eq(&dst.to_vec(), &src.to_vec(), "gpu write");
+
+        // expected = dst.clone(); src.zero_(); read into src; src == expected.
+        let expected = random_bytes(n, 3);
+        assert!(dst.write_at(0, &expected));
+        assert!(src.write_at(0, &vec![0u8; n]));
+        let uid = a.allocate_transfer_uid();
+        assert_ok(&a.read(src.desc(), 0, dst.desc(), 0, n, uid), "gpu read");
+        assert_bytes_eq(&src.to_vec(), &expected, "gpu read");
+
+        let offs = [0usize, 1024, 2048, 3072];
+        let sizes = [511usize, 509, 507, 505];
+        let fresh = random_bytes(n, 4);
+        assert!(src.write_at(0, &fresh));
+        let mut want = dst.to_vec();
+        let sess = a.create_session(src.desc(), dst.desc()).unwrap();
+        let uid = sess.allocate_transfer_uid();
+        assert_ok(
+            &sess.batch_write(&offs, &offs, &sizes, uid),
+            "session batch_write",
+        );
+        for (&o, &z) in offs.iter().zip(&sizes) {
+            want[o..o + z].copy_from_slice(&fresh[o..o + z]);
+        }
+        assert_bytes_eq(&dst.to_vec(), &want, "gpu session batch_write");
+    }
+}
+
+/// One write and one read of `size` bytes at odd offsets between the given kinds; both
+/// sides' bytes outside the range must stay untouched.
+fn round_trip(a: &IoEngine, b: &IoEngine, local: Kind, remote: Kind, size: usize, seed: u64) {
+    let pad = 3;
+    let n = size + 2 * pad;
+    let src = buffer(a, local, &random_big(n, seed));
+    let dst = buffer(b, remote, &random_big(n, seed + 1));
+    let what = format!("{local:?}->{remote:?} write of {size}");
+    let mut want = dst.to_vec();
+    want[pad..pad + size].copy_from_slice(&src.to_vec()[pad..pad + size]);
+    let uid = a.allocate_transfer_uid();
+    assert_ok(&a.write(src.desc(), pad, dst.desc(), pad, size, uid), &what);
+    assert_eq!(inbound(b, a.key(), uid), StatusCode::Success, "{what}");
+    assert_bytes_eq(&dst.to_vec(), &want, &what);
+
+    let what = format!("{local:?}<-{remote:?} read of {size}");
+    let fresh = random_big(n, seed + 2);
+    assert!(dst.write_at(0, &fresh));
+    let mut want = src.to_vec();
+    want[pad..pad + size].copy_from_slice(&fresh[pad..pad + size]);
+    let uid = a.allocate_transfer_uid();
+    assert_ok(&a.read(src.desc(), pad, dst.desc(), pad, size, uid), &what);
+    assert_eq!(inbound(b, a.key(), uid), StatusCode::Success, "{what}");
+    assert_bytes_eq(&src.to_vec(), &want, &what);
+}
+
+const COMBOS: [(Kind, Kind); 3] = [
+    (Kind::Gpu, Kind::Gpu),
+    (Kind::Cpu, Kind::Gpu),
+    (Kind::Gpu, Kind::Cpu),
+];
+
+#[test]
+fn every_memory_combination_and_odd_size_round_trips() {
+    let mut sizes = vec![
+        1usize,
+        7,
+        4095,
+        16 << 10,
+        (16 << 10) + 1,
+        (64 << 10) + 3,
+        (1 << 20) + 17,
+        (5 << 20) + 5,
+    ];
+    if std::env::var_os("MORIO_TEST_BIG").is_some() {
+        sizes.push(1 << 30);
+    }
+    for (name, rt) in runtimes() {
+        for (cfg_name, cfg) in [("default", test_cfg()), ("small_slots", small_slots())] {
+            let (a, b) = gpu_pair(&format!("gpu_matrix_{name}_{cfg_name}"), cfg, &rt);
+            for (i, &size) in sizes.iter().enumerate() {
+                if size == 1 << 30 && cfg_name == "small_slots" {
+                    continue;
+                }
+                for (local, remote) in COMBOS {
+                    round_trip(&a, &b, local, remote, size, i as u64 * 10);
+                }
+            }
+        }
+    }
+}
+
+/// Batches of many small segments and a batch of several transfers, GPU on both sides.
+#[test]
+fn gpu_batches_of_small_and_scattered_segments() {
+    for (name, rt) in runtimes() {
+        let (a, b) = gpu_pair(&format!("gpu_batch_{name}"), small_slots(), &rt);
+        let n = 256 * 64;
+        let src = buffer(&a, Kind::Gpu, &random_bytes(n, 5));
+        let dst = buffer(&b, Kind::Gpu, &random_bytes(n, 6));
+        // 256 segments of 8 B, each at a different place on each side.
+        let lo: Vec<usize> = (0..256).map(|i| i * 64).collect();
+        let ro: Vec<usize> = (0..256).map(|i| (255 - i) * 64 + 13).collect();
+        let sz = vec![8usize; 256];
+        let mut want = dst.to_vec();
+        let s = src.to_vec();
+        for ((&l, &r), &z) in lo.iter().zip(&ro).zip(&sz) {
+            want[r..r + z].copy_from_slice(&s[l..l + z]);
+        }
+        let uid = a.allocate_transfer_uid();
+        let st = a.batch_write(
+            &[src.desc().clone()],
+            std::slice::from_ref(&lo),
+            &[dst.desc().clone()],
+            std::slice::from_ref(&ro),
+            std::slice::from_ref(&sz),
+            &[uid],
+        );
+        assert_ok(&st[0], "8 B x 256 batch write");
+        assert_bytes_eq(&dst.to_vec(), &want, "8 B x 256 batch write");
+
+        // A batch of 8 transfers with segments of uneven, slot-straddling sizes, read back.
+        let fresh = random_bytes(n, 7);
+        assert!(dst.write_at(0, &fresh));
+        let mut want = src.to_vec();
+        let mut los = Vec::new();
+        let mut ros = Vec::new();
+        let mut szs = Vec::new();
+        for t in 0..8 {
+            let base = t * 2048;
+            let (l, r, z) = (
+                vec![base, base + 1000],
+                vec![base + 5, base + 1003],
+                vec![997usize, 1021],
+            );
+            for ((&l, &r), &z) in l.iter().zip(&r).zip(&z) {
+                want[l..l + z].copy_from_slice(&fresh[r..r + z]);
+            }
+            los.push(l);
+            ros.push(r);
+            szs.push(z);
+        }
+        let uids: Vec<u64> = (0..8).map(|_| a.allocate_transfer_uid()).collect();
+        let st = a.batch_read(
+            &vec![src.desc().clone(); 8],
+            &los,
+            &vec![dst.desc().clone(); 8],
+            &ros,
+            &szs,
+            &uids,
+        );
+        for s in &st {
+            assert_ok(s, "batch read");
+        }
+        assert_bytes_eq(&src.to_vec(), &want, "batch of 8 reads");
+    }
+}
+
+/// Pinned staging never exceeds the configured cap, however large the transfer.
+#[test]
+fn staging_stays_within_the_configured_cap() {
+    let fake = Arc::new(FakeGpu::new(1));
+    fake.set_copy_delay(Duration::from_micros(50));
+    let rt: Arc<dyn GpuRuntime> = fake.clone();
+    let cfg = small_slots();
+    let cap = cfg.gpu_staging_bytes;
+    let (a, b) = gpu_pair("gpu_cap", cfg, &rt);
+    let n = 24 << 20;
+    let src = buffer(&a, Kind::Gpu, &random_big(n, 8));
+    let dst = buffer(&b, Kind::Gpu, &vec![0u8; n]);
+    let uid = a.allocate_transfer_uid();
+    assert_ok(
+        &a.write(src.desc(), 0, dst.desc(), 0, n, uid),
+        "24 MiB write",
+    );
+    assert_bytes_eq(&dst.to_vec(), &src.to_vec(), "24 MiB write");
+    let uid = a.allocate_transfer_uid();
+    assert_ok(&a.read(src.desc(), 0, dst.desc(), 0, n, uid), "24 MiB read");
+    for e in [&a, &b] {
+        let t = e.stats().unwrap().total();
+        assert!(t.gpu_staging_bytes > 0, "staging was used");
+        assert!(
+            t.gpu_staging_bytes <= cap,
+            "{} > cap {cap}",
+            t.gpu_staging_bytes
+        );
+        assert!(t.gpu_staging_peak_bytes <= t.gpu_staging_bytes);
+    }
+    // Both engines share the fake: together they hold at most two caps.
+    assert!(
+        fake.pinned_peak_bytes() <= 2 * cap,
+        "{} > 2 x {cap}",
+        fake.pinned_peak_bytes()
+    );
+}
+
+/// A GPU copy that fails is `ERR_GPU_OP` for that transfer only; the connection stays usable.
+#[test]
+fn gpu_copy_faults_fail_only_their_transfer() {
+    let fake = Arc::new(FakeGpu::new(1));
+    let rt: Arc<dyn GpuRuntime> = fake.clone();
+    let (a, b) = gpu_pair("gpu_fault", test_cfg(), &rt);
+    let n = 8192;
+    let src = buffer(&a, Kind::Gpu, &random_bytes(n, 9));
+    let dst = buffer(&b, Kind::Cpu, &vec![0u8; n]);
+    let host = buffer(&a, Kind::Cpu, &random_bytes(n, 10));
+
+    // The initiator's D2H is refused: nothing leaves.
+    fake.inject_fault(Some(0), FaultAt::Submit);
+    let uid = a.allocate_transfer_uid();
+    let st = a.write(src.desc(), 0, dst.desc(), 0, n, uid);
+    assert_eq!(wait(&st), StatusCode::ErrGpuOp, "{}", st.message());
+    assert!(
+        b.pop_inbound_transfer_status(a.key(), uid).is_none(),
+        "nothing reached b"
+    );
+    assert!(dst.to_vec().iter().all(|&x| x == 0));
+
+    // The same lane carries the next transfer.
+    let uid = a.allocate_transfer_uid();
+    assert_ok(
+        &a.write(src.desc(), 0, dst.desc(), 0, n, uid),
+        "after the fault",
+    );
+    assert_bytes_eq(&dst.to_vec(), &src.to_vec(), "after the fault");
+
+    // Target side: b's H2D into its GPU buffer fails at completion; b says so, and a sees it.
+    let gdst = buffer(&b, Kind::Gpu, &vec![0u8; n]);
+    fake.inject_fault(Some(0), FaultAt::Complete);
+    let uid = a.allocate_transfer_uid();
+    let st = a.write(host.desc(), 0, gdst.desc(), 0, n, uid);
+    assert_eq!(wait(&st), StatusCode::ErrGpuOp, "{}", st.message());
+    assert_eq!(inbound(&b, a.key(), uid), StatusCode::ErrGpuOp);
+    fake.inject_fault(None, FaultAt::Submit);
+}
+
+/// Registration errors are clear and typed; nothing panics.
+#[test]
+fn bad_gpu_registrations_are_refused() {
+    let fake: Arc<dyn GpuRuntime> = Arc::new(FakeGpu::new(1));
+    let (a, _b) = gpu_pair("gpu_reg", test_cfg(), &fake);
+    let mut host = vec![0u8; 64];
+    let r = unsafe { a.register_memory(host.as_mut_ptr(), 64, 0, MemoryLocationType::Gpu) };
+    assert!(
+        matches!(r, Err(EngineError::Gpu(_))),
+        "host memory claimed as GPU: {r:?}"
+    );
+    assert!(
+        matches!(a.alloc_gpu_buffer(3, 64), Err(EngineError::Gpu(_))),
+        "no GPU 3"
+    );
+    let d = fake.clone().alloc_device(0, 64).unwrap();
+    let ok = unsafe { a.register_memory(d.ptr() as *mut u8, 64, 0, MemoryLocationType::Gpu) };
+    assert!(ok.is_ok());
+    let over = unsafe { a.register_memory(d.ptr() as *mut u8, 65, 0, MemoryLocationType::Gpu) };
+    assert!(
+        matches!(over, Err(EngineError::Gpu(_))),
+        "past the allocation: {over:?}"
+    );
+    let other: Arc<dyn GpuRuntime> = Arc::new(FakeGpu::new(1));
+    assert!(a.set_gpu_runtime(other).is_err(), "runtime already chosen");
+
+    // Without a runtime set, the engine detects one: on a machine without a GPU that is a
+    // clear error, never a panic.
+    let e = engine("gpu_detect", test_cfg());
+    match e.alloc_gpu_buffer(0, 64) {
+        Ok(b) => assert_eq!(b.desc().loc, MemoryLocationType::Gpu),
+        Err(err) => assert!(matches!(err, EngineError::Gpu(_)), "{err}"),
+    }
+}
