@@ -49,8 +49,20 @@ impl OpType {
 pub enum MemType {
     /// Host memory.
     Cpu,
-    /// GPU memory (not in this build).
+    /// GPU memory (device --gpu-device; needs a build with `cuda` or `hip`, or
+    /// --gpu-runtime fake).
     Gpu,
+}
+
+/// Which GPU runtime moves GPU memory.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuRuntimeKind {
+    /// The machine's own (CUDA, else HIP), as the build allows.
+    Auto,
+    /// morio's in-memory stand-in (checks the pipeline on machines without a GPU; its
+    /// speed says nothing about a GPU's).
+    Fake,
 }
 
 /// Which side this process plays.
@@ -138,6 +150,18 @@ pub struct Args {
     /// Memory type of the target's buffer (default: --mem-type).
     #[arg(long, value_enum)]
     pub target_mem_type: Option<MemType>,
+    /// GPU that holds GPU buffers.
+    #[arg(long, default_value_t = 0)]
+    pub gpu_device: i32,
+    /// GPU runtime for GPU buffers.
+    #[arg(long, value_enum, default_value_t = GpuRuntimeKind::Auto)]
+    pub gpu_runtime: GpuRuntimeKind,
+    /// Pinned GPU staging memory per engine (default 64 MiB).
+    #[arg(long, value_parser = parse_size)]
+    pub gpu_staging_bytes: Option<usize>,
+    /// GPU staging slot size: the copy/network pipeline unit (default 256 KiB).
+    #[arg(long, value_parser = parse_size)]
+    pub gpu_slot_bytes: Option<usize>,
 
     /// Shards per engine (default: one per allowed CPU, at most one per lane).
     #[arg(long)]
@@ -182,14 +206,8 @@ pub struct Args {
 impl Args {
     /// Every check that does not need the network. Run before anything is started.
     pub fn check(&self) -> anyhow::Result<()> {
-        for (flag, m) in [
-            ("--initiator-mem-type", self.initiator_mem_type),
-            ("--target-mem-type", self.target_mem_type),
-            ("--mem-type", Some(self.mem_type)),
-        ] {
-            if m == Some(MemType::Gpu) {
-                bail!("{flag} gpu: GPU memory arrives with the GPU backends; use cpu");
-            }
+        if self.gpu_device < 0 {
+            bail!("--gpu-device must be a device ordinal (0, 1, ...)");
         }
         if !self.loopback && self.summarize.is_empty() {
             match (self.role, &self.connect) {
@@ -336,8 +354,20 @@ impl Args {
             pin_shards: !self.no_pin,
             chunk_bytes: self.chunk_bytes.unwrap_or(d.chunk_bytes),
             spin_before_park: self.spin_us.map(Duration::from_micros),
+            gpu_staging_bytes: self.gpu_staging_bytes.unwrap_or(d.gpu_staging_bytes),
+            gpu_slot_bytes: self.gpu_slot_bytes.unwrap_or(d.gpu_slot_bytes),
             ..d
         }
+    }
+
+    /// Where the initiator's buffer lives.
+    pub fn initiator_mem(&self) -> MemType {
+        self.initiator_mem_type.unwrap_or(self.mem_type)
+    }
+
+    /// Where the target's buffer lives.
+    pub fn target_mem(&self) -> MemType {
+        self.target_mem_type.unwrap_or(self.mem_type)
     }
 
     /// CPUs this side's helper threads (the ceiling's) are pinned to, or `None` unpinned.
@@ -433,8 +463,7 @@ mod tests {
     #[test]
     fn bad_options_are_errors() {
         for bad in [
-            &["--loopback", "--mem-type", "gpu"][..],
-            &["--loopback", "--target-mem-type", "gpu"],
+            &["--loopback", "--gpu-device", "-1"][..],
             &["--loopback", "--iters", "0"],
             &["--loopback", "--iters", "18446744073709551615"],
             &["--loopback", "--warmup", "18446744073709551615"],

@@ -129,6 +129,14 @@ impl Args {
         if let Some(m) = self.target_mem_type {
             opt("--target-mem-type", name(m));
         }
+        opt("--gpu-device", self.gpu_device.to_string());
+        opt("--gpu-runtime", name(self.gpu_runtime));
+        if let Some(b) = self.gpu_staging_bytes {
+            opt("--gpu-staging-bytes", b.to_string());
+        }
+        if let Some(b) = self.gpu_slot_bytes {
+            opt("--gpu-slot-bytes", b.to_string());
+        }
         if let Some(c) = cpus {
             opt("--cpus", format_cpus(c));
         } else if let Some(n) = self.shards {

@@ -1,8 +1,12 @@
 //! Buffer contents for the benchmark: segment layouts (contiguous or MORI's stride of
 //! size+1), allocation without aborting, seeded scrambling, and xxh3 over a list of segments.
 
+use std::sync::Arc;
+
 use anyhow::{bail, Context};
-use morio::RegisteredBuffer;
+use morio::{IoEngine, RegisteredBuffer};
+
+use super::args::{Args, GpuRuntimeKind, MemType};
 use xxhash_rust::xxh3::Xxh3;
 
 /// Bytes copied per step when scrambling or hashing.
@@ -36,6 +40,34 @@ pub fn alloc(len: usize) -> anyhow::Result<Vec<u8>> {
         .with_context(|| format!("cannot allocate a {len}-byte buffer"))?;
     v.resize(len, 0);
     Ok(v)
+}
+
+/// This side's registered buffer of `len` bytes, in host or GPU memory.
+pub fn side_buffer(
+    engine: &IoEngine,
+    a: &Args,
+    mem: MemType,
+    len: usize,
+) -> anyhow::Result<RegisteredBuffer> {
+    match mem {
+        MemType::Cpu => Ok(engine.register_buffer(alloc(len)?)?),
+        MemType::Gpu => {
+            if a.gpu_runtime == GpuRuntimeKind::Fake {
+                engine.set_gpu_runtime(Arc::new(morio::gpu::fake::FakeGpu::new(1)))?;
+            }
+            engine
+                .alloc_gpu_buffer(a.gpu_device, len)
+                .with_context(|| format!("{len} bytes on GPU {}", a.gpu_device))
+        }
+    }
+}
+
+/// Pinned GPU staging bytes the engine holds, and the most it had in use at once.
+pub fn staging(engine: &IoEngine) -> (u64, u64) {
+    engine.stats().map_or((0, 0), |s| {
+        let t = s.total();
+        (t.gpu_staging_bytes as u64, t.gpu_staging_peak_bytes as u64)
+    })
 }
 
 /// Fill `buf[..len]` with bytes that depend only on `seed` (xorshift64*).

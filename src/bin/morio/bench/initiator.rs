@@ -10,7 +10,7 @@ use anyhow::{bail, ensure, Context};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use morio::{EngineDesc, IoEngine, IoEngineConfig, MemoryDesc, RegisteredBuffer};
 
-use super::args::{Args, OpType};
+use super::args::{Args, MemType, OpType};
 use super::ceiling::{self, Ceiling};
 use super::data;
 use super::report::{self, Report, Side};
@@ -52,7 +52,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         .context("initiator: TCP backend")?;
     engine.register_remote_engine(&tdesc)?;
     ch.send_frame(&engine.engine_desc().pack())?;
-    let buf = engine.register_buffer(data::alloc(blen)?)?;
+    let buf = data::side_buffer(&engine, a, a.initiator_mem(), blen)?;
     if !a.no_validate {
         data::scramble(&buf, INITIAL_SEED, blen)?;
     }
@@ -100,6 +100,13 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             return Err(e);
         }
     };
+    let mut sides = sides;
+    if a.initiator_mem() == MemType::Gpu || a.target_mem() == MemType::Gpu {
+        sides[0].gpu_staging = Some(data::staging(&engine));
+        if let Reply::Staging { pinned, peak } = ch.call(&Request::Staging)? {
+            sides[1].gpu_staging = Some((pinned, peak));
+        }
+    }
     ch.call(&Request::Done)?;
     finish(a, blen, sides, ceiling, done)
 }
@@ -129,6 +136,16 @@ fn finish(
         );
         if let (Some(p50), Some(p99)) = (c.rtt_p50_us, c.rtt_p99_us) {
             println!("Latency floor: raw TCP 8 B round trip between pinned threads, p50 {p50:.2} us, p99 {p99:.2} us.");
+        }
+    }
+    for (who, s) in [("initiator", &initiator), ("target", &target)] {
+        if let Some((pinned, peak)) = s.gpu_staging {
+            println!(
+                "GPU staging ({who}): {:.1} MiB pinned, at most {:.1} MiB in use (cap {:.1} MiB).",
+                pinned as f64 / 1048576.0,
+                peak as f64 / 1048576.0,
+                a.backend_config().gpu_staging_bytes as f64 / 1048576.0
+            );
         }
     }
     if let Some(path) = &a.json {

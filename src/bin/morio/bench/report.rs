@@ -10,7 +10,7 @@ use morio::EngineDesc;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::args::Args;
+use super::args::{Args, MemType};
 use super::argv::format_cpus;
 use super::ceiling::Ceiling;
 use super::stats::RowStats;
@@ -33,6 +33,8 @@ pub struct Side {
     pub cpus: Option<Vec<usize>>,
     /// Process id.
     pub pid: i32,
+    /// Pinned GPU staging its engine held at the end, and the most in use at once (bytes).
+    pub gpu_staging: Option<(u64, u64)>,
 }
 
 impl Side {
@@ -45,6 +47,7 @@ impl Side {
             shards,
             cpus,
             pid: d.pid,
+            gpu_staging: None,
         }
     }
 
@@ -159,7 +162,22 @@ pub fn print_config(a: &Args, sides: &[Side; 2], n_rows: usize, buffer_bytes: us
             "iters",
             format!("{} (+{} warm-up per row)", a.iters, a.warmup_iters()),
         ),
-        ("mem_type", "cpu / cpu".to_string()),
+        (
+            "mem_type",
+            format!(
+                "{} / {}{}",
+                mem_name(a.initiator_mem()),
+                mem_name(a.target_mem()),
+                if a.initiator_mem() == MemType::Gpu || a.target_mem() == MemType::Gpu {
+                    format!(
+                        " (GPU {}, runtime {:?}, staging {} B in {} B slots per engine)",
+                        a.gpu_device, a.gpu_runtime, cfg.gpu_staging_bytes, cfg.gpu_slot_bytes
+                    )
+                } else {
+                    String::new()
+                }
+            ),
+        ),
         ("buffer_bytes", format!("{buffer_bytes} per side")),
         ("num_data_conns", cfg.num_data_conns.to_string()),
         (
@@ -340,4 +358,11 @@ pub fn summarize(files: &[PathBuf]) -> anyhow::Result<()> {
     }
     println!("{}", titled("morio bench summary", &t));
     Ok(())
+}
+
+fn mem_name(m: MemType) -> &'static str {
+    match m {
+        MemType::Cpu => "cpu",
+        MemType::Gpu => "gpu",
+    }
 }

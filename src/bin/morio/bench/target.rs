@@ -23,7 +23,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     engine
         .create_backend(a.backend_config())
         .context("target: TCP backend")?;
-    let buf = engine.register_buffer(data::alloc(a.buffer_len()?)?)?;
+    let buf = data::side_buffer(&engine, a, a.target_mem(), a.buffer_len()?)?;
     if !a.no_validate {
         data::scramble(&buf, INITIAL_SEED, buf.len())?;
     }
@@ -48,10 +48,16 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     })?;
     let idesc = EngineDesc::unpack(&ch.recv_frame()?).context("initiator's EngineDesc")?;
     engine.register_remote_engine(&idesc)?;
-    serve(&mut ch, a, host, &buf)
+    serve(&mut ch, a, host, &engine, &buf)
 }
 
-fn serve(ch: &mut Channel, a: &Args, host: IpAddr, buf: &RegisteredBuffer) -> anyhow::Result<()> {
+fn serve(
+    ch: &mut Channel,
+    a: &Args,
+    host: IpAddr,
+    engine: &IoEngine,
+    buf: &RegisteredBuffer,
+) -> anyhow::Result<()> {
     let mut receivers: Option<JoinHandle<anyhow::Result<()>>> = None;
     loop {
         let req: Request = ch.recv()?;
@@ -83,6 +89,10 @@ fn serve(ch: &mut Channel, a: &Args, host: IpAddr, buf: &RegisteredBuffer) -> an
                     .map(|()| Reply::Ok),
                 None => Err(anyhow::anyhow!("no ceiling is running")),
             },
+            Request::Staging => {
+                let (pinned, peak) = super::data::staging(engine);
+                Ok(Reply::Staging { pinned, peak })
+            }
             Request::Done => {
                 ch.send(&Reply::Ok)?;
                 return Ok(());

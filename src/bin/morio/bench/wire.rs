@@ -41,6 +41,8 @@ pub enum Request {
     CeilingJoin,
     /// Start a one-connection echo server for the raw-TCP round-trip floor.
     EchoStart,
+    /// How much pinned GPU staging the target's engine holds.
+    Staging,
     /// The run is over; exit.
     Done,
 }
@@ -54,6 +56,8 @@ pub enum Reply {
     Hash { xxh3: u64 },
     /// The ceiling receivers listen on this port.
     CeilingReady { port: u16 },
+    /// Pinned GPU staging bytes held, and the most in use at once.
+    Staging { pinned: u64, peak: u64 },
     /// The request failed on the target.
     Error { message: String },
 }
