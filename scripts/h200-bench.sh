@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Build morio here, run the standard `morio bench` sweep on the H200 host.
 #
-#   scripts/h200-bench.sh build   # here: cargo build --release --locked, stripped into .dev/morio
+#   scripts/h200-bench.sh build   # here: cargo build --release --locked --features cuda,
+#                                 # stripped into .dev/morio, and the engine tests into
+#                                 # .dev/engine-tests
 #   scripts/h200-bench.sh run     # there, from the repo root, with .dev carried along:
 #                                 # the standard sweep, one JSON report per invocation,
 #                                 # a compact summary table last
+#   scripts/h200-bench.sh gpu     # there: the GPU tests on the real GPU (MORIO_TEST_GPU=1),
+#                                 # then the GPU sweep beside the same rows in CPU memory
 #
 # `run` writes under "${OUT:-/tmp/morio-bench}": json/NAME.json while it runs, then bundles them
 # into morio-bench-json.tar.gz (the device tool brings back at most 8 files; KEEP_JSON=1 keeps
@@ -24,14 +28,14 @@ usage() {
 }
 
 build() {
-	cargo build --release --locked
+	cargo build --release --locked --features cuda
 	mkdir -p .dev
-	if command -v strip >/dev/null; then
-		strip -o .dev/morio target/release/morio
-	else
-		cp target/release/morio .dev/morio
-	fi
-	ls -l .dev/morio
+	strip -o .dev/morio target/release/morio
+	local t
+	t=$(cargo test --release --locked --features cuda --test engine --no-run --message-format json |
+		sed -n 's/.*"executable":"\([^"]*engine-[^"]*\)".*/\1/p' | tail -1)
+	strip -o .dev/engine-tests "${t}"
+	ls -l .dev/morio .dev/engine-tests
 }
 
 # bench NAME ARGS...: one `morio bench --loopback` invocation with its JSON report.
@@ -100,8 +104,53 @@ run() {
 	((${#failed[@]} == 0))
 }
 
+gpu() {
+	rm -rf "${OUT_DIR}/json" "${OUT_DIR}/summary.txt"
+	mkdir -p "${OUT_DIR}/json"
+	nvidia-smi --query-gpu=name,pci.bus_id,driver_version --format=csv,noheader || true
+	local failed=()
+	echo "=== engine tests on the GPU: MORIO_TEST_GPU=1 MORIO_TEST_BIG=1 engine-tests gpu"
+	if ! MORIO_TEST_GPU=1 MORIO_TEST_BIG=1 ./.dev/engine-tests gpu --test-threads 1 2>&1 | tail -15; then
+		failed+=(tests)
+	fi
+	[[ ${PIPESTATUS[0]} == 0 ]] || failed+=(tests)
+	local big=(--buffer-size 1048576 --transfer-batch-size 256 --enable-batch-transfer --enable-sess --batch-contiguous --no-ceiling)
+	local single=(--buffer-size 67108864 --transfer-batch-size 1 --no-ceiling)
+	local names=()
+	add() {
+		local name=$1
+		names+=("${name}")
+		if ! bench "$@"; then
+			failed+=("${name}")
+		fi
+	}
+	for op in write read; do
+		for mem in cpu gpu; do
+			add "${op}-1m-b256-${mem}" --op-type "${op}" "${big[@]}" --mem-type "${mem}"
+			add "${op}-64m-single-${mem}" --op-type "${op}" "${single[@]}" --mem-type "${mem}"
+		done
+		add "${op}-1m-b256-cpu2gpu" --op-type "${op}" "${big[@]}" --initiator-mem-type cpu --target-mem-type gpu
+		add "${op}-1m-b256-gpu2cpu" --op-type "${op}" "${big[@]}" --initiator-mem-type gpu --target-mem-type cpu
+	done
+	local files=()
+	for n in "${names[@]}"; do
+		[[ -f ${OUT_DIR}/json/${n}.json ]] && files+=("${OUT_DIR}/json/${n}.json")
+	done
+	if ((${#files[@]} > 0)); then
+		"${BIN}" bench --summarize "${files[@]}" >"${OUT_DIR}/summary.txt"
+	fi
+	tar -czf "${OUT_DIR}/morio-bench-json.tar.gz" -C "${OUT_DIR}" json
+	rm -r "${OUT_DIR}/json"
+	if ((${#failed[@]} > 0)); then
+		echo "FAILED: ${failed[*]}" >&2
+	fi
+	[[ -f ${OUT_DIR}/summary.txt ]] && cat "${OUT_DIR}/summary.txt"
+	((${#failed[@]} == 0))
+}
+
 case "${1:-}" in
 build) build ;;
 run) run ;;
+gpu) gpu ;;
 *) usage ;;
 esac
