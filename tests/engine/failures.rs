@@ -1012,10 +1012,18 @@ fn deregister_unknown_or_foreign_desc_is_an_error() {
         b.deregister_memory(&md),
         Err(EngineError::UnknownMemory(_))
     ));
-    // Memory this build cannot move.
+    // Host memory claimed as GPU memory: no runtime here, or one that says it is not device
+    // memory; either way a typed error.
     // SAFETY: refused before the pointer is used.
     let gpu = unsafe { b.register_memory(mem.as_mut_ptr(), 64, 0, MemoryLocationType::Gpu) };
-    assert!(matches!(gpu, Err(EngineError::UnsupportedMemory(_))));
+    assert!(matches!(gpu, Err(EngineError::Gpu(_))), "{gpu:?}");
+    // CPU memory with a device id, and an unknown location.
+    // SAFETY: refused before the pointer is used.
+    let cpu = unsafe { b.register_memory(mem.as_mut_ptr(), 64, 0, MemoryLocationType::Cpu) };
+    assert!(matches!(cpu, Err(EngineError::UnsupportedMemory(_))));
+    // SAFETY: refused before the pointer is used.
+    let unk = unsafe { b.register_memory(mem.as_mut_ptr(), 64, -1, MemoryLocationType::Unknown) };
+    assert!(matches!(unk, Err(EngineError::UnsupportedMemory(_))));
     drop(mem);
 }
 
