@@ -296,6 +296,24 @@ mod tests {
                 },
                 ConfigError::SockBuf,
             ),
+            (
+                TcpBackendConfig {
+                    gpu_slot_bytes: 100,
+                    ..d()
+                },
+                ConfigError::GpuSlot(100),
+            ),
+            (
+                TcpBackendConfig {
+                    gpu_staging_bytes: 256 << 10,
+                    ..d()
+                },
+                ConfigError::GpuStaging {
+                    staging: 256 << 10,
+                    slot: 256 << 10,
+                    shards: 1,
+                },
+            ),
         ];
         for (c, e) in cases {
             assert_eq!(c.validate(), Err(e));
