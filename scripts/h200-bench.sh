@@ -9,6 +9,8 @@
 #                                 # a compact summary table last
 #   scripts/h200-bench.sh gpu     # there: the GPU tests on the real GPU (MORIO_TEST_GPU=1),
 #                                 # then the GPU sweep beside the same rows in CPU memory
+#   scripts/h200-bench.sh lat     # there: small-transfer latency, default shards against few
+#                                 # spinning shards (cores left free for the application)
 #
 # `run` writes under "${OUT:-/tmp/morio-bench}": json/NAME.json while it runs, then bundles them
 # into morio-bench-json.tar.gz (the device tool brings back at most 8 files; KEEP_JSON=1 keeps
@@ -113,7 +115,6 @@ gpu() {
 	if ! MORIO_TEST_GPU=1 MORIO_TEST_BIG=1 ./.dev/engine-tests gpu --test-threads 1 2>&1 | tail -15; then
 		failed+=(tests)
 	fi
-	[[ ${PIPESTATUS[0]} == 0 ]] || failed+=(tests)
 	local big=(--buffer-size 1048576 --transfer-batch-size 256 --enable-batch-transfer --enable-sess --batch-contiguous --no-ceiling)
 	local single=(--buffer-size 67108864 --transfer-batch-size 1 --no-ceiling)
 	local names=()
@@ -148,9 +149,51 @@ gpu() {
 	((${#failed[@]} == 0))
 }
 
+lat() {
+	rm -rf "${OUT_DIR}/json" "${OUT_DIR}/summary.txt"
+	mkdir -p "${OUT_DIR}/json"
+	local names=() failed=()
+	add() {
+		local name=$1
+		names+=("${name}")
+		if ! bench "$@"; then
+			failed+=("${name}")
+		fi
+	}
+	local b256=(--transfer-batch-size 256 --enable-batch-transfer --enable-sess --no-ceiling)
+	local one=(--transfer-batch-size 1 --no-ceiling)
+	for v in default "1 0" "1 2000" "2 2000" "4 2000"; do
+		local opts=() tag=default
+		if [[ ${v} != default ]]; then
+			read -r sh spin <<<"${v}"
+			opts=(--shards "${sh}")
+			((spin > 0)) && opts+=(--spin-us "${spin}")
+			tag="s${sh}-spin${spin}"
+		fi
+		add "lat-8b-b256-${tag}" --op-type write --buffer-size 8 "${b256[@]}" "${opts[@]}"
+		add "lat-4k-b256-${tag}" --op-type write --buffer-size 4096 "${b256[@]}" "${opts[@]}"
+		add "lat-8b-single-${tag}" --op-type write --buffer-size 8 "${one[@]}" "${opts[@]}"
+	done
+	local files=()
+	for n in "${names[@]}"; do
+		[[ -f ${OUT_DIR}/json/${n}.json ]] && files+=("${OUT_DIR}/json/${n}.json")
+	done
+	if ((${#files[@]} > 0)); then
+		"${BIN}" bench --summarize "${files[@]}" >"${OUT_DIR}/summary.txt"
+	fi
+	tar -czf "${OUT_DIR}/morio-bench-json.tar.gz" -C "${OUT_DIR}" json
+	rm -r "${OUT_DIR}/json"
+	if ((${#failed[@]} > 0)); then
+		echo "FAILED: ${failed[*]}" >&2
+	fi
+	[[ -f ${OUT_DIR}/summary.txt ]] && cat "${OUT_DIR}/summary.txt"
+	((${#failed[@]} == 0))
+}
+
 case "${1:-}" in
 build) build ;;
 run) run ;;
 gpu) gpu ;;
+lat) lat ;;
 *) usage ;;
 esac
