@@ -1,8 +1,9 @@
 //! CUDA backend over the driver API (cudarc, loaded at run time): primary contexts, one
 //! non-blocking stream per shard and device, portable pinned staging, event fences.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::ffi::c_void;
+use std::rc::Rc;
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::result::{self as cu, DriverError};
@@ -168,6 +169,7 @@ impl GpuRuntime for CudaRuntime {
         Ok(Box::new(CudaStream {
             ctx,
             stream: s as usize,
+            events: Rc::new(RefCell::new(Vec::new())),
         }))
     }
 
@@ -199,11 +201,13 @@ impl GpuRuntime for CudaRuntime {
     }
 }
 
-/// A non-blocking stream in a device's primary context.
+/// A non-blocking stream in a device's primary context, with its spare events (a fence per
+/// staging slot would otherwise create and destroy an event each time).
 #[derive(Debug)]
 struct CudaStream {
     ctx: usize,
     stream: usize,
+    events: Rc<RefCell<Vec<usize>>>,
 }
 
 impl GpuStream for CudaStream {
@@ -229,11 +233,16 @@ impl GpuStream for CudaStream {
 
     fn fence(&self) -> Result<Box<dyn GpuFence>, GpuError> {
         bind(self.ctx)?;
-        let ev = cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-            .map_err(err("cuEventCreate"))?;
+        let spare = self.events.borrow_mut().pop();
+        let ev = match spare {
+            Some(e) => e as sys::CUevent,
+            None => cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                .map_err(err("cuEventCreate"))?,
+        };
         let f = CudaFence {
             ctx: self.ctx,
             ev: ev as usize,
+            spares: self.events.clone(),
         };
         // SAFETY: a fresh event and this live stream.
         unsafe { cu::event::record(ev, self.stream as sys::CUstream) }
@@ -245,6 +254,10 @@ impl GpuStream for CudaStream {
 impl Drop for CudaStream {
     fn drop(&mut self) {
         if bind(self.ctx).is_ok() {
+            for e in self.events.borrow_mut().drain(..) {
+                // SAFETY: spare events have no pending work.
+                let _ = unsafe { cu::event::destroy(e as sys::CUevent) };
+            }
             // SAFETY: created in create_stream; pending work finishes before it is destroyed.
             let _ = unsafe { cu::stream::destroy(self.stream as sys::CUstream) };
         }
@@ -255,6 +268,7 @@ impl Drop for CudaStream {
 struct CudaFence {
     ctx: usize,
     ev: usize,
+    spares: Rc<RefCell<Vec<usize>>>,
 }
 
 impl GpuFence for CudaFence {
@@ -278,6 +292,11 @@ impl GpuFence for CudaFence {
 
 impl Drop for CudaFence {
     fn drop(&mut self) {
+        // A completed event goes back to its stream for the next fence.
+        if matches!(self.poll(), Ok(true)) && Rc::strong_count(&self.spares) > 1 {
+            self.spares.borrow_mut().push(self.ev);
+            return;
+        }
         if bind(self.ctx).is_ok() {
             // SAFETY: created in fence(); destroying a pending event is allowed (CUDA frees
             // it once its work completes).
