@@ -44,10 +44,12 @@ listen = "127.0.0.1:7070"
 # Print a stats line every this many seconds (0: never).
 interval_s = 10
 
-# Host memory regions to register, each handed out by name.
+# Memory regions to register, each handed out by name. Host memory by default; `gpu = N`
+# allocates the region on GPU N instead (a build with the `cuda` or `hip` feature).
 [[memory]]
 name = "kv"
 size = "1GiB"
+# gpu = 0
 "#;
 
 /// The whole file.
@@ -125,6 +127,9 @@ impl Default for StatsSection {
 pub struct MemorySection {
     pub name: String,
     pub size: Size,
+    /// GPU ordinal for device memory; host memory when absent.
+    #[serde(default)]
+    pub gpu: Option<i32>,
 }
 
 /// A byte size written as a number or a string with a unit ("1GiB").
@@ -192,6 +197,9 @@ mod tests {
         assert_eq!(c.engine.key, "morio-serve");
         assert_eq!(c.memory.len(), 1);
         assert_eq!(c.memory[0].size, Size(1 << 30));
+        assert_eq!(c.memory[0].gpu, None);
+        let g = ServeConfig::parse(&DEFAULT_TOML.replace("# gpu = 0", "gpu = 1")).unwrap();
+        assert_eq!(g.memory[0].gpu, Some(1));
         let t = c.tcp_config();
         let d = morio::TcpBackendConfig::default();
         assert_eq!(

@@ -71,9 +71,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .context("start the TCP backend")?;
     let mut regions: Vec<(String, RegisteredBuffer)> = Vec::new();
     for m in &cfg.memory {
-        let b = engine
-            .alloc_buffer(m.size.0)
-            .with_context(|| format!("register memory {:?}", m.name))?;
+        let b = match m.gpu {
+            None => engine.alloc_buffer(m.size.0),
+            Some(dev) => engine.alloc_gpu_buffer(dev, m.size.0),
+        }
+        .with_context(|| format!("register memory {:?}", m.name))?;
         regions.push((m.name.clone(), b));
     }
     let listener = TcpListener::bind(&cfg.control.listen)
