@@ -162,13 +162,13 @@ lat() {
 	}
 	local b256=(--transfer-batch-size 256 --enable-batch-transfer --enable-sess --no-ceiling)
 	local one=(--transfer-batch-size 1 --no-ceiling)
-	for v in default "1 0" "1 2000" "2 2000" "4 2000"; do
+	for v in default "1 0 50" "1 2000 50" "1 2000 1000" "2 2000 1000" "4 2000 1000"; do
 		local opts=() tag=default
 		if [[ ${v} != default ]]; then
-			read -r sh spin <<<"${v}"
-			opts=(--shards "${sh}")
+			read -r sh spin wspin <<<"${v}"
+			opts=(--shards "${sh}" --wait-spin-us "${wspin}")
 			((spin > 0)) && opts+=(--spin-us "${spin}")
-			tag="s${sh}-spin${spin}"
+			tag="s${sh}-spin${spin}-wait${wspin}"
 		fi
 		add "lat-8b-b256-${tag}" --op-type write --buffer-size 8 "${b256[@]}" "${opts[@]}"
 		add "lat-4k-b256-${tag}" --op-type write --buffer-size 4096 "${b256[@]}" "${opts[@]}"

@@ -9,7 +9,7 @@
 //! on the condition variable, so no wake-up can be lost.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -198,7 +198,8 @@ impl TransferStatus {
         }
         // Small transfers complete within a few microseconds of a round trip: spin briefly
         // before paying for a futex sleep and wake-up.
-        let spin_until = Instant::now() + WAIT_SPIN;
+        let spin = Duration::from_nanos(WAIT_SPIN_NS.load(Ordering::Relaxed));
+        let spin_until = Instant::now() + spin;
         let spin_until = deadline.map_or(spin_until, |d| d.min(spin_until));
         while Instant::now() < spin_until {
             for _ in 0..64 {
@@ -242,8 +243,20 @@ impl TransferStatus {
     }
 }
 
-/// How long a waiter spins on the status before sleeping.
-const WAIT_SPIN: Duration = Duration::from_micros(50);
+/// How long a waiter spins on the status before sleeping (process-wide, in ns).
+static WAIT_SPIN_NS: AtomicU64 = AtomicU64::new(50_000);
+
+/// How long `wait` / `wait_for` / `wait_all` spin on a status before sleeping on it
+/// (process-wide; default 50 µs). Longer spins catch more completions without a thread
+/// wake-up, at the cost of the waiting thread's core.
+pub fn set_wait_spin(d: Duration) {
+    WAIT_SPIN_NS.store(d.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+}
+
+/// The current spin window of waiters.
+pub fn wait_spin() -> Duration {
+    Duration::from_nanos(WAIT_SPIN_NS.load(Ordering::Relaxed))
+}
 
 impl Default for TransferStatus {
     fn default() -> Self {

@@ -178,6 +178,10 @@ pub struct Args {
     /// Busy-poll shards this many microseconds before parking them.
     #[arg(long)]
     pub spin_us: Option<u64>,
+    /// Waiting application threads spin this many microseconds on a status before sleeping
+    /// (default 50).
+    #[arg(long)]
+    pub wait_spin_us: Option<u64>,
     /// Untimed iterations before each row (default max(2, iters/16)).
     #[arg(long)]
     pub warmup: Option<usize>,
@@ -235,6 +239,10 @@ impl Args {
         ensure!(
             self.spin_us.unwrap_or(0) <= MAX_SPIN_US,
             "--spin-us must be at most {MAX_SPIN_US}"
+        );
+        ensure!(
+            self.wait_spin_us.unwrap_or(0) <= MAX_SPIN_US,
+            "--wait-spin-us must be at most {MAX_SPIN_US}"
         );
         ensure!(
             (1..=MAX_BATCH).contains(&self.transfer_batch_size),
@@ -468,6 +476,7 @@ mod tests {
             &["--loopback", "--iters", "18446744073709551615"],
             &["--loopback", "--warmup", "18446744073709551615"],
             &["--loopback", "--spin-us", "18446744073709551615"],
+            &["--loopback", "--wait-spin-us", "18446744073709551615"],
             &["--loopback", "--num-data-conns", "17"],
             &["--loopback", "--chunk-bytes", "10"],
             &[

@@ -148,6 +148,9 @@ impl Args {
         if let Some(s) = self.spin_us {
             opt("--spin-us", s.to_string());
         }
+        if let Some(s) = self.wait_spin_us {
+            opt("--wait-spin-us", s.to_string());
+        }
         if let Some(w) = self.warmup {
             opt("--warmup", w.to_string());
         }

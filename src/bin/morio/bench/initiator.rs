@@ -28,6 +28,9 @@ fn row_seed(i: usize) -> u64 {
 
 /// Run the initiator role: the whole benchmark.
 pub fn run(a: &Args) -> anyhow::Result<()> {
+    if let Some(us) = a.wait_spin_us {
+        morio::status::set_wait_spin(Duration::from_micros(us));
+    }
     let rows = a.rows()?;
     let blen = a.buffer_len()?;
     let connect = a

@@ -191,6 +191,7 @@ pub fn print_config(a: &Args, sides: &[Side; 2], n_rows: usize, buffer_bytes: us
             "spin_before_park",
             a.spin_us.map_or("off".into(), |u| format!("{u} us")),
         ),
+        ("wait_spin", format!("{} us", a.wait_spin_us.unwrap_or(50))),
         (
             "validate",
             if a.no_validate {
