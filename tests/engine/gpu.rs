@@ -345,3 +345,64 @@ fn bad_gpu_registrations_are_refused() {
         Err(err) => assert!(matches!(err, EngineError::Gpu(_)), "{err}"),
     }
 }
+
+/// A GPU copy that fails after its frame's header has left cannot be answered in-band: the
+/// lane closes, the transfer fails within its deadline, and the next transfer redials.
+#[test]
+fn gpu_fault_mid_frame_closes_the_lane_and_the_next_transfer_redials() {
+    let fake = Arc::new(FakeGpu::new(1));
+    let rt: Arc<dyn GpuRuntime> = fake.clone();
+    let cfg = cfg_with(|c| {
+        c.gpu_slot_bytes = 16 << 10;
+        c.num_data_conns = 1;
+        c.num_shards = Some(1);
+        c.op_timeout = Duration::from_secs(5);
+    });
+    let (a, b) = gpu_pair("gpu_midframe", cfg, &rt);
+    let n = 256 << 10;
+    let src = buffer(&a, Kind::Gpu, &random_bytes(n, 11));
+    let dst = buffer(&b, Kind::Cpu, &vec![0u8; n]);
+    // The first slot's copy succeeds (so the header leaves), the third fails.
+    fake.inject_fault(Some(2), FaultAt::Complete);
+    let uid = a.allocate_transfer_uid();
+    let st = a.write(src.desc(), 0, dst.desc(), 0, n, uid);
+    let code = wait(&st);
+    assert!(code.is_error(), "{code:?}");
+    fake.inject_fault(None, FaultAt::Submit);
+    // Host memory on a fresh connection still moves (the GPU stream's error is sticky, as a
+    // CUDA device error is).
+    let hsrc = buffer(&a, Kind::Cpu, &random_bytes(n, 12));
+    let uid = a.allocate_transfer_uid();
+    assert_ok(
+        &a.write(hsrc.desc(), 0, dst.desc(), 0, n, uid),
+        "after the lane closed",
+    );
+    assert_bytes_eq(&dst.to_vec(), &hsrc.to_vec(), "after the lane closed");
+}
+
+/// Deregistering GPU memory while a large transfer uses it is safe: the transfer ends, and
+/// the region is released only after its last staging copy.
+#[test]
+fn deregister_gpu_memory_during_a_transfer() {
+    let fake = Arc::new(FakeGpu::new(1));
+    fake.set_copy_delay(Duration::from_micros(20));
+    let rt: Arc<dyn GpuRuntime> = fake.clone();
+    let (a, b) = gpu_pair("gpu_dereg", small_slots(), &rt);
+    let n = 8 << 20;
+    let src = buffer(&a, Kind::Cpu, &random_big(n, 13));
+    let dst = b.alloc_gpu_buffer(0, n).unwrap();
+    let uid = a.allocate_transfer_uid();
+    let st = a.write(src.desc(), 0, dst.desc(), 0, n, uid);
+    std::thread::sleep(Duration::from_millis(2));
+    b.deregister_memory(dst.desc()).unwrap();
+    let code = wait(&st);
+    assert!(
+        code == StatusCode::Success || code.is_error(),
+        "terminal: {code:?}"
+    );
+    // Later transfers to it are refused and the handle still reads its memory.
+    let uid = a.allocate_transfer_uid();
+    let st = a.write(src.desc(), 0, dst.desc(), 0, 4096, uid);
+    assert_eq!(wait(&st), StatusCode::ErrNotFound);
+    assert_eq!(dst.to_vec().len(), n);
+}
