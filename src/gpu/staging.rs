@@ -153,20 +153,21 @@ impl Drop for Slot {
     }
 }
 
-/// Poll `f` until it completes: a few yields first (a copy of one slot takes microseconds),
-/// then short timer naps so a slow copy does not keep the shard spinning.
+/// Poll `f` until it completes: yielding to the shard's other tasks (a slot's copy takes
+/// microseconds, and a timer nap would cost a park and a wake-up), then, past `SPIN`, short
+/// timer naps so a stalled copy does not keep the shard spinning.
 pub(crate) async fn wait_fence(f: &dyn GpuFence, limit: Duration) -> Result<(), GpuError> {
+    const SPIN: Duration = Duration::from_micros(200);
     let t0 = Instant::now();
-    let mut spins = 0u32;
     loop {
         if f.poll()? {
             return Ok(());
         }
-        if t0.elapsed() > limit {
+        let waited = t0.elapsed();
+        if waited > limit {
             return Err(GpuError::Timeout(limit));
         }
-        if spins < 32 {
-            spins += 1;
+        if waited < SPIN {
             futures_lite::future::yield_now().await;
         } else {
             rt::sleep(Duration::from_micros(20)).await;
