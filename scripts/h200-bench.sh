@@ -128,7 +128,7 @@ gpu() {
 	for op in write read; do
 		add "${op}-1m-b256-cpu" --op-type "${op}" "${big[@]}" --mem-type cpu
 		add "${op}-64m-single-cpu" --op-type "${op}" "${single[@]}" --mem-type cpu
-		for slot in ${GPU_SLOTS:-256KiB}; do
+		for slot in ${GPU_SLOTS:-1MiB}; do
 			local s=(--gpu-slot-bytes "${slot}")
 			add "${op}-1m-b256-gpu-slot${slot}" --op-type "${op}" "${big[@]}" --mem-type gpu "${s[@]}"
 			add "${op}-64m-single-gpu-slot${slot}" --op-type "${op}" "${single[@]}" --mem-type gpu "${s[@]}"

@@ -99,7 +99,7 @@ impl Default for TcpBackendConfig {
             spin_before_park: None,
             handshake_timeout: Duration::from_secs(10),
             gpu_staging_bytes: 64 << 20,
-            gpu_slot_bytes: 256 << 10,
+            gpu_slot_bytes: 1 << 20,
         }
     }
 }
@@ -305,12 +305,12 @@ mod tests {
             ),
             (
                 TcpBackendConfig {
-                    gpu_staging_bytes: 256 << 10,
+                    gpu_staging_bytes: 1 << 20,
                     ..d()
                 },
                 ConfigError::GpuStaging {
-                    staging: 256 << 10,
-                    slot: 256 << 10,
+                    staging: 1 << 20,
+                    slot: 1 << 20,
                     shards: 1,
                 },
             ),

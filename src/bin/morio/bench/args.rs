@@ -159,7 +159,7 @@ pub struct Args {
     /// Pinned GPU staging memory per engine (default 64 MiB).
     #[arg(long, value_parser = parse_size)]
     pub gpu_staging_bytes: Option<usize>,
-    /// GPU staging slot size: the copy/network pipeline unit (default 256 KiB).
+    /// GPU staging slot size: the copy/network pipeline unit (default 1 MiB).
     #[arg(long, value_parser = parse_size)]
     pub gpu_slot_bytes: Option<usize>,
 
