@@ -51,40 +51,34 @@ bench() {
 	"${BIN}" bench --loopback --iters "${ITERS}" --json "${OUT_DIR}/json/${name}.json" "$@" "${extra[@]}"
 }
 
-run() {
+# The runs of this sweep, and those that failed.
+NAMES=()
+FAILED=()
+
+# begin: check the binary, start an empty sweep.
+begin() {
 	if [[ ! -x ${BIN} ]]; then
 		echo "missing ${BIN}: run '$0 build' first and carry .dev" >&2
 		exit 1
 	fi
 	rm -rf "${OUT_DIR}/json" "${OUT_DIR}/summary.txt"
 	mkdir -p "${OUT_DIR}/json"
-	nproc
-	"${BIN}" --version
+	NAMES=()
+	FAILED=()
+}
 
-	local big=(--buffer-size 1048576 --transfer-batch-size 256 --enable-batch-transfer --enable-sess)
-	local small=(--transfer-batch-size 256 --enable-batch-transfer --enable-sess)
-	local names=() failed=()
-	add() {
-		local name=$1
-		names+=("${name}")
-		if ! bench "$@"; then
-			failed+=("${name}")
-		fi
-	}
-	for op in write read; do
-		add "${op}-1m-b256-contig" --op-type "${op}" "${big[@]}" --batch-contiguous
-		add "${op}-1m-b256-strided" --op-type "${op}" "${big[@]}"
-		add "${op}-8b-b256" --op-type "${op}" --buffer-size 8 "${small[@]}"
-		add "${op}-4k-b256" --op-type "${op}" --buffer-size 4096 "${small[@]}"
-		add "${op}-8b-single" --op-type "${op}" --buffer-size 8 --transfer-batch-size 1
-	done
-	for shards in 1 2 4 8; do
-		add "write-1m-b256-shards${shards}" --op-type write "${big[@]}" --batch-contiguous \
-			--shards "${shards}"
-	done
+# add NAME ARGS...: run one bench and remember how it went.
+add() {
+	NAMES+=("$1")
+	if ! bench "$@"; then
+		FAILED+=("$1")
+	fi
+}
 
+# finish: the summary table, the JSON bundle, and the exit status of the sweep.
+finish() {
 	local files=()
-	for n in "${names[@]}"; do
+	for n in "${NAMES[@]}"; do
 		if [[ -f ${OUT_DIR}/json/${n}.json ]]; then
 			files+=("${OUT_DIR}/json/${n}.json")
 		fi
@@ -97,34 +91,44 @@ run() {
 		rm -r "${OUT_DIR}/json"
 	fi
 	echo
-	if ((${#failed[@]} > 0)); then
-		echo "FAILED: ${failed[*]}" >&2
+	if ((${#FAILED[@]} > 0)); then
+		echo "FAILED: ${FAILED[*]}" >&2
 	fi
 	if [[ -f ${OUT_DIR}/summary.txt ]]; then
 		cat "${OUT_DIR}/summary.txt"
 	fi
-	((${#failed[@]} == 0))
+	((${#FAILED[@]} == 0))
+}
+
+run() {
+	begin
+	nproc
+	"${BIN}" --version
+	local big=(--buffer-size 1048576 --transfer-batch-size 256 --enable-batch-transfer --enable-sess)
+	local small=(--transfer-batch-size 256 --enable-batch-transfer --enable-sess)
+	for op in write read; do
+		add "${op}-1m-b256-contig" --op-type "${op}" "${big[@]}" --batch-contiguous
+		add "${op}-1m-b256-strided" --op-type "${op}" "${big[@]}"
+		add "${op}-8b-b256" --op-type "${op}" --buffer-size 8 "${small[@]}"
+		add "${op}-4k-b256" --op-type "${op}" --buffer-size 4096 "${small[@]}"
+		add "${op}-8b-single" --op-type "${op}" --buffer-size 8 --transfer-batch-size 1
+	done
+	for shards in 1 2 4 8; do
+		add "write-1m-b256-shards${shards}" --op-type write "${big[@]}" --batch-contiguous \
+			--shards "${shards}"
+	done
+	finish
 }
 
 gpu() {
-	rm -rf "${OUT_DIR}/json" "${OUT_DIR}/summary.txt"
-	mkdir -p "${OUT_DIR}/json"
+	begin
 	nvidia-smi --query-gpu=name,pci.bus_id,driver_version --format=csv,noheader || true
-	local failed=()
 	echo "=== engine tests on the GPU: MORIO_TEST_GPU=1 MORIO_TEST_BIG=1 engine-tests gpu"
 	if [[ ${SKIP_TESTS:-0} != 1 ]] && ! MORIO_TEST_GPU=1 MORIO_TEST_BIG=1 ./.dev/engine-tests gpu --test-threads 1 2>&1 | tail -15; then
-		failed+=(tests)
+		FAILED+=(tests)
 	fi
 	local big=(--buffer-size 1048576 --transfer-batch-size 256 --enable-batch-transfer --enable-sess --batch-contiguous --no-ceiling)
 	local single=(--buffer-size 67108864 --transfer-batch-size 1 --no-ceiling)
-	local names=()
-	add() {
-		local name=$1
-		names+=("${name}")
-		if ! bench "$@"; then
-			failed+=("${name}")
-		fi
-	}
 	for op in write read; do
 		add "${op}-1m-b256-cpu" --op-type "${op}" "${big[@]}" --mem-type cpu
 		add "${op}-64m-single-cpu" --op-type "${op}" "${single[@]}" --mem-type cpu
@@ -136,33 +140,11 @@ gpu() {
 			add "${op}-1m-b256-gpu2cpu-slot${slot}" --op-type "${op}" "${big[@]}" --initiator-mem-type gpu --target-mem-type cpu "${s[@]}"
 		done
 	done
-	local files=()
-	for n in "${names[@]}"; do
-		[[ -f ${OUT_DIR}/json/${n}.json ]] && files+=("${OUT_DIR}/json/${n}.json")
-	done
-	if ((${#files[@]} > 0)); then
-		"${BIN}" bench --summarize "${files[@]}" >"${OUT_DIR}/summary.txt"
-	fi
-	tar -czf "${OUT_DIR}/morio-bench-json.tar.gz" -C "${OUT_DIR}" json
-	rm -r "${OUT_DIR}/json"
-	if ((${#failed[@]} > 0)); then
-		echo "FAILED: ${failed[*]}" >&2
-	fi
-	[[ -f ${OUT_DIR}/summary.txt ]] && cat "${OUT_DIR}/summary.txt"
-	((${#failed[@]} == 0))
+	finish
 }
 
 lat() {
-	rm -rf "${OUT_DIR}/json" "${OUT_DIR}/summary.txt"
-	mkdir -p "${OUT_DIR}/json"
-	local names=() failed=()
-	add() {
-		local name=$1
-		names+=("${name}")
-		if ! bench "$@"; then
-			failed+=("${name}")
-		fi
-	}
+	begin
 	local b256=(--transfer-batch-size 256 --enable-batch-transfer --enable-sess --no-ceiling)
 	local one=(--transfer-batch-size 1 --no-ceiling)
 	for v in default "1 0 50" "1 2000 50" "1 2000 1000" "2 2000 1000" "4 2000 1000"; do
@@ -177,20 +159,7 @@ lat() {
 		add "lat-4k-b256-${tag}" --op-type write --buffer-size 4096 "${b256[@]}" "${opts[@]}"
 		add "lat-8b-single-${tag}" --op-type write --buffer-size 8 "${one[@]}" "${opts[@]}"
 	done
-	local files=()
-	for n in "${names[@]}"; do
-		[[ -f ${OUT_DIR}/json/${n}.json ]] && files+=("${OUT_DIR}/json/${n}.json")
-	done
-	if ((${#files[@]} > 0)); then
-		"${BIN}" bench --summarize "${files[@]}" >"${OUT_DIR}/summary.txt"
-	fi
-	tar -czf "${OUT_DIR}/morio-bench-json.tar.gz" -C "${OUT_DIR}" json
-	rm -r "${OUT_DIR}/json"
-	if ((${#failed[@]} > 0)); then
-		echo "FAILED: ${failed[*]}" >&2
-	fi
-	[[ -f ${OUT_DIR}/summary.txt ]] && cat "${OUT_DIR}/summary.txt"
-	((${#failed[@]} == 0))
+	finish
 }
 
 case "${1:-}" in
