@@ -11,6 +11,8 @@
 #                                 # then the GPU sweep beside the same rows in CPU memory
 #   scripts/h200-bench.sh lat     # there: small-transfer latency, default shards against few
 #                                 # spinning shards (cores left free for the application)
+#   scripts/h200-bench.sh trace   # there: small writes with MORIO_TRACE on, then the median
+#                                 # time between consecutive stages (scripts/trace-stages.py)
 #
 # `run` writes under "${OUT:-/tmp/morio-bench}": json/NAME.json while it runs, then bundles them
 # into morio-bench-json.tar.gz (the device tool brings back at most 8 files; KEEP_JSON=1 keeps
@@ -162,8 +164,43 @@ lat() {
 	finish
 }
 
+trace() {
+	begin
+	local b256=(--transfer-batch-size 256 --enable-batch-transfer --enable-sess)
+	local one=(--transfer-batch-size 1)
+	local variants=("default" "1 2000 1000")
+	if [[ -n ${TRACE_VARIANTS:-} ]]; then
+		IFS=';' read -ra variants <<<"${TRACE_VARIANTS}"
+	fi
+	for v in "${variants[@]}"; do
+		local opts=() tag=default
+		if [[ ${v} != default ]]; then
+			read -r sh spin wspin <<<"${v}"
+			opts=(--shards "${sh}" --wait-spin-us "${wspin}")
+			((spin > 0)) && opts+=(--spin-us "${spin}")
+			tag="s${sh}-spin${spin}-wait${wspin}"
+		fi
+		for row in "8b-single:--buffer-size 8 ${one[*]}" "8b-b256:--buffer-size 8 ${b256[*]}" "4k-b256:--buffer-size 4096 ${b256[*]}"; do
+			local name="trace-${row%%:*}-${tag}" args
+			read -ra args <<<"${row#*:}"
+			mkdir -p "${OUT_DIR}/trace/${name}"
+			MORIO_TRACE="${OUT_DIR}/trace/${name}" add "${name}" --op-type write "${args[@]}" "${opts[@]}" --no-ceiling
+		done
+	done
+	# One run with the ceiling, for the raw round-trip floors (blocking and busy-polling).
+	add "floor" --op-type write --buffer-size 8 "${one[@]}" --ceiling-bytes 268435456
+	echo
+	for d in "${OUT_DIR}"/trace/*/; do
+		python3 scripts/trace-stages.py "${d}" || true
+	done | tee "${OUT_DIR}/trace-stages.txt"
+	tar -czf "${OUT_DIR}/trace.tar.gz" -C "${OUT_DIR}" trace
+	rm -r "${OUT_DIR}/trace"
+	finish
+}
+
 case "${1:-}" in
 build) build ;;
+trace) trace ;;
 run) run ;;
 gpu) gpu ;;
 lat) lat ;;

@@ -659,8 +659,7 @@ impl Inner {
         if total == 0 {
             return failed(StatusCode::Success, "");
         }
-        let status = Arc::new(TransferStatus::new());
-        status.set_code(StatusCode::InProgress);
+        let status = Arc::new(TransferStatus::started());
         let shared = &backend.shared;
         let owner = owner_of(uid, shared.n_owners(backend.pool.n_shards()));
         let sub = Submission {
@@ -674,6 +673,7 @@ impl Inner {
             deadline_ns: now_ns() + shared.cfg.op_timeout.as_nanos() as u64,
             status: status.clone(),
         };
+        crate::trace::mark(uid, crate::trace::stage::SUBMIT);
         if backend
             .pool
             .mesh()

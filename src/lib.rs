@@ -33,6 +33,7 @@ mod service;
 mod session;
 pub mod stats;
 pub mod status;
+pub mod trace;
 
 pub use config::{ConfigError, IoEngineConfig, TcpBackendConfig};
 pub use desc::{BackendType, DescError, EngineDesc, MemoryDesc, MemoryLocationType};

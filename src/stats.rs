@@ -33,6 +33,8 @@ pub struct ShardStats {
     pub gpu_staging_bytes: usize,
     /// Most GPU staging memory this shard had in use at once.
     pub gpu_staging_peak_bytes: usize,
+    /// Socket reads woken by the shard's busy poller (spinning shards only).
+    pub busy_poll_wakes: u64,
 }
 
 impl ShardStats {
@@ -50,6 +52,7 @@ impl ShardStats {
             latency_us: new_histogram(),
             gpu_staging_bytes: 0,
             gpu_staging_peak_bytes: 0,
+            busy_poll_wakes: 0,
         }
     }
 
@@ -93,6 +96,7 @@ impl EngineStats {
             t.inbound_transfers += s.inbound_transfers;
             t.gpu_staging_bytes += s.gpu_staging_bytes;
             t.gpu_staging_peak_bytes += s.gpu_staging_peak_bytes;
+            t.busy_poll_wakes += s.busy_poll_wakes;
             // Same bounds on every shard, so adding cannot fail.
             let _ = t.latency_us.add(&s.latency_us);
         }

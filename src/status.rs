@@ -96,15 +96,38 @@ pub struct TransferStatus {
     code: AtomicU32,
     message: Mutex<String>,
     changed: Condvar,
+    /// Threads asleep on `changed` (changed under `message`'s lock): a completion with no
+    /// sleeper skips the futex wake-up syscall.
+    sleepers: AtomicU32,
 }
 
 impl TransferStatus {
     /// A fresh status in `INIT`.
     pub fn new() -> Self {
+        Self::with_code(StatusCode::Init)
+    }
+
+    /// A fresh status already `IN_PROGRESS` (what the engine hands out for a submitted
+    /// transfer; nobody can be waiting on it yet, so nothing needs waking).
+    pub(crate) fn started() -> Self {
+        Self::with_code(StatusCode::InProgress)
+    }
+
+    fn with_code(code: StatusCode) -> Self {
         TransferStatus {
-            code: AtomicU32::new(StatusCode::Init.as_u32()),
+            code: AtomicU32::new(code.as_u32()),
             message: Mutex::new(String::new()),
             changed: Condvar::new(),
+            sleepers: AtomicU32::new(0),
+        }
+    }
+
+    /// Wake sleepers, if any. Called after a store made under the lock: a waiter checks the
+    /// code and registers as a sleeper under that same lock, so it either saw the store or
+    /// is counted here.
+    fn wake_sleepers(&self) {
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            self.changed.notify_all();
         }
     }
 
@@ -149,7 +172,7 @@ impl TransferStatus {
         *guard = msg.into();
         self.code.store(code.as_u32(), Ordering::Release);
         drop(guard);
-        self.changed.notify_all();
+        self.wake_sleepers();
     }
 
     /// Stores `code` unconditionally (even over an error) and wakes waiters.
@@ -157,7 +180,7 @@ impl TransferStatus {
         let guard = self.lock();
         self.code.store(code.as_u32(), Ordering::Release);
         drop(guard);
-        self.changed.notify_all();
+        self.wake_sleepers();
     }
 
     /// Replaces the message, leaving the code alone.
@@ -217,22 +240,24 @@ impl TransferStatus {
             if c != StatusCode::InProgress {
                 return c;
             }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return c;
+            }
+            self.sleepers.fetch_add(1, Ordering::SeqCst);
             guard = match deadline {
                 None => self
                     .changed
                     .wait(guard)
                     .unwrap_or_else(PoisonError::into_inner),
                 Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return c;
-                    }
                     self.changed
                         .wait_timeout(guard, d - now)
                         .unwrap_or_else(PoisonError::into_inner)
                         .0
                 }
             };
+            self.sleepers.fetch_sub(1, Ordering::SeqCst);
         }
     }
 

@@ -17,6 +17,7 @@
 //! pool.shutdown();
 //! ```
 
+mod busy;
 mod pool;
 pub mod rt;
 

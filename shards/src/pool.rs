@@ -17,7 +17,9 @@ pub struct PoolConfig {
     pub cpus: Vec<Option<usize>>,
     /// Thread name prefix; shard `i` runs on a thread named `{name}-{i}`.
     pub name: String,
-    /// Busy-poll this long before parking the executor (trades a core for wake-up latency).
+    /// Busy-poll this long before parking the executor (trades a core for wake-up latency):
+    /// glommio's own spin, and sockets polled directly while the shard has traffic
+    /// (`busy.rs`).
     pub spin_before_park: Option<Duration>,
     /// Bytes of io_uring registered memory per executor (glommio `io_memory`); 1 MiB keeps
     /// non-root users inside an 8 MiB memlock limit.
@@ -104,10 +106,33 @@ pub struct ShardCtx<M> {
     /// This shard's index.
     pub id: ShardId,
     /// This shard's inbox; `recv()` fails once the pool shuts down, which is the service's
-    /// signal to finish.
+    /// signal to finish. [`ShardCtx::recv`] is the faster way to read it on a spinning shard.
     pub inbox: async_channel::Receiver<M>,
     /// Every shard's inbox, this one included.
     pub mesh: Mesh<M>,
+}
+
+impl<M> ShardCtx<M> {
+    /// The next message, or `Err` once the pool has shut down and the inbox is drained. On a
+    /// busy spinning shard the busy poller notices new messages directly, without waiting for
+    /// the runtime's cross-thread wake-up.
+    pub async fn recv(&self) -> Result<M, async_channel::RecvError> {
+        loop {
+            match self.inbox.try_recv() {
+                Ok(m) => return Ok(m),
+                Err(async_channel::TryRecvError::Closed) => return Err(async_channel::RecvError),
+                Err(async_channel::TryRecvError::Empty) => {}
+            }
+            let woken = futures_lite::future::or(async { Some(self.inbox.recv().await) }, async {
+                crate::busy::inbox_ready().await;
+                None
+            })
+            .await;
+            if let Some(r) = woken {
+                return r;
+            }
+        }
+    }
 }
 
 /// A running pool of pinned executors. Dropping it (or [`ShardPool::shutdown`]) closes every
@@ -159,8 +184,14 @@ impl<M: Send + 'static> ShardPool<M> {
             let factory = factory.clone();
             let ready = ready_tx.clone();
             let thread_name = format!("{}-{id}", cfg.name);
+            let spin = cfg.spin_before_park;
             match b.spawn(move || async move {
                 set_thread_name(&thread_name);
+                if let Some(window) = spin {
+                    let rx = ctx.inbox.clone();
+                    crate::busy::enable(window, Box::new(move || !rx.is_empty()));
+                    glommio::spawn_local(crate::busy::poller()).detach();
+                }
                 let _ = ready.send((id, Ok(())));
                 drop(ready);
                 factory(ctx).await;

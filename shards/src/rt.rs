@@ -15,6 +15,12 @@ pub use glommio::net::{TcpListener, TcpStream};
 pub use glommio::timer::sleep;
 pub use glommio::{spawn_local, yield_if_needed, Task};
 
+/// How many socket reads the calling shard's busy poller has woken (0 unless the pool was
+/// started with `spin_before_park`).
+pub fn busy_poll_wakes() -> u64 {
+    crate::busy::wakes()
+}
+
 /// Wrap an already-listening socket (built with socket2 so options precede `listen`).
 pub fn listener_from_socket(sock: socket2::Socket) -> TcpListener {
     // SAFETY: we own the fd and hand its ownership to the glommio listener.
@@ -157,7 +163,9 @@ impl WriteHalf {
                 let e = io::Error::last_os_error();
                 match e.kind() {
                     io::ErrorKind::Interrupted => continue,
-                    // Full: let the runtime wait for writability while it sends what it can.
+                    // Full: a busy shard's poller watches for room; otherwise let the runtime
+                    // wait for writability while it sends what it can.
+                    io::ErrorKind::WouldBlock if crate::busy::writable(fd).await => continue,
                     io::ErrorKind::WouldBlock => self.write(&parts[idx][off..]).await?,
                     _ => return Err(e),
                 }
@@ -195,12 +203,19 @@ impl AsyncRead for ReadHalf {
         let fd = self.0.borrow().as_raw_fd();
         // SAFETY: fd is our open socket; buf is a valid writable slice.
         let r = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if r > 0 {
+            crate::busy::note_activity();
+        }
         if r >= 0 {
             return Poll::Ready(Ok(r as usize));
         }
         let e = io::Error::last_os_error();
         if e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted {
             return Poll::Ready(Err(e));
+        }
+        // A busy shard's poller watches the socket; an idle one leaves it to the runtime.
+        if crate::busy::wait_readable(fd, cx) {
+            return Poll::Pending;
         }
         Pin::new(&mut *self.0.borrow_mut()).poll_read(cx, buf)
     }

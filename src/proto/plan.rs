@@ -113,6 +113,18 @@ pub fn stripe_bytes(total: u64, n_lanes: u64, chunk_bytes: u64) -> u64 {
     share.max(MIN_STRIPE_BYTES).min(chunk_bytes).max(1)
 }
 
+/// [`cut`], taking the pieces: a transfer that fits one chunk becomes that chunk without a
+/// copy (the common case of small transfers and batches).
+pub fn into_chunks(pieces: Vec<Piece>, chunk_bytes: u64) -> Vec<Vec<Piece>> {
+    if pieces.is_empty() {
+        return Vec::new();
+    }
+    if pieces.len() <= MAX_SEGS_PER_CHUNK && total_bytes(&pieces) <= chunk_bytes.max(1) {
+        return vec![pieces];
+    }
+    cut(&pieces, chunk_bytes)
+}
+
 /// Cut the logical byte stream of `pieces` into chunks of at most `chunk_bytes` bytes and
 /// [`MAX_SEGS_PER_CHUNK`] pieces.
 pub fn cut(pieces: &[Piece], chunk_bytes: u64) -> Vec<Vec<Piece>> {
@@ -202,6 +214,29 @@ mod tests {
         ];
         assert!(destination_overlaps(&a, true));
         assert!(!destination_overlaps(&a, false));
+    }
+
+    #[test]
+    fn into_chunks_matches_cut() {
+        let p = |local, len| Piece {
+            local,
+            remote: local * 3,
+            len,
+        };
+        for (pieces, chunk) in [
+            (vec![], 16),
+            (vec![p(0, 8), p(100, 8)], 16),
+            (vec![p(0, 8), p(100, 9)], 16),
+            (vec![p(0, 40)], 16),
+            (
+                (0..MAX_SEGS_PER_CHUNK as u64 + 1)
+                    .map(|i| p(i * 10, 1))
+                    .collect(),
+                1 << 20,
+            ),
+        ] {
+            assert_eq!(into_chunks(pieces.clone(), chunk), cut(&pieces, chunk));
+        }
     }
 
     #[test]

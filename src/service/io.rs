@@ -46,9 +46,9 @@ pub(crate) struct FrameReader<R> {
 }
 
 const READ_BUF_BYTES: usize = 256 << 10;
-/// How much to read when no frame is pending: many small frames per syscall, little payload
-/// copied through the buffer.
-const READ_WINDOW_BYTES: usize = 4 << 10;
+/// How much to read when no frame is pending: many small frames (or one batch of 256 tiny
+/// segments with their payload) per syscall, little payload copied through the buffer.
+const READ_WINDOW_BYTES: usize = 8 << 10;
 /// Queued small frames are flushed once this many bytes wait.
 const FLUSH_BYTES: usize = 64 << 10;
 /// Payloads up to this size go through the buffer when they are scattered over pieces.
@@ -87,7 +87,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             // Read a small window, or exactly the rest of a body whose size is known: bytes
             // read past a frame's body are payload, and payload that lands here costs an extra
             // copy (large payloads should go straight from the socket into their region).
-            let want = match self.pending_body() {
+            let want = match self.pending_read() {
                 Some(rest) => rest,
                 None => READ_WINDOW_BYTES,
             };
@@ -114,20 +114,45 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// Whether a whole header and body are already buffered (the next `next_frame` will not
     /// wait for the socket).
     pub(crate) fn frame_ready(&self) -> bool {
-        self.pending_body().is_none() && self.end - self.start >= HEADER_BYTES
+        self.missing_body() == Some(0)
     }
 
-    /// Bytes still missing from the body of the frame whose header is buffered, if any.
-    fn pending_body(&self) -> Option<usize> {
+    /// Bytes still missing from the body of the frame whose header is buffered; `None`
+    /// while the header itself is incomplete.
+    fn missing_body(&self) -> Option<usize> {
         let have = self.end - self.start;
-        let h = self.buf.get(self.start..self.start + HEADER_BYTES)?;
+        let h = self.buf[self.start..self.end].get(..HEADER_BYTES)?;
         let body = u32::from_le_bytes([h[4], h[5], h[6], h[7]]) as usize;
         // A bad length is reported by the decoder, which has already seen this header.
-        Some(
-            (HEADER_BYTES + body.min(MAX_BODY_BYTES))
-                .saturating_sub(have)
-                .max(1),
-        )
+        Some((HEADER_BYTES + body.min(MAX_BODY_BYTES)).saturating_sub(have))
+    }
+
+    /// How much to read for the frame whose header is buffered: the rest of its body, and
+    /// a small payload with it (one syscall for a whole batch frame; large payloads still
+    /// go straight into their destination).
+    fn pending_read(&self) -> Option<usize> {
+        let rest = self.missing_body()?.max(1);
+        let h = &self.buf[self.start..self.start + HEADER_BYTES];
+        let mut p = [0u8; 8];
+        p.copy_from_slice(&h[8..16]);
+        let payload = u64::from_le_bytes(p);
+        Some(if payload <= SMALL_PAYLOAD_BYTES as u64 {
+            rest + payload as usize
+        } else {
+            rest
+        })
+    }
+
+    /// The next `n` payload bytes, if they are all in the buffer already (consumed). A batch
+    /// of tiny segments is placed from here in one synchronous loop.
+    pub(crate) fn take_buffered(&mut self, n: usize) -> Option<&[u8]> {
+        if self.end - self.start < n || (n as u64) > self.payload_left {
+            return None;
+        }
+        let at = self.start;
+        self.start += n;
+        self.payload_left -= n as u64;
+        Some(&self.buf[at..at + n])
     }
 
     /// Fill `dst` with the next payload bytes.

@@ -22,6 +22,7 @@ use crate::proto::frame::{Chunk, Finish, Frame, Hello, Op, Seg};
 use crate::proto::limits::VERSION;
 use crate::proto::plan::Piece;
 use crate::region::SharedRegion;
+use crate::trace;
 
 /// Work for one lane, sent by a transfer's owner to the lane's shard.
 #[derive(Debug)]
@@ -268,12 +269,16 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
     let reader = FrameReader::new(r, cfg.op_timeout);
     rt::spawn_local(read_loop(shard.clone(), lane.clone(), reader)).detach();
     let mut writer = FrameWriter::new(w, cfg.inline_write_bytes);
+    let mut last_uid = None;
     loop {
         let next = lane.queue.borrow_mut().pop_front();
         let Some(item) = next else {
             // Queue drained: what was pushed leaves now, in one syscall.
             if let Err(e) = writer.flush().await {
                 return die(&shard, &lane, &format!("send failed: {e}"));
+            }
+            if let Some(uid) = last_uid.take() {
+                trace::mark(uid, trace::stage::SENT);
             }
             if lane.bell.1.recv().await.is_err() {
                 return;
@@ -283,6 +288,8 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
         if lane.dead.get() {
             return;
         }
+        trace::mark(item.uid, trace::stage::ENCODE);
+        last_uid = Some(item.uid);
         if let Err(e) = write_item(&shard, &lane, &mut writer, item).await {
             return die(&shard, &lane, &format!("send failed: {e}"));
         }
@@ -513,6 +520,7 @@ async fn on_frame(
     if o.uid != uid {
         return violation("answer names another transfer");
     }
+    trace::mark(uid, trace::stage::RESP);
     let kind = match (frame, o.wait) {
         (
             Frame::Ack(r),

@@ -209,6 +209,7 @@ impl Shard {
                 let mut st = self.stats.borrow().clone();
                 (st.gpu_staging_bytes, st.gpu_staging_peak_bytes) =
                     self.gpu.borrow().staging_bytes();
+                st.busy_poll_wakes = rt::busy_poll_wakes();
                 let _ = tx.send(st);
             }
         }
@@ -219,7 +220,7 @@ impl Shard {
 pub(crate) async fn run(ctx: ShardCtx<ShardMsg>, shared: Arc<Shared>) {
     let shard = Rc::new(Shard {
         id: ctx.id,
-        mesh: ctx.mesh,
+        mesh: ctx.mesh.clone(),
         shared,
         regions: RefCell::new(HashMap::new()),
         owner: RefCell::new(owner::OwnerTable::default()),
@@ -242,7 +243,7 @@ pub(crate) async fn run(ctx: ShardCtx<ShardMsg>, shared: Arc<Shared>) {
         rt::spawn_local(serve::accept_loop(shard.clone(), l)).detach();
     }
     let ticker = rt::spawn_local(tick_loop(shard.clone()));
-    while let Ok(msg) = ctx.inbox.recv().await {
+    while let Ok(msg) = ctx.recv().await {
         if ctx.inbox.is_closed() {
             shard.closing.set(true);
         }

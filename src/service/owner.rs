@@ -65,6 +65,7 @@ fn fail_status(status: &TransferStatus, code: u32, msg: &str) {
 
 /// A new transfer arrives at its owner.
 pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
+    crate::trace::mark(s.uid, crate::trace::stage::OWNER);
     if shard.closing.get() {
         return fail_status(&s.status, codes::ERR_BAD_STATE, "engine shut down");
     }
@@ -88,7 +89,8 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
     } else {
         cfg.chunk_bytes as u64
     };
-    let chunks = plan::cut(&s.pieces, chunk_bytes);
+    let extent = plan::remote_extent(&s.pieces);
+    let chunks = plan::into_chunks(s.pieces, chunk_bytes);
     if chunks.is_empty() {
         // Nothing to move (the engine answers empty transfers itself; this keeps it total).
         return s.status.update(StatusCode::Success, "");
@@ -121,7 +123,6 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
     let gen = shard.next_gen.get();
     shard.next_gen.set(gen + 1);
     let final_ = n_chunks == 1;
-    let extent = plan::remote_extent(&s.pieces);
     let mut per_lane: HashMap<u16, Vec<LaneItem>> = HashMap::new();
     for (i, pieces) in chunks.into_iter().enumerate() {
         let lane = if striped {
@@ -255,6 +256,7 @@ fn finish(
         .record_transfer(code == codes::SUCCESS, latency_us);
     if code == codes::SUCCESS {
         e.status.update(StatusCode::Success, "");
+        crate::trace::mark(uid, crate::trace::stage::DONE);
     } else {
         log::debug!("transfer {uid} to {peer} failed: code {code} {msg}");
         fail_status(&e.status, code, msg);

@@ -16,6 +16,7 @@ use crate::proto::frame::{Chunk, Frame, Hello, HelloAck, Reply};
 use crate::proto::inbound::check_chunk;
 use crate::proto::limits::{MAX_LANES, VERSION};
 use crate::status::StatusCode;
+use crate::trace;
 
 /// Accept connections forever (shard 0). Each gets its own task, so a slow or hostile client
 /// holds up nobody.
@@ -156,10 +157,20 @@ async fn serve(shard: Rc<Shard>, stream: rt::TcpStream, hello: Hello) {
     if writer.send(&ack, &[]).await.is_err() {
         return;
     }
+    let mut last_uid = None;
     loop {
         let r = match reader.next_frame().await {
             Ok(Some((frame, payload))) => {
-                on_frame(&shard, &peer, &mut reader, &mut writer, frame, payload).await
+                let uid = traced_uid(&frame);
+                if let Some(uid) = uid {
+                    trace::mark(uid, trace::stage::T_RECV);
+                }
+                let r = on_frame(&shard, &peer, &mut reader, &mut writer, frame, payload).await;
+                if let Some(uid) = uid {
+                    trace::mark(uid, trace::stage::T_PLACED);
+                    last_uid = Some(uid);
+                }
+                r
             }
             Ok(None) => return,
             Err(e) => Err(e),
@@ -167,7 +178,13 @@ async fn serve(shard: Rc<Shard>, stream: rt::TcpStream, hello: Hello) {
         // Answers to a burst of requests leave together, once no further request is
         // already buffered.
         let r = match r {
-            Ok(()) if !reader.frame_ready() => writer.flush().await.map_err(ConnError::from),
+            Ok(()) if !reader.frame_ready() => {
+                let r = writer.flush().await.map_err(ConnError::from);
+                if let Some(uid) = last_uid.take() {
+                    trace::mark(uid, trace::stage::T_SENT);
+                }
+                r
+            }
             other => other,
         };
         if let Err(e) = r {
@@ -181,6 +198,18 @@ async fn serve(shard: Rc<Shard>, stream: rt::TcpStream, hello: Hello) {
             return;
         }
         rt::yield_if_needed().await;
+    }
+}
+
+/// The transfer a frame belongs to, when latency tracing is on.
+fn traced_uid(frame: &Frame) -> Option<u64> {
+    if !trace::enabled() {
+        return None;
+    }
+    match frame {
+        Frame::Write { chunk, .. } | Frame::Read { chunk, .. } => Some(chunk.uid),
+        Frame::Finish(f) => Some(f.uid),
+        _ => None,
     }
 }
 
@@ -367,6 +396,27 @@ async fn place(
             }
         }
         (Ok(()), Some(region)) => {
+            if let Some(src) = usize::try_from(payload)
+                .ok()
+                .and_then(|n| reader.take_buffered(n))
+            {
+                // All of it arrived with the header (small batches): place without awaiting.
+                let mut at = 0usize;
+                for s in &chunk.segs {
+                    // SAFETY: as below.
+                    let dst = unsafe { region.slice_mut(s.off, s.len) };
+                    let dst =
+                        dst.ok_or_else(|| ConnError::Violation("segment out of range".into()))?;
+                    // The decoder checked that the payload is the segments' total.
+                    let part = src.get(at..at + dst.len()).ok_or_else(|| {
+                        ConnError::Violation("payload shorter than its segments".into())
+                    })?;
+                    dst.copy_from_slice(part);
+                    at += dst.len();
+                }
+                shard.stats.borrow_mut().inbound_bytes_written += payload;
+                return Ok((codes::SUCCESS, String::new()));
+            }
             for s in &chunk.segs {
                 // SAFETY: bounds checked above against the live region (kept alive by
                 // `region` across the awaits); the peer may write it because it is registered.

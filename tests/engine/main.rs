@@ -7,3 +7,4 @@ mod failures;
 mod gpu;
 mod mori_cases;
 mod sizes;
+mod spin;

@@ -35,14 +35,43 @@ pub struct Ceiling {
     pub rtt_p50_us: Option<f64>,
     /// Its p99 (µs).
     pub rtt_p99_us: Option<f64>,
+    /// The same round trip with both threads busy-polling non-blocking sockets instead of
+    /// sleeping in `recv`: p50 (µs), the floor for spinning shards and waiters.
+    pub rtt_spin_p50_us: Option<f64>,
+    /// Its p99 (µs).
+    pub rtt_spin_p99_us: Option<f64>,
 }
 
 /// Round trips the latency floor measures.
 const ECHO_ROUNDS: usize = 5000;
 
+/// Fill `m` from `s`: a blocking read, or (`spin`) a busy poll of a non-blocking socket.
+fn recv_exact(s: &mut TcpStream, m: &mut [u8], spin: bool) -> std::io::Result<()> {
+    if !spin {
+        return s.read_exact(m);
+    }
+    let t0 = Instant::now();
+    let mut got = 0;
+    while got < m.len() {
+        match s.read(&mut m[got..]) {
+            Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                if t0.elapsed() > STALL {
+                    return Err(ErrorKind::TimedOut.into());
+                }
+                std::hint::spin_loop();
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// Target side of the latency floor: echo 8-byte messages on one connection from a thread
-/// pinned to the target's first CPU, until the peer closes.
-pub fn serve_echo(host: IpAddr, cpus: Option<Vec<usize>>) -> anyhow::Result<u16> {
+/// pinned to the target's first CPU, until the peer closes; `spin` busy-polls.
+pub fn serve_echo(host: IpAddr, cpus: Option<Vec<usize>>, spin: bool) -> anyhow::Result<u16> {
     let l = TcpListener::bind((host, 0)).context("echo: bind")?;
     let port = l.local_addr()?.port();
     std::thread::Builder::new()
@@ -52,26 +81,31 @@ pub fn serve_echo(host: IpAddr, cpus: Option<Vec<usize>>) -> anyhow::Result<u16>
             let Ok((mut s, _)) = l.accept() else { return };
             let _ = s.set_nodelay(true);
             let _ = s.set_read_timeout(Some(STALL));
+            if spin && s.set_nonblocking(true).is_err() {
+                return;
+            }
             let mut m = [0u8; 8];
-            while s.read_exact(&mut m).is_ok() && s.write_all(&m).is_ok() {}
+            while recv_exact(&mut s, &mut m, spin).is_ok() && s.write_all(&m).is_ok() {}
         })
         .context("echo: spawn")?;
     Ok(port)
 }
 
-/// Initiator side of the latency floor: (p50, p99) in µs of 8-byte round trips.
-pub fn ping(addr: SocketAddr, cpus: Option<Vec<usize>>) -> anyhow::Result<(f64, f64)> {
+/// Initiator side of the latency floor: (p50, p99) in µs of 8-byte round trips; `spin`
+/// busy-polls (the echo side must too, or it is not the floor it claims).
+pub fn ping(addr: SocketAddr, cpus: Option<Vec<usize>>, spin: bool) -> anyhow::Result<(f64, f64)> {
     pin_nth(&cpus, 0);
     let mut s =
         TcpStream::connect_timeout(&addr, Duration::from_secs(10)).context("echo: connect")?;
     s.set_nodelay(true)?;
     s.set_read_timeout(Some(STALL))?;
+    s.set_nonblocking(spin)?;
     let mut m = [7u8; 8];
     let mut rtts = Vec::with_capacity(ECHO_ROUNDS);
     for i in 0..ECHO_ROUNDS + ECHO_ROUNDS / 10 {
         let t = Instant::now();
         s.write_all(&m).context("echo: send")?;
-        s.read_exact(&mut m).context("echo: receive")?;
+        recv_exact(&mut s, &mut m, spin).context("echo: receive")?;
         if i >= ECHO_ROUNDS / 10 {
             rtts.push(t.elapsed().as_secs_f64() * 1e6);
         }
@@ -236,6 +270,8 @@ pub fn send(
         measured: "after the rows",
         rtt_p50_us: None,
         rtt_p99_us: None,
+        rtt_spin_p50_us: None,
+        rtt_spin_p99_us: None,
     })
 }
 

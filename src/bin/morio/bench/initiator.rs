@@ -111,6 +111,9 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         }
     }
     ch.call(&Request::Done)?;
+    if let Some(p) = morio::trace::dump("initiator")? {
+        eprintln!("trace: {}", p.display());
+    }
     finish(a, blen, sides, ceiling, done)
 }
 
@@ -139,6 +142,9 @@ fn finish(
         );
         if let (Some(p50), Some(p99)) = (c.rtt_p50_us, c.rtt_p99_us) {
             println!("Latency floor: raw TCP 8 B round trip between pinned threads, p50 {p50:.2} us, p99 {p99:.2} us.");
+        }
+        if let (Some(p50), Some(p99)) = (c.rtt_spin_p50_us, c.rtt_spin_p99_us) {
+            println!("Latency floor, both threads busy-polling: p50 {p50:.2} us, p99 {p99:.2} us.");
         }
     }
     for (who, s) in [("initiator", &initiator), ("target", &target)] {
@@ -238,13 +244,19 @@ fn measure_ceiling(a: &Args, ch: &mut Channel) -> anyhow::Result<Ceiling> {
         }
     }
     let mut best = best.context("no ceiling run")?;
-    let port = match ch.call(&Request::EchoStart)? {
-        Reply::CeilingReady { port } => port,
-        r => bail!("unexpected reply to EchoStart: {r:?}"),
-    };
-    let (p50, p99) = ceiling::ping(SocketAddr::new(ch.peer()?.ip(), port), a.pin_cpus())?;
-    best.rtt_p50_us = Some(p50);
-    best.rtt_p99_us = Some(p99);
+    for spin in [false, true] {
+        let port = match ch.call(&Request::EchoStart { spin })? {
+            Reply::CeilingReady { port } => port,
+            r => bail!("unexpected reply to EchoStart: {r:?}"),
+        };
+        let addr = SocketAddr::new(ch.peer()?.ip(), port);
+        let (p50, p99) = ceiling::ping(addr, a.pin_cpus(), spin)?;
+        if spin {
+            (best.rtt_spin_p50_us, best.rtt_spin_p99_us) = (Some(p50), Some(p99));
+        } else {
+            (best.rtt_p50_us, best.rtt_p99_us) = (Some(p50), Some(p99));
+        }
+    }
     Ok(best)
 }
 

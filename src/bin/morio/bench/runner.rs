@@ -88,6 +88,7 @@ impl Runner<'_> {
             let st = self.batch_call(l, uid);
             st.wait();
             let d = t.elapsed();
+            morio::trace::mark(uid, morio::trace::stage::WOKE);
             check(&st, 0, 1, uid)?;
             return Ok(d);
         }
@@ -99,8 +100,9 @@ impl Runner<'_> {
             .zip(&uids)
             .map(|(&o, &uid)| self.single_call(o, l.sizes[0], uid))
             .collect();
-        for st in &sts {
+        for (st, &uid) in sts.iter().zip(&uids) {
             st.wait();
+            morio::trace::mark(uid, morio::trace::stage::WOKE);
         }
         let d = t.elapsed();
         for (i, (st, &uid)) in sts.iter().zip(&uids).enumerate() {

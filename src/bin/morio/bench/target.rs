@@ -78,9 +78,8 @@ fn serve(
                     Reply::CeilingReady { port }
                 },
             ),
-            Request::EchoStart => {
-                ceiling::serve_echo(host, a.pin_cpus()).map(|port| Reply::CeilingReady { port })
-            }
+            Request::EchoStart { spin } => ceiling::serve_echo(host, a.pin_cpus(), spin)
+                .map(|port| Reply::CeilingReady { port }),
             Request::CeilingJoin => match receivers.take() {
                 Some(h) => h
                     .join()
@@ -95,6 +94,9 @@ fn serve(
             }
             Request::Done => {
                 ch.send(&Reply::Ok)?;
+                if let Some(p) = morio::trace::dump("target")? {
+                    eprintln!("trace: {}", p.display());
+                }
                 return Ok(());
             }
         };

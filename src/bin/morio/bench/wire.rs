@@ -39,8 +39,12 @@ pub enum Request {
     CeilingStart { streams: u32, bytes_per_stream: u64 },
     /// Wait for the ceiling receivers and report how they ended.
     CeilingJoin,
-    /// Start a one-connection echo server for the raw-TCP round-trip floor.
-    EchoStart,
+    /// Start a one-connection echo server for the raw-TCP round-trip floor (`spin`: it
+    /// busy-polls a non-blocking socket).
+    EchoStart {
+        /// Busy-poll instead of blocking in `recv`.
+        spin: bool,
+    },
     /// How much pinned GPU staging the target's engine holds.
     Staging,
     /// The run is over; exit.

@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""Per-stage latency of traced transfers: `trace-stages.py DIR [LABEL]`.
+
+Reads every `*.csv` that `MORIO_TRACE=DIR` left (initiator and target of one run), lines the
+stages of each transfer up by uid (CLOCK_MONOTONIC is shared by the processes of a host) and
+prints the median and p90 of each step between consecutive stages, for transfers that
+passed every stage.
+"""
+import csv
+import glob
+import os
+import statistics
+import sys
+
+NAMES = {1: "submit", 2: "owner", 3: "encode", 4: "sent", 5: "t_recv", 6: "t_placed",
+         7: "t_sent", 8: "resp", 9: "done", 10: "woke"}
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def main():
+    d = sys.argv[1]
+    label = sys.argv[2] if len(sys.argv) > 2 else os.path.basename(d.rstrip("/"))
+    per = {}
+    for f in glob.glob(os.path.join(d, "*.csv")):
+        with open(f) as fh:
+            for r in csv.DictReader(fh):
+                uid, st, ns = int(r["uid"]), int(r["stage"]), int(r["ns"])
+                per.setdefault(uid, {}).setdefault(st, ns)
+    full = [s for s in per.values() if all(k in s for k in NAMES)]
+    if not full:
+        print(f"{label}: no transfer passed every stage ({len(per)} traced)")
+        return
+    # Skip the first 10% (warm-up).
+    full = full[len(full) // 10:]
+    steps = sorted(NAMES)
+    cells = []
+    for a, b in zip(steps, steps[1:]):
+        ds = [(s[b] - s[a]) / 1000 for s in full]
+        cells.append(f"{NAMES[a]}>{NAMES[b]} {statistics.median(ds):.1f}/{pct(ds, 0.9):.1f}")
+    tot = [(s[10] - s[1]) / 1000 for s in full]
+    print(f"{label} (n={len(full)}, us p50/p90): total {statistics.median(tot):.1f}/{pct(tot, 0.9):.1f}")
+    for c in cells:
+        print("   " + c)
+
+
+if __name__ == "__main__":
+    main()

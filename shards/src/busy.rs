@@ -1,0 +1,313 @@
+//! Socket busy polling for shards that spin: while a shard is busy, readers that find their
+//! socket empty (and writers that find it full) wait here instead of on an io_uring
+//! readiness poll, and a poller task checks all of them, and the shard's inbox, with
+//! non-blocking `poll(2)` calls.
+//!
+//! Why: a readiness poll armed in io_uring completes through task work that the kernel runs
+//! on the shard's thread, which (on the VMs we measure on) costs several microseconds per
+//! message before the reader even runs, and glommio's own spin loop cannot shorten it.
+//! `poll(2)` sees bytes the moment the sender's `send` queued them.
+//!
+//! States: *idle* (every reader waits on the runtime, as without busy polling) and *busy*.
+//! Bytes read from any socket of the shard make it busy; it goes back to idle once no
+//! socket has become readable for the spin window, and then hands every waiting reader back
+//! to the runtime by waking it (it re-polls, finds the shard idle, and arms readiness).
+
+use std::cell::RefCell;
+use std::os::fd::RawFd;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+/// How long the poller sleeps between turns while busy: just long enough to send the
+/// executor once round its loop (reactor, then every runnable task).
+const POLL_PERIOD: Duration = Duration::from_nanos(500);
+
+/// How long one turn of the poller polls, inside its task, before letting the executor go
+/// round its loop. A turn ends at once when it wakes anyone; while it polls, only timers
+/// and the runtime's own completions (connects, accepts) wait, at most this long.
+const TURN: Duration = Duration::from_micros(10);
+
+struct Waiter {
+    fd: RawFd,
+    /// `POLLIN` or `POLLOUT`.
+    events: i16,
+    waker: Waker,
+}
+
+struct Busy {
+    window: Duration,
+    /// `Some(last event)` while busy.
+    busy_since_event: Option<Instant>,
+    waiters: Vec<Waiter>,
+    /// The poller task, parked while the shard is idle.
+    poller: Option<Waker>,
+    pollfds: Vec<libc::pollfd>,
+    /// Readers and writers woken by the poller so far.
+    wakes: u64,
+    /// Whether the shard's inbox holds messages (checked by the poller while busy).
+    inbox_probe: Option<Box<dyn Fn() -> bool>>,
+    /// The shard's message loop, waiting for its inbox.
+    inbox_waiter: Option<Waker>,
+}
+
+thread_local! {
+    static BUSY: RefCell<Option<Busy>> = const { RefCell::new(None) };
+}
+
+/// Turn busy polling on for the calling shard's thread, with this spin window;
+/// `inbox_probe` tells whether the shard's inbox holds messages.
+pub(crate) fn enable(window: Duration, inbox_probe: Box<dyn Fn() -> bool>) {
+    BUSY.with(|b| {
+        *b.borrow_mut() = Some(Busy {
+            window,
+            busy_since_event: None,
+            waiters: Vec::new(),
+            poller: None,
+            pollfds: Vec::new(),
+            wakes: 0,
+            inbox_probe: Some(inbox_probe),
+            inbox_waiter: None,
+        })
+    });
+}
+
+/// Wait until the poller sees messages in the inbox (never completes on a shard that does
+/// not busy-poll, or while it is idle: the inbox's own wake-up covers those).
+///
+/// Why: a message from another thread wakes the shard through glommio's foreign-wake queue,
+/// which the executor drains only between task-queue runs; a busy shard sees the message
+/// one poll later instead.
+pub(crate) fn inbox_ready() -> impl std::future::Future<Output = ()> {
+    let mut armed = false;
+    std::future::poll_fn(move |cx| {
+        if armed {
+            // Woken by the poller (or spuriously): let the caller look at the inbox.
+            return Poll::Ready(());
+        }
+        BUSY.with(|b| {
+            if let Some(b) = b.borrow_mut().as_mut() {
+                b.inbox_waiter = Some(cx.waker().clone());
+                armed = true;
+            }
+        });
+        Poll::Pending
+    })
+}
+
+/// Readers the calling shard's poller has woken (0 where busy polling is off).
+pub(crate) fn wakes() -> u64 {
+    BUSY.with(|b| b.borrow().as_ref().map_or(0, |b| b.wakes))
+}
+
+/// A reader found `fd` empty: if the shard is busy, wait here (`true`: the caller returns
+/// `Pending` without arming the runtime's readiness); else `false`.
+pub(crate) fn wait_readable(fd: RawFd, cx: &Context<'_>) -> bool {
+    register(fd, libc::POLLIN, cx)
+}
+
+/// A writer found `fd` full: as [`wait_readable`], for writability.
+pub(crate) fn wait_writable(fd: RawFd, cx: &Context<'_>) -> bool {
+    register(fd, libc::POLLOUT, cx)
+}
+
+fn register(fd: RawFd, events: i16, cx: &Context<'_>) -> bool {
+    BUSY.with(|b| {
+        let mut b = b.borrow_mut();
+        let Some(b) = b.as_mut().filter(|b| b.busy_since_event.is_some()) else {
+            return false;
+        };
+        match b
+            .waiters
+            .iter_mut()
+            .find(|w| w.fd == fd && w.events == events)
+        {
+            Some(w) => w.waker.clone_from(cx.waker()),
+            None => b.waiters.push(Waiter {
+                fd,
+                events,
+                waker: cx.waker().clone(),
+            }),
+        }
+        true
+    })
+}
+
+/// Bytes were read: the shard is (still) busy.
+pub(crate) fn note_activity() {
+    BUSY.with(|b| {
+        let mut b = b.borrow_mut();
+        let Some(b) = b.as_mut() else { return };
+        if b.busy_since_event.is_none() {
+            if let Some(p) = b.poller.take() {
+                p.wake();
+            }
+        }
+        b.busy_since_event = Some(Instant::now());
+    })
+}
+
+/// What one turn of the poller ended with.
+enum Turn {
+    /// The shard is idle (or never busy-polls).
+    Idle,
+    /// Nothing happened for the spin window: hand everything back to the runtime.
+    GoIdle,
+    /// Woke someone.
+    Woke,
+    /// Polled for a whole turn and saw nothing.
+    Quiet,
+}
+
+/// One turn: poll the inbox and the waiting sockets once, or (`spin`) until something is
+/// ready, the turn is over, or the spin window has passed without an event.
+fn turn(spin: bool) -> Turn {
+    BUSY.with(|b| {
+        let mut b = b.borrow_mut();
+        let Some(b) = b.as_mut() else {
+            return Turn::Idle;
+        };
+        let Some(last) = b.busy_since_event else {
+            return Turn::Idle;
+        };
+        let start = Instant::now();
+        loop {
+            let inbox = b.inbox_waiter.is_some() && b.inbox_probe.as_ref().is_some_and(|p| p());
+            if inbox {
+                if let Some(w) = b.inbox_waiter.take() {
+                    w.wake();
+                }
+            }
+            if poll_waiters(b) > 0 || inbox {
+                b.busy_since_event = Some(Instant::now());
+                return Turn::Woke;
+            }
+            let now = Instant::now();
+            if now.duration_since(last) > b.window {
+                return Turn::GoIdle;
+            }
+            if !spin || now.duration_since(start) > TURN {
+                return Turn::Quiet;
+            }
+            std::hint::spin_loop();
+        }
+    })
+}
+
+/// Single-poll turns, each after re-queueing, before the poller spins inside a turn. The
+/// tasks it wakes may wake others in turn (inbox → transfer owner → connection writer), and
+/// each lands behind the poller in the run queue; a spinning turn would hold them up, so the
+/// poller first lets that many rounds of them run.
+const SETTLE_ROUNDS: u32 = 3;
+
+/// The poller: turns of `poll(2)` over the waiting sockets while the shard is busy.
+///
+/// Between turns it lets the tasks it woke run. Mostly it only re-queues itself behind
+/// them (so the next turn starts the moment they are done); at least once per [`TURN`] it
+/// instead sleeps on a timer, which sends the executor round its whole loop: a task that
+/// only ever re-queued itself would keep glommio inside its task queue, and timers and the
+/// runtime's own completions would never be processed.
+pub(crate) async fn poller() {
+    let mut round_trip = Instant::now();
+    let mut settled = 0u32;
+    loop {
+        match turn(settled >= SETTLE_ROUNDS) {
+            Turn::Idle => {
+                sleep_until_busy().await;
+                continue;
+            }
+            Turn::GoIdle => {
+                hand_back();
+                continue;
+            }
+            Turn::Woke => settled = 0,
+            Turn::Quiet => settled += 1,
+        }
+        if round_trip.elapsed() >= TURN {
+            glommio::timer::sleep(POLL_PERIOD).await;
+            round_trip = Instant::now();
+            settled = 0;
+        } else {
+            futures_lite::future::yield_now().await;
+        }
+    }
+}
+
+/// The shard went idle: every waiter re-polls, finds it idle, and waits on the runtime.
+fn hand_back() {
+    let waiters = BUSY.with(|b| {
+        let mut b = b.borrow_mut();
+        b.as_mut().map_or_else(Vec::new, |b| {
+            b.busy_since_event = None;
+            std::mem::take(&mut b.waiters)
+        })
+    });
+    for w in waiters {
+        w.waker.wake();
+    }
+}
+
+/// Wake (and forget) every waiter whose socket is readable or failed; how many.
+fn poll_waiters(b: &mut Busy) -> usize {
+    if b.waiters.is_empty() {
+        return 0;
+    }
+    b.pollfds.clear();
+    b.pollfds.extend(b.waiters.iter().map(|w| libc::pollfd {
+        fd: w.fd,
+        events: w.events,
+        revents: 0,
+    }));
+    // SAFETY: pollfds is a valid array of `len` entries that poll(2) may write revents into;
+    // a zero timeout never blocks. A closed fd reports POLLNVAL, which wakes its reader.
+    let n = unsafe { libc::poll(b.pollfds.as_mut_ptr(), b.pollfds.len() as _, 0) };
+    if n <= 0 {
+        return 0;
+    }
+    let mut i = 0;
+    let mut woke = 0;
+    while i < b.waiters.len() {
+        if b.pollfds[i].revents != 0 {
+            b.pollfds.swap_remove(i);
+            b.waiters.swap_remove(i).waker.wake();
+            woke += 1;
+            b.wakes += 1;
+        } else {
+            i += 1;
+        }
+    }
+    woke
+}
+
+/// Wait until the busy poller sees `fd` writable; `false` (at once) if the shard is not busy,
+/// and the caller should wait through the runtime instead.
+pub(crate) async fn writable(fd: RawFd) -> bool {
+    let mut registered = None;
+    std::future::poll_fn(|cx| match registered {
+        Some(r) => Poll::Ready(r),
+        None => {
+            let r = wait_writable(fd, cx);
+            registered = Some(r);
+            if r {
+                Poll::Pending
+            } else {
+                Poll::Ready(false)
+            }
+        }
+    })
+    .await
+}
+
+/// Park the poller until the shard becomes busy (forever on a shard that never enabled
+/// busy polling).
+fn sleep_until_busy() -> impl std::future::Future<Output = ()> {
+    std::future::poll_fn(|cx| {
+        BUSY.with(|b| match b.borrow_mut().as_mut() {
+            Some(b) if b.busy_since_event.is_some() => Poll::Ready(()),
+            Some(b) => {
+                b.poller = Some(cx.waker().clone());
+                Poll::Pending
+            }
+            None => Poll::Pending,
+        })
+    })
+}

@@ -1,0 +1,117 @@
+//! Latency tracing: per-transfer stage timestamps, for finding where a small transfer's time
+//! goes. Off unless the process starts with `MORIO_TRACE=DIR`; then every [`mark`] records
+//! (uid, stage, CLOCK_MONOTONIC ns) into a fixed lock-free buffer, and [`dump`] writes it to
+//! `DIR/<label>-<pid>.csv`. CLOCK_MONOTONIC is one clock for every process of a host, so an
+//! initiator's and a target's files line up by uid (`scripts/trace-stages.py` does that).
+
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+/// Stages, in the order a write passes them.
+pub mod stage {
+    /// Initiator, application thread: the transfer is handed to its owner shard.
+    pub const SUBMIT: u8 = 1;
+    /// Initiator, owner shard: the submission is taken up.
+    pub const OWNER: u8 = 2;
+    /// Initiator, lane shard: the chunk's frame is being encoded.
+    pub const ENCODE: u8 = 3;
+    /// Initiator, lane shard: the send that carried the frame returned.
+    pub const SENT: u8 = 4;
+    /// Target: the frame header and body were decoded.
+    pub const T_RECV: u8 = 5;
+    /// Target: the payload is placed and the answer queued.
+    pub const T_PLACED: u8 = 6;
+    /// Target: the send that carried the answer returned.
+    pub const T_SENT: u8 = 7;
+    /// Initiator, lane shard: the answer was decoded.
+    pub const RESP: u8 = 8;
+    /// Initiator, owner shard: the user-visible status was completed.
+    pub const DONE: u8 = 9;
+    /// Initiator, application thread: the waiter saw the completion.
+    pub const WOKE: u8 = 10;
+}
+
+/// Records kept per process (three words each); marks past this are dropped.
+const CAPACITY: usize = 1 << 18;
+
+/// 0 = not yet decided, 1 = off, 2 = on.
+static STATE: AtomicU8 = AtomicU8::new(0);
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+static BUF: OnceLock<Box<[AtomicU64]>> = OnceLock::new();
+
+/// Whether tracing is on (decided once, from `MORIO_TRACE`).
+#[inline]
+pub fn enabled() -> bool {
+    match STATE.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => decide(),
+    }
+}
+
+#[cold]
+fn decide() -> bool {
+    let on = std::env::var_os("MORIO_TRACE").is_some_and(|v| !v.is_empty());
+    if on {
+        BUF.get_or_init(|| (0..CAPACITY * 3).map(|_| AtomicU64::new(0)).collect());
+    }
+    STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+    on
+}
+
+/// CLOCK_MONOTONIC in nanoseconds.
+pub fn clock_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec we pass; CLOCK_MONOTONIC always exists.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Record that transfer `uid` reached `stage` now (a no-op unless tracing is on).
+#[inline]
+pub fn mark(uid: u64, stage: u8) {
+    if enabled() {
+        record(uid, stage);
+    }
+}
+
+#[cold]
+fn record(uid: u64, stage: u8) {
+    let Some(buf) = BUF.get() else { return };
+    let i = NEXT.fetch_add(1, Ordering::Relaxed);
+    if i >= CAPACITY {
+        return;
+    }
+    buf[3 * i].store(uid, Ordering::Relaxed);
+    buf[3 * i + 1].store(stage as u64, Ordering::Relaxed);
+    buf[3 * i + 2].store(clock_ns(), Ordering::Release);
+}
+
+/// Write what was recorded to `$MORIO_TRACE/<label>-<pid>.csv` (`uid,stage,ns` lines) and
+/// return the path; `Ok(None)` when tracing is off.
+pub fn dump(label: &str) -> std::io::Result<Option<std::path::PathBuf>> {
+    let (Some(dir), Some(buf)) = (std::env::var_os("MORIO_TRACE"), BUF.get()) else {
+        return Ok(None);
+    };
+    let n = NEXT.load(Ordering::Acquire).min(CAPACITY);
+    let path = std::path::Path::new(&dir).join(format!("{label}-{}.csv", std::process::id()));
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&path)?);
+    writeln!(out, "uid,stage,ns")?;
+    for i in 0..n {
+        let t = buf[3 * i + 2].load(Ordering::Acquire);
+        if t == 0 {
+            continue; // Claimed but not yet written.
+        }
+        let uid = buf[3 * i].load(Ordering::Relaxed);
+        let st = buf[3 * i + 1].load(Ordering::Relaxed);
+        writeln!(out, "{uid},{st},{t}")?;
+    }
+    out.flush()?;
+    Ok(Some(path))
+}

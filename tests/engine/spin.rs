@@ -1,0 +1,122 @@
+//! Spinning shards (`spin_before_park`): sockets are busy-polled while traffic flows, handed
+//! back to the runtime when it stops, and data stays exact across both states.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::common::*;
+use morio::{StatusCode, TransferStatus};
+
+/// The spin window: long enough to span the gaps inside a burst on a loaded 2-core machine,
+/// short enough to stop burning its cores soon after the test.
+const WINDOW: Duration = Duration::from_millis(20);
+
+/// One shard and one lane per engine, spinning [`WINDOW`] before parking; 64 KiB chunks,
+/// so a large transfer is a stream of chunks and answers.
+fn spin_cfg() -> morio::TcpBackendConfig {
+    cfg_with(|c| {
+        c.num_shards = Some(1);
+        c.num_data_conns = 1;
+        c.chunk_bytes = 64 << 10;
+        c.spin_before_park = Some(WINDOW);
+    })
+}
+
+fn wait_ok(sts: &[Arc<TransferStatus>]) {
+    for st in sts {
+        assert_eq!(wait(st), StatusCode::Success, "{}", st.message());
+    }
+}
+
+#[test]
+fn spinning_shards_busy_poll_and_fall_back_when_idle() {
+    let (a, b) = pair("spin", spin_cfg());
+    let n = 8 << 20;
+    let half = n / 2;
+    let src = random_buffer(&a, n, 41);
+    let dst = b.alloc_buffer(n).unwrap();
+    let back = a.alloc_buffer(n).unwrap();
+    // Rounds separated by pauses longer than the spin window: each starts idle (readers
+    // wait on the runtime), turns busy with its first bytes, and ends idle again.
+    for round in 0..3usize {
+        // A burst of small writes in flight at once, then reads of what they wrote.
+        let offs: Vec<usize> = (0..64).map(|i| (round * 64 + i) * 8).collect();
+        let sts: Vec<_> = offs
+            .iter()
+            .map(|&o| a.write(src.desc(), o, dst.desc(), o, 8, a.allocate_transfer_uid()))
+            .collect();
+        wait_ok(&sts);
+        let sts: Vec<_> = offs
+            .iter()
+            .map(|&o| a.read(back.desc(), o, dst.desc(), o, 8, a.allocate_transfer_uid()))
+            .collect();
+        wait_ok(&sts);
+        // A batch of 256 scattered 8-byte segments.
+        let segs: Vec<usize> = (0..256).map(|k| 64 * 1024 + k * 64 + round * 8).collect();
+        let st = a.batch_write(
+            std::slice::from_ref(src.desc()),
+            std::slice::from_ref(&segs),
+            std::slice::from_ref(dst.desc()),
+            std::slice::from_ref(&segs),
+            &[vec![8; 256]],
+            &[a.allocate_transfer_uid()],
+        );
+        wait_ok(&st);
+        // Large transfers: 64 chunks and 64 answers each way.
+        let st = a.write(
+            src.desc(),
+            half,
+            dst.desc(),
+            half,
+            half,
+            a.allocate_transfer_uid(),
+        );
+        wait_ok(&[st]);
+        let st = a.read(
+            back.desc(),
+            half,
+            dst.desc(),
+            half,
+            half,
+            a.allocate_transfer_uid(),
+        );
+        wait_ok(&[st]);
+        std::thread::sleep(4 * WINDOW);
+    }
+    let small = 3 * 64 * 8;
+    let s = src.to_vec();
+    let d = dst.to_vec();
+    assert_bytes_eq(&d[..small], &s[..small], "small writes");
+    assert_bytes_eq(&bytes_at(&back, 0, small), &s[..small], "small reads");
+    for k in 0..256 {
+        for round in 0..3 {
+            let o = 64 * 1024 + k * 64 + round * 8;
+            assert_bytes_eq(&d[o..o + 8], &s[o..o + 8], "batch segment");
+        }
+    }
+    assert_bytes_eq(&d[half..], &s[half..], "large write");
+    assert_bytes_eq(&bytes_at(&back, half, half), &s[half..], "large read");
+    let woke = |e: &morio::IoEngine| e.stats().unwrap().total().busy_poll_wakes;
+    assert!(woke(&a) > 0, "the initiator's poller never woke a reader");
+    assert!(woke(&b) > 0, "the target's poller never woke a reader");
+}
+
+#[test]
+fn shards_that_do_not_spin_never_busy_poll() {
+    let (a, b) = pair("nospin", cfg_with(|c| c.num_shards = Some(1)));
+    let src = random_buffer(&a, 4096, 42);
+    let dst = b.alloc_buffer(4096).unwrap();
+    for i in 0..16 {
+        let st = a.write(
+            src.desc(),
+            i * 8,
+            dst.desc(),
+            i * 8,
+            8,
+            a.allocate_transfer_uid(),
+        );
+        assert_eq!(wait(&st), StatusCode::Success);
+    }
+    assert_eq!(a.stats().unwrap().total().busy_poll_wakes, 0);
+    assert_eq!(b.stats().unwrap().total().busy_poll_wakes, 0);
+}
