@@ -12,8 +12,8 @@ import os
 import statistics
 import sys
 
-NAMES = {1: "submit", 2: "owner", 3: "encode", 4: "sent", 5: "t_recv", 6: "t_placed",
-         7: "t_sent", 8: "resp", 9: "done", 10: "woke"}
+NAMES = {1: "call", 2: "submit", 3: "owner", 4: "encode", 5: "pushed", 6: "sent", 7: "t_recv",
+         8: "t_placed", 9: "t_sent", 10: "resp", 11: "done", 12: "woke"}
 
 
 def pct(xs, q):
@@ -41,7 +41,7 @@ def main():
     for a, b in zip(steps, steps[1:]):
         ds = [(s[b] - s[a]) / 1000 for s in full]
         cells.append(f"{NAMES[a]}>{NAMES[b]} {statistics.median(ds):.1f}/{pct(ds, 0.9):.1f}")
-    tot = [(s[10] - s[1]) / 1000 for s in full]
+    tot = [(s[max(NAMES)] - s[1]) / 1000 for s in full]
     print(f"{label} (n={len(full)}, us p50/p90): total {statistics.median(tot):.1f}/{pct(tot, 0.9):.1f}")
     for c in cells:
         print("   " + c)

@@ -591,16 +591,15 @@ impl Inner {
                 .map(|_| failed(StatusCode::ErrInvalidArgs, "batch vector size mismatch"))
                 .collect();
         }
-        let u = |v: &Vec<usize>| v.iter().map(|&x| x as u64).collect::<Vec<u64>>();
         (0..n)
             .map(|i| {
                 self.submit(
                     op,
                     &local[i],
-                    &u(&local_offs[i]),
+                    &as_u64s(&local_offs[i]),
                     &remote[i],
-                    &u(&remote_offs[i]),
-                    &u(&sizes[i]),
+                    &as_u64s(&remote_offs[i]),
+                    &as_u64s(&sizes[i]),
                     uids[i],
                 )
             })
@@ -683,6 +682,23 @@ impl Inner {
             status.update(StatusCode::ErrBadState, "engine shut down");
         }
         status
+    }
+}
+
+/// `usize` offsets and sizes as `u64`: the same memory on 64-bit targets (no copy per
+/// call, which matters for batches of hundreds of segments), converted elsewhere.
+pub(crate) fn as_u64s(v: &[usize]) -> std::borrow::Cow<'_, [u64]> {
+    #[cfg(target_pointer_width = "64")]
+    {
+        // SAFETY: on 64-bit targets usize and u64 have the same size, alignment and valid
+        // bit patterns, so the slice's memory is a valid [u64] of the same length.
+        std::borrow::Cow::Borrowed(unsafe {
+            std::slice::from_raw_parts(v.as_ptr().cast::<u64>(), v.len())
+        })
+    }
+    #[cfg(not(target_pointer_width = "64"))]
+    {
+        std::borrow::Cow::Owned(v.iter().map(|&x| x as u64).collect())
     }
 }
 

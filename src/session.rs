@@ -105,9 +105,16 @@ impl IoEngineSession {
         sz: &[usize],
         uid: u64,
     ) -> Arc<TransferStatus> {
-        let u = |v: &[usize]| v.iter().map(|&x| x as u64).collect::<Vec<u64>>();
-        self.inner
-            .submit(op, &self.local, &u(lo), &self.remote, &u(ro), &u(sz), uid)
+        use crate::engine::as_u64s;
+        self.inner.submit(
+            op,
+            &self.local,
+            &as_u64s(lo),
+            &self.remote,
+            &as_u64s(ro),
+            &as_u64s(sz),
+            uid,
+        )
     }
 
     /// Always true for TCP sessions (MORI-IO).

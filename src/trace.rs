@@ -10,26 +10,31 @@ use std::sync::OnceLock;
 
 /// Stages, in the order a write passes them.
 pub mod stage {
+    /// Initiator, application thread: the transfer call was entered (marked by callers
+    /// that time their calls, like `morio bench`).
+    pub const CALL: u8 = 1;
     /// Initiator, application thread: the transfer is handed to its owner shard.
-    pub const SUBMIT: u8 = 1;
+    pub const SUBMIT: u8 = 2;
     /// Initiator, owner shard: the submission is taken up.
-    pub const OWNER: u8 = 2;
+    pub const OWNER: u8 = 3;
     /// Initiator, lane shard: the chunk's frame is being encoded.
-    pub const ENCODE: u8 = 3;
+    pub const ENCODE: u8 = 4;
+    /// Initiator, lane shard: the frame is encoded (and a small payload copied after it).
+    pub const PUSHED: u8 = 5;
     /// Initiator, lane shard: the send that carried the frame returned.
-    pub const SENT: u8 = 4;
+    pub const SENT: u8 = 6;
     /// Target: the frame header and body were decoded.
-    pub const T_RECV: u8 = 5;
+    pub const T_RECV: u8 = 7;
     /// Target: the payload is placed and the answer queued.
-    pub const T_PLACED: u8 = 6;
+    pub const T_PLACED: u8 = 8;
     /// Target: the send that carried the answer returned.
-    pub const T_SENT: u8 = 7;
+    pub const T_SENT: u8 = 9;
     /// Initiator, lane shard: the answer was decoded.
-    pub const RESP: u8 = 8;
+    pub const RESP: u8 = 10;
     /// Initiator, owner shard: the user-visible status was completed.
-    pub const DONE: u8 = 9;
+    pub const DONE: u8 = 11;
     /// Initiator, application thread: the waiter saw the completion.
-    pub const WOKE: u8 = 10;
+    pub const WOKE: u8 = 12;
 }
 
 /// Records kept per process (three words each); marks past this are dropped.

@@ -22,10 +22,18 @@ use std::time::{Duration, Instant};
 /// executor once round its loop (reactor, then every runnable task).
 const POLL_PERIOD: Duration = Duration::from_nanos(500);
 
-/// How long one turn of the poller polls, inside its task, before letting the executor go
-/// round its loop. A turn ends at once when it wakes anyone; while it polls, only timers
-/// and the runtime's own completions (connects, accepts) wait, at most this long.
+/// How long one turn of the poller polls inside its task at most. A turn ends at once when
+/// it wakes anyone.
 const TURN: Duration = Duration::from_micros(10);
+
+/// The poller sends the executor round its whole loop (reactor: timers, the runtime's own
+/// completions) once the shard has been quiet for this long since the last round...
+const ROUND_TRIP_QUIET: Duration = Duration::from_micros(50);
+
+/// ... or, under steady traffic, at least this often. A round trip takes a few
+/// microseconds in which the poller is not polling, so it is put where it is least likely
+/// to delay a message: in a quiet stretch longer than a small transfer's round trip.
+const ROUND_TRIP_MAX: Duration = Duration::from_micros(200);
 
 struct Waiter {
     fd: RawFd,
@@ -202,12 +210,14 @@ const SETTLE_ROUNDS: u32 = 3;
 /// The poller: turns of `poll(2)` over the waiting sockets while the shard is busy.
 ///
 /// Between turns it lets the tasks it woke run. Mostly it only re-queues itself behind
-/// them (so the next turn starts the moment they are done); at least once per [`TURN`] it
-/// instead sleeps on a timer, which sends the executor round its whole loop: a task that
-/// only ever re-queued itself would keep glommio inside its task queue, and timers and the
-/// runtime's own completions would never be processed.
+/// them (so the next turn starts the moment they are done); now and then
+/// ([`ROUND_TRIP_QUIET`], [`ROUND_TRIP_MAX`]) it instead sleeps on a timer, which sends
+/// the executor round its whole loop: a task that only ever re-queued itself would keep
+/// glommio inside its task queue, and timers and the runtime's own completions would
+/// never be processed.
 pub(crate) async fn poller() {
     let mut round_trip = Instant::now();
+    let mut last_woke = Instant::now();
     let mut settled = 0u32;
     loop {
         match turn(settled >= SETTLE_ROUNDS) {
@@ -219,10 +229,16 @@ pub(crate) async fn poller() {
                 hand_back();
                 continue;
             }
-            Turn::Woke => settled = 0,
+            Turn::Woke => {
+                settled = 0;
+                last_woke = Instant::now();
+            }
             Turn::Quiet => settled += 1,
         }
-        if round_trip.elapsed() >= TURN {
+        let since = round_trip.elapsed();
+        if since >= ROUND_TRIP_MAX
+            || (since >= ROUND_TRIP_QUIET && last_woke.elapsed() >= ROUND_TRIP_QUIET)
+        {
             glommio::timer::sleep(POLL_PERIOD).await;
             round_trip = Instant::now();
             settled = 0;

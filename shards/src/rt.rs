@@ -219,6 +219,48 @@ impl AsyncRead for ReadHalf {
         }
         Pin::new(&mut *self.0.borrow_mut()).poll_read(cx, buf)
     }
+
+    /// Scatter the socket's bytes over `bufs` in one `recvmsg` (a payload bound for many
+    /// separate places arrives in one syscall instead of one per place).
+    fn poll_read_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &mut [io::IoSliceMut<'_>],
+    ) -> Poll<io::Result<usize>> {
+        use std::os::fd::AsRawFd;
+        const MAX_IOV: usize = 256;
+        let n = bufs.len().min(MAX_IOV);
+        if bufs[..n].iter().all(|b| b.is_empty()) {
+            return Poll::Ready(Ok(0));
+        }
+        let fd = self.0.borrow().as_raw_fd();
+        // SAFETY: a zeroed msghdr is valid; IoSliceMut is ABI-compatible with iovec, and the
+        // buffers it points at are live and writable for the duration of the call.
+        let r = unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = bufs.as_mut_ptr().cast::<libc::iovec>();
+            msg.msg_iovlen = n as _;
+            libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT)
+        };
+        if r > 0 {
+            crate::busy::note_activity();
+        }
+        if r >= 0 {
+            return Poll::Ready(Ok(r as usize));
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted {
+            return Poll::Ready(Err(e));
+        }
+        if crate::busy::wait_readable(fd, cx) {
+            return Poll::Pending;
+        }
+        // Let the runtime wait for the socket, reading into the first buffer when it can.
+        match bufs[..n].iter_mut().find(|b| !b.is_empty()) {
+            Some(first) => Pin::new(&mut *self.0.borrow_mut()).poll_read(cx, first),
+            None => Poll::Ready(Ok(0)),
+        }
+    }
 }
 
 impl AsyncWrite for WriteHalf {

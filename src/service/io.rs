@@ -181,6 +181,74 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             })
     }
 
+    /// Fill `dsts`, in order, with the next payload bytes: what the buffer holds first, the
+    /// rest straight from the socket, scattered with vectored reads (one syscall for many
+    /// pieces rather than one each).
+    pub(crate) async fn read_payload_scatter(
+        &mut self,
+        dsts: &mut [&mut [u8]],
+    ) -> Result<(), ConnError> {
+        use futures_lite::AsyncReadExt;
+        let total: usize = dsts.iter().map(|d| d.len()).sum();
+        if total <= SMALL_PAYLOAD_BYTES || dsts.len() < 2 {
+            for d in dsts.iter_mut() {
+                self.read_payload(d).await?;
+            }
+            return Ok(());
+        }
+        self.payload_left = self.payload_left.saturating_sub(total as u64);
+        let lens: Vec<usize> = dsts.iter().map(|d| d.len()).collect();
+        // (piece, offset within it) of the first byte still missing.
+        let (mut idx, mut off) = (0usize, 0usize);
+        let skip_empty = |idx: &mut usize| {
+            while *idx < lens.len() && lens[*idx] == 0 {
+                *idx += 1;
+            }
+        };
+        let advance = |mut n: usize, idx: &mut usize, off: &mut usize| {
+            while n > 0 && *idx < lens.len() {
+                let left = lens[*idx] - *off;
+                if n < left {
+                    *off += n;
+                    n = 0;
+                } else {
+                    n -= left;
+                    *idx += 1;
+                    *off = 0;
+                }
+            }
+            // Empty pieces need no bytes.
+            skip_empty(idx);
+        };
+        skip_empty(&mut idx);
+        // Buffered bytes first.
+        while self.start < self.end && idx < dsts.len() {
+            let d = &mut dsts[idx][off..];
+            let k = d.len().min(self.end - self.start);
+            d[..k].copy_from_slice(&self.buf[self.start..self.start + k]);
+            self.start += k;
+            advance(k, &mut idx, &mut off);
+        }
+        let stall = self.stall;
+        while idx < dsts.len() {
+            let n = {
+                let rest = &mut dsts[idx..];
+                let mut iov: Vec<std::io::IoSliceMut<'_>> = Vec::with_capacity(rest.len());
+                let (head, tail) = rest.split_at_mut(1);
+                iov.push(std::io::IoSliceMut::new(&mut head[0][off..]));
+                iov.extend(tail.iter_mut().map(|d| std::io::IoSliceMut::new(d)));
+                rt::timeout(stall, self.r.read_vectored(&mut iov))
+                    .await
+                    .ok_or(ConnError::Stalled(stall))??
+            };
+            if n == 0 {
+                return Err(ConnError::Closed);
+            }
+            advance(n, &mut idx, &mut off);
+        }
+        Ok(())
+    }
+
     /// A small payload scattered over many pieces (a batch of tiny segments) is read into
     /// the buffer in one go rather than with one `recv` per piece.
     async fn prefetch_small_payload(&mut self, need: usize) -> Result<(), ConnError> {
@@ -218,6 +286,17 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
         Ok(())
     }
+}
+
+/// Whether `(offset, len)` ranges come in ascending order without overlapping (so mutable
+/// slices of all of them can exist at once).
+pub(crate) fn ascending_disjoint(mut ranges: impl Iterator<Item = (u64, u64)>) -> bool {
+    let mut end = 0u64;
+    ranges.all(|(off, len)| {
+        let ok = off >= end;
+        end = off.saturating_add(len);
+        ok
+    })
 }
 
 /// Writes frames, copying small payloads next to their header so the whole frame leaves in
@@ -352,5 +431,19 @@ fn eof_is_closed(e: io::Error) -> ConnError {
         ConnError::Closed
     } else {
         ConnError::Io(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ascending_disjoint;
+
+    #[test]
+    fn ascending_disjoint_ranges() {
+        assert!(ascending_disjoint([].into_iter()));
+        assert!(ascending_disjoint([(0, 8), (8, 8), (20, 1)].into_iter()));
+        assert!(!ascending_disjoint([(0, 8), (7, 8)].into_iter()));
+        assert!(!ascending_disjoint([(10, 8), (0, 8)].into_iter()));
+        assert!(!ascending_disjoint([(u64::MAX - 1, 8), (5, 1)].into_iter()));
     }
 }

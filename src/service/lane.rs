@@ -13,7 +13,8 @@ use morio_shards::{rt, ShardId};
 
 use super::gpu_io::{self, SendError};
 use super::io::{
-    configure_buffers, configure_conn, read_frame_exact, ConnError, FrameReader, FrameWriter,
+    ascending_disjoint, configure_buffers, configure_conn, read_frame_exact, ConnError,
+    FrameReader, FrameWriter,
 };
 use super::owner::{LaneEvent, LaneEventKind};
 use super::{Peer, Shard, ShardMsg, TaskGuard};
@@ -293,6 +294,9 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
         if let Err(e) = write_item(&shard, &lane, &mut writer, item).await {
             return die(&shard, &lane, &format!("send failed: {e}"));
         }
+        if let Some(uid) = last_uid {
+            trace::mark(uid, trace::stage::PUSHED);
+        }
         lane.writing.set(None);
         rt::yield_if_needed().await;
     }
@@ -564,13 +568,22 @@ async fn on_frame(
                 if payload != bytes {
                     return violation("read data length differs from the request");
                 }
-                for p in &pieces {
-                    // SAFETY: the range was checked at submission; the bytes placed are the
-                    // ones this side requested, into the range it requested them for.
-                    let dst = unsafe { local.slice_mut(p.local, p.len) };
-                    let dst = dst
-                        .ok_or_else(|| ConnError::Violation("local range out of bounds".into()))?;
-                    reader.read_payload(dst).await?;
+                let oob = || ConnError::Violation("local range out of bounds".into());
+                if ascending_disjoint(pieces.iter().map(|p| (p.local, p.len))) {
+                    let mut dsts = Vec::with_capacity(pieces.len());
+                    for p in &pieces {
+                        // SAFETY: the range was checked at submission; the bytes placed are
+                        // the ones this side requested, into the range it requested them for;
+                        // the ranges are disjoint, so the slices do not alias.
+                        dsts.push(unsafe { local.slice_mut(p.local, p.len) }.ok_or_else(oob)?);
+                    }
+                    reader.read_payload_scatter(&mut dsts).await?;
+                } else {
+                    for p in &pieces {
+                        // SAFETY: as above; one slice at a time, so overlaps cannot alias.
+                        let dst = unsafe { local.slice_mut(p.local, p.len) }.ok_or_else(oob)?;
+                        reader.read_payload(dst).await?;
+                    }
                 }
                 shard.stats.borrow_mut().bytes_received += bytes;
             }

@@ -9,7 +9,9 @@ use futures_lite::AsyncWriteExt;
 use morio_shards::rt;
 
 use super::gpu_io::{self, SendError};
-use super::io::{configure_conn, read_frame_exact, ConnError, FrameReader, FrameWriter};
+use super::io::{
+    ascending_disjoint, configure_conn, read_frame_exact, ConnError, FrameReader, FrameWriter,
+};
 use super::{ServedConn, Shard, ShardMsg, TaskGuard};
 use crate::proto::codes;
 use crate::proto::frame::{Chunk, Frame, Hello, HelloAck, Reply};
@@ -417,12 +419,27 @@ async fn place(
                 shard.stats.borrow_mut().inbound_bytes_written += payload;
                 return Ok((codes::SUCCESS, String::new()));
             }
-            for s in &chunk.segs {
-                // SAFETY: bounds checked above against the live region (kept alive by
-                // `region` across the awaits); the peer may write it because it is registered.
-                let dst = unsafe { region.slice_mut(s.off, s.len) };
-                let dst = dst.ok_or_else(|| ConnError::Violation("segment out of range".into()))?;
-                reader.read_payload(dst).await?;
+            if ascending_disjoint(chunk.segs.iter().map(|s| (s.off, s.len))) {
+                // Disjoint destinations: hand them all to one scattered read.
+                let mut dsts = Vec::with_capacity(chunk.segs.len());
+                for s in &chunk.segs {
+                    // SAFETY: bounds checked above against the live region (kept alive by
+                    // `region` across the awaits); the peer may write it because it is
+                    // registered; the ranges are disjoint, so the slices do not alias.
+                    let dst = unsafe { region.slice_mut(s.off, s.len) };
+                    dsts.push(
+                        dst.ok_or_else(|| ConnError::Violation("segment out of range".into()))?,
+                    );
+                }
+                reader.read_payload_scatter(&mut dsts).await?;
+            } else {
+                for s in &chunk.segs {
+                    // SAFETY: as above; one slice at a time, so overlaps cannot alias.
+                    let dst = unsafe { region.slice_mut(s.off, s.len) };
+                    let dst =
+                        dst.ok_or_else(|| ConnError::Violation("segment out of range".into()))?;
+                    reader.read_payload(dst).await?;
+                }
             }
             shard.stats.borrow_mut().inbound_bytes_written += payload;
             Ok((codes::SUCCESS, String::new()))

@@ -85,6 +85,7 @@ impl Runner<'_> {
         if self.batch_mode {
             let uid = self.uid();
             let t = Instant::now();
+            morio::trace::mark(uid, morio::trace::stage::CALL);
             let st = self.batch_call(l, uid);
             st.wait();
             let d = t.elapsed();
@@ -98,7 +99,10 @@ impl Runner<'_> {
             .offs
             .iter()
             .zip(&uids)
-            .map(|(&o, &uid)| self.single_call(o, l.sizes[0], uid))
+            .map(|(&o, &uid)| {
+                morio::trace::mark(uid, morio::trace::stage::CALL);
+                self.single_call(o, l.sizes[0], uid)
+            })
             .collect();
         for (st, &uid) in sts.iter().zip(&uids) {
             st.wait();
