@@ -145,21 +145,39 @@ gpu() {
 	finish
 }
 
+# variants SPEC DEFAULTS...: VARIANTS = SPEC split at ';', or DEFAULTS when SPEC is empty.
+variants() {
+	local spec=$1
+	shift
+	VARIANTS=("$@")
+	if [[ -n ${spec} ]]; then
+		IFS=';' read -ra VARIANTS <<<"${spec}"
+	fi
+}
+
+# variant V: OPTS and TAG for V = "default" or "SHARDS SPIN_US WAIT_SPIN_US".
+variant() {
+	OPTS=()
+	TAG=default
+	if [[ $1 != default ]]; then
+		local sh spin wspin
+		read -r sh spin wspin <<<"$1"
+		OPTS=(--shards "${sh}" --wait-spin-us "${wspin}")
+		((spin > 0)) && OPTS+=(--spin-us "${spin}")
+		TAG="s${sh}-spin${spin}-wait${wspin}"
+	fi
+}
+
 lat() {
 	begin
 	local b256=(--transfer-batch-size 256 --enable-batch-transfer --enable-sess --no-ceiling)
 	local one=(--transfer-batch-size 1 --no-ceiling)
-	for v in default "1 0 50" "1 2000 50" "1 2000 1000" "2 2000 1000" "4 2000 1000"; do
-		local opts=() tag=default
-		if [[ ${v} != default ]]; then
-			read -r sh spin wspin <<<"${v}"
-			opts=(--shards "${sh}" --wait-spin-us "${wspin}")
-			((spin > 0)) && opts+=(--spin-us "${spin}")
-			tag="s${sh}-spin${spin}-wait${wspin}"
-		fi
-		add "lat-8b-b256-${tag}" --op-type write --buffer-size 8 "${b256[@]}" "${opts[@]}"
-		add "lat-4k-b256-${tag}" --op-type write --buffer-size 4096 "${b256[@]}" "${opts[@]}"
-		add "lat-8b-single-${tag}" --op-type write --buffer-size 8 "${one[@]}" "${opts[@]}"
+	variants "${LAT_VARIANTS:-}" "default" "1 2000 1000" "2 2000 1000" "4 2000 1000" "8 2000 1000"
+	for v in "${VARIANTS[@]}"; do
+		variant "${v}"
+		add "lat-8b-b256-${TAG}" --op-type write --buffer-size 8 "${b256[@]}" "${OPTS[@]}"
+		add "lat-4k-b256-${TAG}" --op-type write --buffer-size 4096 "${b256[@]}" "${OPTS[@]}"
+		add "lat-8b-single-${TAG}" --op-type write --buffer-size 8 "${one[@]}" "${OPTS[@]}"
 	done
 	finish
 }
@@ -168,23 +186,14 @@ trace() {
 	begin
 	local b256=(--transfer-batch-size 256 --enable-batch-transfer --enable-sess)
 	local one=(--transfer-batch-size 1)
-	local variants=("default" "1 2000 1000")
-	if [[ -n ${TRACE_VARIANTS:-} ]]; then
-		IFS=';' read -ra variants <<<"${TRACE_VARIANTS}"
-	fi
-	for v in "${variants[@]}"; do
-		local opts=() tag=default
-		if [[ ${v} != default ]]; then
-			read -r sh spin wspin <<<"${v}"
-			opts=(--shards "${sh}" --wait-spin-us "${wspin}")
-			((spin > 0)) && opts+=(--spin-us "${spin}")
-			tag="s${sh}-spin${spin}-wait${wspin}"
-		fi
+	variants "${TRACE_VARIANTS:-}" "default" "4 2000 1000"
+	for v in "${VARIANTS[@]}"; do
+		variant "${v}"
 		for row in "8b-single:--buffer-size 8 ${one[*]}" "8b-b256:--buffer-size 8 ${b256[*]}" "4k-b256:--buffer-size 4096 ${b256[*]}"; do
-			local name="trace-${row%%:*}-${tag}" args
+			local name="trace-${row%%:*}-${TAG}" args
 			read -ra args <<<"${row#*:}"
 			mkdir -p "${OUT_DIR}/trace/${name}"
-			MORIO_TRACE="${OUT_DIR}/trace/${name}" add "${name}" --op-type write "${args[@]}" "${opts[@]}" --no-ceiling
+			MORIO_TRACE="${OUT_DIR}/trace/${name}" add "${name}" --op-type write "${args[@]}" "${OPTS[@]}" --no-ceiling
 		done
 	done
 	# One run with the ceiling, for the raw round-trip floors (blocking and busy-polling).

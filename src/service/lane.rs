@@ -11,6 +11,7 @@ use std::sync::Arc;
 use futures_lite::AsyncWriteExt;
 use morio_shards::{rt, ShardId};
 
+use super::bell::Bell;
 use super::gpu_io::{self, SendError};
 use super::io::{
     ascending_disjoint, configure_buffers, configure_conn, read_frame_exact, ConnError,
@@ -96,7 +97,7 @@ pub(crate) struct Lane {
     peer: Arc<Peer>,
     lane: u16,
     queue: RefCell<VecDeque<LaneItem>>,
-    bell: (async_channel::Sender<()>, async_channel::Receiver<()>),
+    bell: Bell,
     outstanding: RefCell<HashMap<u64, Outstanding>>,
     next_tag: Cell<u64>,
     writing: Cell<Option<(u64, u64)>>,
@@ -112,7 +113,7 @@ pub(crate) fn enqueue(shard: &Rc<Shard>, work: LaneWork) {
         // Started only once its first work is queued: a dial that fails at once finds it.
         rt::spawn_local(run(shard.clone(), lane.clone())).detach();
     }
-    let _ = lane.bell.0.try_send(());
+    lane.bell.ring();
 }
 
 /// The live lane `idx` to `peer`, and whether it was just created (and needs its task).
@@ -129,7 +130,7 @@ fn lane_for(shard: &Rc<Shard>, peer: &Arc<Peer>, idx: u16) -> (Rc<Lane>, bool) {
         peer: peer.clone(),
         lane: idx,
         queue: RefCell::new(VecDeque::new()),
-        bell: async_channel::bounded(1),
+        bell: Bell::default(),
         outstanding: RefCell::new(HashMap::new()),
         next_tag: Cell::new(0),
         writing: Cell::new(None),
@@ -198,7 +199,7 @@ fn die(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: &str) {
             lanes.remove(&key);
         }
     }
-    lane.bell.0.close();
+    lane.bell.close();
     if let Some(fd) = lane.fd.take() {
         // SAFETY: the fd is open: the stream that owns it lives until both lane tasks end,
         // and they end only after this point. shutdown(2) wakes the reader with EOF.
@@ -254,7 +255,7 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
     let _live = TaskGuard::new(&shard);
     // A lane that dies while dialing (shutdown, peer deregistered) stops dialing at once.
     let closed = async {
-        while lane.bell.1.recv().await.is_ok() {}
+        while lane.bell.wait().await.is_ok() {}
         Err("lane closed while connecting".to_string())
     };
     let stream = match futures_lite::future::or(connect(&shard, &lane), closed).await {
@@ -281,7 +282,7 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
             if let Some(uid) = last_uid.take() {
                 trace::mark(uid, trace::stage::SENT);
             }
-            if lane.bell.1.recv().await.is_err() {
+            if lane.bell.wait().await.is_err() {
                 return;
             }
             continue;

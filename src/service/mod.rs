@@ -10,6 +10,7 @@
 //! drives [`crate::proto::outbound::Outbound`] and completes the user's status. On the target,
 //! every connection is served by the shard it was handed to ([`serve`]).
 
+mod bell;
 mod gpu_io;
 mod io;
 mod lane;
