@@ -102,15 +102,20 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
             "transfer has too many chunks",
         );
     };
-    // Lanes this shard runs: a single-lane transfer uses one of them, so it never leaves
-    // this core; a striped one starts there and fans out over every lane.
-    let own: Vec<u16> = (0..n_lanes)
-        .filter(|&l| shard.lane_shard(l) == shard.id)
-        .collect();
+    // Lanes this shard runs (`id`, `id + n_shards`, ... below `n_lanes`): a single-lane
+    // transfer uses one of them, so it never leaves this core; a striped one starts there
+    // and fans out over every lane.
+    let n_shards = shard.n_shards();
+    let n_own = (n_lanes as usize)
+        .saturating_sub(shard.id)
+        .div_ceil(n_shards.max(1));
     let Some(home) = ({
         let mut t = shard.owner.borrow_mut();
-        let c = t.cursor.entry(s.peer.key.clone()).or_insert(0);
-        let home = own.get(*c % own.len().max(1)).copied();
+        let c = match t.cursor.get_mut(&s.peer.key) {
+            Some(c) => c,
+            None => t.cursor.entry(s.peer.key.clone()).or_insert(0),
+        };
+        let home = (n_own > 0).then(|| (shard.id + (*c % n_own) * n_shards) as u16);
         *c = c.wrapping_add(1);
         home
     }) else {
