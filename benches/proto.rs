@@ -59,6 +59,11 @@ fn main() {
             },
         );
     }
+    let strided: Vec<u64> = (0..256u64).map(|i| i * 9).collect();
+    let eights = vec![8u64; 256];
+    time("normalize 256 x 8 B strided", iters, || {
+        black_box(normalize(&strided, &strided, &eights, 1 << 20, 1 << 20).ok());
+    });
     let offs: Vec<u64> = (0..256u64).map(|i| i * (1 << 20)).collect();
     let sizes = vec![1u64 << 20; 256];
     time(

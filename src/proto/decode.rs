@@ -289,22 +289,27 @@ impl<'a> Reader<'a> {
         }
         // The count is bounded, and the body must actually hold n segments: check before
         // allocating so a lying count cannot reserve memory.
-        if self.b.len() < 16 * n as usize {
-            return Err(DecodeError::Truncated);
-        }
+        let raw = self.take(16 * n as usize)?;
         let mut segs = Vec::with_capacity(n as usize);
-        let mut total = 0u64;
-        for _ in 0..n {
-            let off = self.u64()?;
-            let len = self.u64()?;
-            if len == 0 || off.checked_add(len).is_none() {
-                return Err(DecodeError::BadSeg);
-            }
-            total = total.checked_add(len).ok_or(DecodeError::BadSeg)?;
+        // One pass, no early exits: lengths are summed in u128 (n is bounded, so it cannot
+        // overflow) and every check is folded into `bad`.
+        let mut total = 0u128;
+        let mut bad = false;
+        let (words, _) = raw.as_chunks::<8>();
+        for pair in words.chunks_exact(2) {
+            let [o, l] = pair else { break };
+            let (off, len) = (u64::from_le_bytes(*o), u64::from_le_bytes(*l));
+            bad |= (len == 0) | off.checked_add(len).is_none();
+            total += len as u128;
             segs.push(Seg { off, len });
         }
-        if total > MAX_CHUNK_BYTES {
-            return Err(DecodeError::PayloadTooLarge(total));
+        if bad {
+            return Err(DecodeError::BadSeg);
+        }
+        if total > MAX_CHUNK_BYTES as u128 {
+            return Err(DecodeError::PayloadTooLarge(
+                u64::try_from(total).unwrap_or(u64::MAX),
+            ));
         }
         Ok(Chunk {
             tag,

@@ -324,6 +324,7 @@ impl FrameWriter {
         let total: usize = payload.iter().map(|p| p.len()).sum();
         frame.encode(total as u64, &mut self.buf);
         if total <= self.inline_bytes {
+            self.buf.reserve(total);
             for p in payload {
                 self.buf.extend_from_slice(p);
             }
