@@ -295,9 +295,13 @@ impl<'a> Reader<'a> {
         // overflow) and every check is folded into `bad`.
         let mut total = 0u128;
         let mut bad = false;
-        let (words, _) = raw.as_chunks::<8>();
-        for pair in words.chunks_exact(2) {
-            let [o, l] = pair else { break };
+        for c in raw.chunks_exact(16) {
+            let Some((o, rest)) = c.split_first_chunk::<8>() else {
+                break;
+            };
+            let Some(l) = rest.first_chunk::<8>() else {
+                break;
+            };
             let (off, len) = (u64::from_le_bytes(*o), u64::from_le_bytes(*l));
             bad |= (len == 0) | off.checked_add(len).is_none();
             total += len as u128;
