@@ -100,3 +100,77 @@ fn bench_without_a_gpu_runtime_fails_cleanly() {
     assert!(stderr.contains("GPU"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// `MORIO_TRACE=DIR`: both processes leave a CSV, and every timed transfer of a spinning run
+/// passes every stage, in order, on one clock.
+#[test]
+fn trace_records_every_stage_of_every_transfer() {
+    let dir = std::env::temp_dir().join(format!("morio-bench-trace-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("row.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_morio"))
+        .env("MORIO_TRACE", &dir)
+        .args([
+            "bench",
+            "--loopback",
+            "--no-pin",
+            "--shards",
+            "1",
+            "--op-type",
+            "write",
+            "--buffer-size",
+            "8",
+            "--transfer-batch-size",
+            "1",
+            "--iters",
+            "20",
+            "--spin-us",
+            "20000",
+            "--no-ceiling",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .expect("run morio bench");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut stages: std::collections::HashMap<u64, Vec<(u64, u64)>> = Default::default();
+    let mut files = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "csv") {
+            files += 1;
+            let text = std::fs::read_to_string(&p).unwrap();
+            for line in text.lines().skip(1) {
+                let v: Vec<u64> = line.split(',').map(|x| x.parse().unwrap()).collect();
+                stages.entry(v[0]).or_default().push((v[1], v[2]));
+            }
+        }
+    }
+    assert_eq!(files, 2, "one CSV per process");
+    let all = u64::from(morio::trace::stage::CALL)..=u64::from(morio::trace::stage::WOKE);
+    let complete: Vec<_> = stages
+        .values()
+        .filter(|s| all.clone().all(|st| s.iter().any(|&(x, _)| x == st)))
+        .collect();
+    // Warm-up transfers are not marked CALL/WOKE by the bench; the 20 timed ones are.
+    assert!(
+        complete.len() >= 20,
+        "{} complete of {}",
+        complete.len(),
+        stages.len()
+    );
+    for s in complete {
+        let at = |st: u64| s.iter().find(|&&(x, _)| x == st).map(|&(_, t)| t).unwrap();
+        let times: Vec<u64> = all.clone().map(at).collect();
+        assert!(
+            times.windows(2).all(|w| w[0] <= w[1]),
+            "stages out of order: {times:?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
