@@ -186,6 +186,23 @@ impl WriteHalf {
     }
 }
 
+/// What a non-blocking receive that returned `r` means: bytes, EOF or an error (`Ready`); an
+/// empty socket that a busy shard's poller now watches (`Pending`); or an empty socket that
+/// the runtime must wait for (`None`).
+fn received(r: isize, fd: std::os::fd::RawFd, cx: &Context<'_>) -> Option<Poll<io::Result<usize>>> {
+    if r > 0 {
+        crate::busy::note_activity();
+    }
+    if r >= 0 {
+        return Some(Poll::Ready(Ok(r as usize)));
+    }
+    let e = io::Error::last_os_error();
+    if e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted {
+        return Some(Poll::Ready(Err(e)));
+    }
+    crate::busy::wait_readable(fd, cx).then_some(Poll::Pending)
+}
+
 impl AsyncRead for ReadHalf {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -203,19 +220,8 @@ impl AsyncRead for ReadHalf {
         let fd = self.0.borrow().as_raw_fd();
         // SAFETY: fd is our open socket; buf is a valid writable slice.
         let r = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-        if r > 0 {
-            crate::busy::note_activity();
-        }
-        if r >= 0 {
-            return Poll::Ready(Ok(r as usize));
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted {
-            return Poll::Ready(Err(e));
-        }
-        // A busy shard's poller watches the socket; an idle one leaves it to the runtime.
-        if crate::busy::wait_readable(fd, cx) {
-            return Poll::Pending;
+        if let Some(p) = received(r, fd, cx) {
+            return p;
         }
         Pin::new(&mut *self.0.borrow_mut()).poll_read(cx, buf)
     }
@@ -242,18 +248,8 @@ impl AsyncRead for ReadHalf {
             msg.msg_iovlen = n as _;
             libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT)
         };
-        if r > 0 {
-            crate::busy::note_activity();
-        }
-        if r >= 0 {
-            return Poll::Ready(Ok(r as usize));
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted {
-            return Poll::Ready(Err(e));
-        }
-        if crate::busy::wait_readable(fd, cx) {
-            return Poll::Pending;
+        if let Some(p) = received(r, fd, cx) {
+            return p;
         }
         // Let the runtime wait for the socket, reading into the first buffer when it can.
         match bufs[..n].iter_mut().find(|b| !b.is_empty()) {
