@@ -260,8 +260,10 @@ fn finish(
         .borrow_mut()
         .record_transfer(code == codes::SUCCESS, latency_us);
     if code == codes::SUCCESS {
-        e.status.update(StatusCode::Success, "");
+        // Marked before the update: a spinning waiter may see SUCCESS (and mark WOKE) before
+        // this thread runs its next instruction.
         crate::trace::mark(uid, crate::trace::stage::DONE);
+        e.status.update(StatusCode::Success, "");
     } else {
         log::debug!("transfer {uid} to {peer} failed: code {code} {msg}");
         fail_status(&e.status, code, msg);
