@@ -23,7 +23,8 @@ fn time<F: FnMut()>(name: &str, iters: u64, mut f: F) {
 fn main() {
     let quick = std::env::args().any(|a| a == "--test");
     let iters = if quick { 1_000 } else { 200_000 };
-    for n_segs in [1usize, 256] {
+    // 256 strided segments go as one run; "irregular" ones (alternating lengths) as a list.
+    for (n_segs, irregular) in [(1usize, false), (256, false), (256, true)] {
         let chunk = Chunk {
             tag: 1,
             uid: 2,
@@ -34,7 +35,7 @@ fn main() {
             segs: (0..n_segs as u64)
                 .map(|i| Seg {
                     off: i * 16,
-                    len: 8,
+                    len: if irregular { 8 - i % 2 } else { 8 },
                 })
                 .collect(),
         };
@@ -42,17 +43,19 @@ fn main() {
             chunk,
             final_: true,
         };
+        let payload = frame_payload(&frame);
+        let form = if irregular { "list" } else { "runs" };
         let mut buf = Vec::with_capacity(1 << 16);
         time(
-            &format!("encode WRITE header, {n_segs} segs"),
+            &format!("encode WRITE header, {n_segs} segs ({form})"),
             iters,
             || {
                 buf.clear();
-                black_box(&frame).encode(8 * n_segs as u64, &mut buf);
+                black_box(&frame).encode(payload, &mut buf);
             },
         );
         time(
-            &format!("decode WRITE header, {n_segs} segs"),
+            &format!("decode WRITE header, {n_segs} segs ({form})"),
             iters,
             || {
                 black_box(decode_frame(black_box(&buf)).ok());
@@ -74,4 +77,11 @@ fn main() {
             black_box(cut(&p, stripe_bytes(256 << 20, 8, 1 << 20)));
         },
     );
+}
+
+fn frame_payload(f: &Frame) -> u64 {
+    match f {
+        Frame::Write { chunk, .. } => chunk.bytes(),
+        _ => 0,
+    }
 }

@@ -7,12 +7,12 @@ use std::collections::HashSet;
 use morio::proto::codes::{ERR_BAD_STATE, ERR_GPU_OP, ERR_INVALID_ARGS, ERR_NOT_FOUND, SUCCESS};
 use morio::proto::decode::{decode_frame, DecodeError};
 use morio::proto::frame::{
-    Chunk, Finish, Frame, Hello, HelloAck, Kind, Op, Reply, Seg, FLAG_FINAL,
+    runs, Chunk, Finish, Frame, Hello, HelloAck, Kind, Op, Reply, Seg, FLAG_FINAL, FLAG_RUNS,
 };
 use morio::proto::inbound::check_chunk;
 use morio::proto::limits::{
     FRAME_MAGIC, HEADER_BYTES, MAX_BODY_BYTES, MAX_CHUNK_BYTES, MAX_KEY_BYTES, MAX_MSG_BYTES,
-    MAX_SEGS_PER_CHUNK, MIN_STRIPE_BYTES,
+    MAX_SEGS_PER_CHUNK, MIN_STRIPE_BYTES, RUN_BYTES, SEG_BYTES,
 };
 use morio::proto::outbound::{Action, Outbound, Phase, Violation};
 use morio::proto::plan::{
@@ -70,6 +70,30 @@ fn segs(max_segs: usize) -> impl Strategy<Value = Vec<Seg>> {
     })
 }
 
+/// Segment lists made of regular runs (equal lengths at a constant stride, as batches of
+/// equal-sized blocks are), sometimes mixed with odd segments: what the run form is for.
+fn run_segs() -> impl Strategy<Value = Vec<Seg>> {
+    proptest::collection::vec(
+        (
+            0..1u64 << 30,
+            prop_oneof![1..=16u64, 1..=4096u64],
+            1..=64u64,
+            prop_oneof![Just(0u64), 0..=8192u64],
+        ),
+        1..=6,
+    )
+    .prop_map(|runs| {
+        runs.into_iter()
+            .flat_map(|(off, len, count, gap)| {
+                (0..count).map(move |i| Seg {
+                    off: off + i * (len + gap),
+                    len,
+                })
+            })
+            .collect()
+    })
+}
+
 fn chunk() -> impl Strategy<Value = Chunk> {
     (
         any::<u64>(),
@@ -77,7 +101,7 @@ fn chunk() -> impl Strategy<Value = Chunk> {
         (1..=u32::MAX).prop_flat_map(|n| (0..n, Just(n))),
         any::<u32>(),
         (any::<u64>(), any::<u64>()),
-        prop_oneof![3 => segs(8), 1 => segs(300)],
+        prop_oneof![3 => segs(8), 1 => segs(300), 2 => run_segs()],
     )
         .prop_map(
             |(tag, uid, (chunk, n_chunks), mem_id, (a, b), segs)| Chunk {
@@ -272,7 +296,15 @@ proptest! {
                 | Frame::Read { final_: true, .. }
                 | Frame::ReadData { final_: true, .. }
         );
-        prop_assert_eq!(bytes[3], if final_ { FLAG_FINAL } else { 0 });
+        prop_assert_eq!(bytes[3] & !FLAG_RUNS, if final_ { FLAG_FINAL } else { 0 });
+        // Chunks take the run form exactly when it is the smaller one.
+        if let Frame::Write { chunk: c, .. } | Frame::Read { chunk: c, .. } = &frame {
+            let n_runs = runs(&c.segs, |s| *s).count();
+            let as_runs = n_runs * RUN_BYTES < c.segs.len() * SEG_BYTES;
+            prop_assert_eq!(bytes[3] & FLAG_RUNS != 0, as_runs);
+        } else {
+            prop_assert_eq!(bytes[3] & FLAG_RUNS, 0);
+        }
 
         let (got, got_payload, consumed) = decode_frame(bytes)
             .map_err(|e| TestCaseError::fail(format!("decode error {e}")))?
@@ -361,6 +393,7 @@ proptest! {
 
 #[test]
 fn chunk_with_most_segments_fits_the_body_limit() {
+    // Lengths alternate, so no two neighbours form a run and the list form is the one used.
     let mk = |n: usize| Chunk {
         tag: 1,
         uid: 2,
@@ -368,7 +401,12 @@ fn chunk_with_most_segments_fits_the_body_limit() {
         n_chunks: 1,
         mem_id: 3,
         extent: (0, 1 << 40),
-        segs: (0..n as u64).map(|i| Seg { off: i * 2, len: 1 }).collect(),
+        segs: (0..n as u64)
+            .map(|i| Seg {
+                off: i * 4,
+                len: 1 + i % 2,
+            })
+            .collect(),
     };
     let c = mk(MAX_SEGS_PER_CHUNK);
     let bytes = encoded(
@@ -381,7 +419,7 @@ fn chunk_with_most_segments_fits_the_body_limit() {
     assert_eq!(bytes.len(), HEADER_BYTES + MAX_BODY_BYTES);
     let (f, p, n) = decode_frame(&bytes).unwrap().unwrap();
     assert_eq!(n, bytes.len());
-    assert_eq!(p, MAX_SEGS_PER_CHUNK as u64);
+    assert_eq!(p, c.bytes());
     assert_eq!(
         f,
         Frame::Write {
@@ -1049,4 +1087,105 @@ fn final_on_partial_chunk_and_odd_hello_ack_code_are_rejected() {
     };
     Frame::HelloAck(ack).encode(0, &mut buf);
     assert_eq!(decode_frame(&buf), Err(DecodeError::BadCode(3)));
+}
+
+#[test]
+fn a_strided_batch_is_one_run_on_the_wire() {
+    let segs: Vec<Seg> = (0..256u64).map(|i| Seg { off: i * 9, len: 8 }).collect();
+    let c = Chunk {
+        tag: 1,
+        uid: 2,
+        chunk: 0,
+        n_chunks: 1,
+        mem_id: 3,
+        extent: (0, 256 * 9),
+        segs,
+    };
+    let f = Frame::Write {
+        chunk: c,
+        final_: true,
+    };
+    let bytes = encoded(&f, 256 * 8);
+    assert_eq!(bytes[3], FLAG_FINAL | FLAG_RUNS);
+    assert_eq!(
+        bytes.len(),
+        HEADER_BYTES + morio::proto::limits::CHUNK_FIXED_BYTES + RUN_BYTES
+    );
+    let (got, payload, _) = decode_frame(&bytes).unwrap().unwrap();
+    assert_eq!(got, f);
+    assert_eq!(payload, 256 * 8);
+}
+
+/// A run-form chunk body with the given runs (`off`, `len`, `count`, `stride`).
+fn run_frame(runs: &[(u64, u64, u32, u64)], payload: u64) -> Vec<u8> {
+    let mut body = Vec::new();
+    for v in [1u64, 2] {
+        body.extend_from_slice(&v.to_le_bytes()); // tag, uid
+    }
+    for v in [0u32, 1, 3] {
+        body.extend_from_slice(&v.to_le_bytes()); // chunk, n_chunks, mem_id
+    }
+    body.extend_from_slice(&0u64.to_le_bytes());
+    body.extend_from_slice(&u64::MAX.to_le_bytes());
+    body.extend_from_slice(&(runs.len() as u32).to_le_bytes());
+    for &(off, len, count, stride) in runs {
+        body.extend_from_slice(&off.to_le_bytes());
+        body.extend_from_slice(&len.to_le_bytes());
+        body.extend_from_slice(&count.to_le_bytes());
+        body.extend_from_slice(&stride.to_le_bytes());
+    }
+    let mut b = Vec::new();
+    b.extend_from_slice(&FRAME_MAGIC.to_le_bytes());
+    b.push(Kind::Write as u8);
+    b.push(FLAG_RUNS);
+    b.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    b.extend_from_slice(&payload.to_le_bytes());
+    b.extend_from_slice(&body);
+    b
+}
+
+#[test]
+fn hostile_runs_are_refused_before_they_allocate() {
+    // A fine one first, so the builder is known to be right.
+    assert!(decode_frame(&run_frame(&[(0, 8, 4, 16)], 32))
+        .unwrap()
+        .is_some());
+    // More segments in all than a chunk may have, though each run is small on the wire.
+    let many = [(0, 1, u32::MAX, 1), (0, 1, u32::MAX, 1)];
+    assert!(matches!(
+        decode_frame(&run_frame(&many, 1)),
+        Err(DecodeError::BadSegCount(_))
+    ));
+    let over = [(0, 1, MAX_SEGS_PER_CHUNK as u32 + 1, 1)];
+    assert!(matches!(
+        decode_frame(&run_frame(&over, MAX_SEGS_PER_CHUNK as u64 + 1)),
+        Err(DecodeError::BadSegCount(_))
+    ));
+    // Zero count, zero length, and a run whose last segment overflows.
+    assert_eq!(
+        decode_frame(&run_frame(&[(0, 8, 0, 8), (0, 8, 1, 0)], 8)),
+        Err(DecodeError::BadSeg)
+    );
+    assert_eq!(
+        decode_frame(&run_frame(&[(0, 0, 2, 8)], 0)),
+        Err(DecodeError::BadSeg)
+    );
+    assert_eq!(
+        decode_frame(&run_frame(&[(u64::MAX - 100, 8, 3, 50)], 24)),
+        Err(DecodeError::BadSeg)
+    );
+    assert_eq!(
+        decode_frame(&run_frame(&[(0, 8, 3, u64::MAX / 2)], 24)),
+        Err(DecodeError::BadSeg)
+    );
+    // The payload must be what the runs describe.
+    assert!(matches!(
+        decode_frame(&run_frame(&[(0, 8, 4, 16)], 31)),
+        Err(DecodeError::PayloadMismatch { .. })
+    ));
+    // A count that the body does not hold is truncation.
+    let mut b = run_frame(&[(0, 8, 4, 16)], 32);
+    let n_at = HEADER_BYTES + 44;
+    b[n_at..n_at + 4].copy_from_slice(&2u32.to_le_bytes());
+    assert_eq!(decode_frame(&b), Err(DecodeError::Truncated));
 }

@@ -1,10 +1,12 @@
 //! Bounded, panic-free decoding of frames from a byte buffer that may hold a partial frame.
 
 use super::codes;
-use super::frame::{Chunk, Finish, Frame, Hello, HelloAck, Kind, Op, Reply, Seg, FLAG_FINAL};
+use super::frame::{
+    Chunk, Finish, Frame, Hello, HelloAck, Kind, Op, Reply, Seg, FLAG_FINAL, FLAG_RUNS,
+};
 use super::limits::{
     FRAME_MAGIC, HEADER_BYTES, MAX_BODY_BYTES, MAX_CHUNK_BYTES, MAX_KEY_BYTES, MAX_MSG_BYTES,
-    MAX_SEGS_PER_CHUNK,
+    MAX_SEGS_PER_CHUNK, RUN_BYTES, SEG_BYTES,
 };
 
 /// Why bytes from the wire are not a valid frame. Any of these closes the connection.
@@ -90,7 +92,8 @@ pub fn decode_header(b: &[u8; HEADER_BYTES]) -> Result<Header, DecodeError> {
     let kind = Kind::from_u8(b[2]).ok_or(DecodeError::BadKind(b[2]))?;
     let flags = b[3];
     let allowed = match kind {
-        Kind::Write | Kind::Read | Kind::ReadData => FLAG_FINAL,
+        Kind::Write | Kind::Read => FLAG_FINAL | FLAG_RUNS,
+        Kind::ReadData => FLAG_FINAL,
         _ => 0,
     };
     if flags & !allowed != 0 {
@@ -138,6 +141,7 @@ pub fn decode_frame(buf: &[u8]) -> Result<Option<(Frame, u64, usize)>, DecodeErr
 pub fn decode_body(h: &Header, body: &[u8]) -> Result<Frame, DecodeError> {
     let mut r = Reader { b: body };
     let final_ = h.flags & FLAG_FINAL != 0;
+    let as_runs = h.flags & FLAG_RUNS != 0;
     let frame = match h.kind {
         Kind::Hello => Frame::Hello(Hello {
             version: r.u32()?,
@@ -153,11 +157,11 @@ pub fn decode_body(h: &Header, body: &[u8]) -> Result<Frame, DecodeError> {
             msg: r.msg()?,
         }),
         Kind::Write => Frame::Write {
-            chunk: r.chunk(final_)?,
+            chunk: r.chunk(final_, as_runs)?,
             final_,
         },
         Kind::Read => Frame::Read {
-            chunk: r.chunk(final_)?,
+            chunk: r.chunk(final_, as_runs)?,
             final_,
         },
         Kind::Ack => Frame::Ack(r.reply()?),
@@ -271,8 +275,67 @@ impl<'a> Reader<'a> {
             msg: self.msg()?,
         })
     }
-    /// A chunk body; `final_` chunks must be the whole transfer (`n_chunks == 1`).
-    fn chunk(&mut self, final_: bool) -> Result<Chunk, DecodeError> {
+    /// `n` segments in list form: (segments, their total length, whether any is bad).
+    fn segs(&mut self, n: u32) -> Result<(Vec<Seg>, u128, bool), DecodeError> {
+        // The count is bounded, and the body must actually hold n segments: check before
+        // allocating so a lying count cannot reserve memory.
+        let raw = self.take(SEG_BYTES * n as usize)?;
+        let mut segs = Vec::with_capacity(n as usize);
+        // One pass, no early exits: lengths are summed in u128 (n is bounded, so it cannot
+        // overflow) and every check is folded into `bad`.
+        let mut total = 0u128;
+        let mut bad = false;
+        for c in raw.chunks_exact(SEG_BYTES) {
+            let (off, len) = (le64(c, 0), le64(c, 8));
+            bad |= (len == 0) | off.checked_add(len).is_none();
+            total += len as u128;
+            segs.push(Seg { off, len });
+        }
+        Ok((segs, total, bad))
+    }
+
+    /// `n` runs, expanded into their segments. The runs must describe at most
+    /// [`MAX_SEGS_PER_CHUNK`] segments in all, checked before anything is allocated.
+    fn runs(&mut self, n: u32) -> Result<(Vec<Seg>, u128, bool), DecodeError> {
+        let raw = self.take(RUN_BYTES * n as usize)?;
+        let mut count = 0u64;
+        for c in raw.chunks_exact(RUN_BYTES) {
+            count += u64::from(le32(c, 16));
+        }
+        if count == 0 || count > MAX_SEGS_PER_CHUNK as u64 {
+            return Err(DecodeError::BadSegCount(
+                u32::try_from(count).unwrap_or(u32::MAX),
+            ));
+        }
+        let mut segs = Vec::with_capacity(count as usize);
+        let mut total = 0u128;
+        let mut bad = false;
+        for c in raw.chunks_exact(RUN_BYTES) {
+            let (off, len, k, stride) = (le64(c, 0), le64(c, 8), le32(c, 16), le64(c, 20));
+            // The last segment of the run must end without overflow.
+            let last_end = u64::from(k.saturating_sub(1))
+                .checked_mul(stride)
+                .and_then(|d| d.checked_add(off))
+                .and_then(|o| o.checked_add(len));
+            bad |= (len == 0) | (k == 0) | last_end.is_none();
+            if bad {
+                break;
+            }
+            total += u128::from(len) * u128::from(k);
+            // No overflow: the last segment's end was checked above.
+            let mut at = off;
+            segs.extend((0..k).map(|_| {
+                let s = Seg { off: at, len };
+                at = at.wrapping_add(stride);
+                s
+            }));
+        }
+        Ok((segs, total, bad))
+    }
+
+    /// A chunk body; `final_` chunks must be the whole transfer (`n_chunks == 1`);
+    /// `as_runs`: the segments come as runs ([`FLAG_RUNS`]).
+    fn chunk(&mut self, final_: bool, as_runs: bool) -> Result<Chunk, DecodeError> {
         let tag = self.u64()?;
         let uid = self.u64()?;
         let chunk = self.u32()?;
@@ -287,26 +350,11 @@ impl<'a> Reader<'a> {
         if n == 0 || n as usize > MAX_SEGS_PER_CHUNK {
             return Err(DecodeError::BadSegCount(n));
         }
-        // The count is bounded, and the body must actually hold n segments: check before
-        // allocating so a lying count cannot reserve memory.
-        let raw = self.take(16 * n as usize)?;
-        let mut segs = Vec::with_capacity(n as usize);
-        // One pass, no early exits: lengths are summed in u128 (n is bounded, so it cannot
-        // overflow) and every check is folded into `bad`.
-        let mut total = 0u128;
-        let mut bad = false;
-        for c in raw.chunks_exact(16) {
-            let Some((o, rest)) = c.split_first_chunk::<8>() else {
-                break;
-            };
-            let Some(l) = rest.first_chunk::<8>() else {
-                break;
-            };
-            let (off, len) = (u64::from_le_bytes(*o), u64::from_le_bytes(*l));
-            bad |= (len == 0) | off.checked_add(len).is_none();
-            total += len as u128;
-            segs.push(Seg { off, len });
-        }
+        let (segs, total, bad) = if as_runs {
+            self.runs(n)?
+        } else {
+            self.segs(n)?
+        };
         if bad {
             return Err(DecodeError::BadSeg);
         }
@@ -325,4 +373,18 @@ impl<'a> Reader<'a> {
             segs,
         })
     }
+}
+
+/// The little-endian u64 at `at` of a slice known to be long enough (0 past its end).
+fn le64(b: &[u8], at: usize) -> u64 {
+    b.get(at..at + 8)
+        .and_then(|s| <[u8; 8]>::try_from(s).ok())
+        .map_or(0, u64::from_le_bytes)
+}
+
+/// The little-endian u32 at `at` (0 past the end).
+fn le32(b: &[u8], at: usize) -> u32 {
+    b.get(at..at + 4)
+        .and_then(|s| <[u8; 4]>::try_from(s).ok())
+        .map_or(0, u32::from_le_bytes)
 }

@@ -48,6 +48,12 @@ impl Kind {
 /// status itself and answers with COMPLETE (write) or a final READ_DATA (read).
 pub const FLAG_FINAL: u8 = 1;
 
+/// Flag on WRITE / READ: the segment list is sent as runs (`off`, `len`, `count`, `stride`:
+/// `count` segments of `len` bytes at `off`, `off + stride`, ...). The encoder picks this form
+/// whenever it is smaller, so a batch of equal-sized segments at a constant stride costs one
+/// run on the wire instead of one entry per segment.
+pub const FLAG_RUNS: u8 = 2;
+
 /// One contiguous piece of a region: `len` bytes at `off`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Seg {
@@ -222,13 +228,22 @@ impl Frame {
     /// Strings longer than the protocol's limits are truncated (keys are validated at engine
     /// creation, messages are informative).
     pub fn encode(&self, payload_len: u64, out: &mut Vec<u8>) {
+        if let Self::Write { chunk, final_ } | Self::Read { chunk, final_ } = self {
+            return encode_chunk(
+                self.kind(),
+                *final_,
+                &chunk.head(),
+                &chunk.segs,
+                |s| *s,
+                payload_len,
+                out,
+            );
+        }
         let start = out.len();
         out.extend_from_slice(&FRAME_MAGIC.to_le_bytes());
         out.push(self.kind() as u8);
         let flags = match self {
-            Self::Write { final_: true, .. }
-            | Self::Read { final_: true, .. }
-            | Self::ReadData { final_: true, .. } => FLAG_FINAL,
+            Self::ReadData { final_: true, .. } => FLAG_FINAL,
             _ => 0,
         };
         out.push(flags);
@@ -249,20 +264,7 @@ impl Frame {
                 put_str16(out, &a.key, super::limits::MAX_KEY_BYTES);
                 put_msg(out, &a.msg);
             }
-            Self::Write { chunk, .. } | Self::Read { chunk, .. } => {
-                put_u64(out, chunk.tag);
-                put_u64(out, chunk.uid);
-                put_u32(out, chunk.chunk);
-                put_u32(out, chunk.n_chunks);
-                put_u32(out, chunk.mem_id);
-                put_u64(out, chunk.extent.0);
-                put_u64(out, chunk.extent.1);
-                put_u32(out, chunk.segs.len() as u32);
-                for s in &chunk.segs {
-                    put_u64(out, s.off);
-                    put_u64(out, s.len);
-                }
-            }
+            Self::Write { .. } | Self::Read { .. } => unreachable!("encoded above"),
             Self::Ack(r) | Self::Complete(r) | Self::ReadData { reply: r, .. } => {
                 put_u64(out, r.tag);
                 put_u64(out, r.uid);
@@ -288,6 +290,132 @@ impl Frame {
         out[start + 4..start + 8].copy_from_slice(&body_len.to_le_bytes());
         debug_assert_eq!(body - start, HEADER_BYTES);
     }
+}
+
+/// A chunk frame's fields other than its segments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkHead {
+    /// See [`Chunk::tag`].
+    pub tag: u64,
+    /// See [`Chunk::uid`].
+    pub uid: u64,
+    /// See [`Chunk::chunk`].
+    pub chunk: u32,
+    /// See [`Chunk::n_chunks`].
+    pub n_chunks: u32,
+    /// See [`Chunk::mem_id`].
+    pub mem_id: u32,
+    /// See [`Chunk::extent`].
+    pub extent: (u64, u64),
+}
+
+impl Chunk {
+    /// The fields other than the segments.
+    pub fn head(&self) -> ChunkHead {
+        ChunkHead {
+            tag: self.tag,
+            uid: self.uid,
+            chunk: self.chunk,
+            n_chunks: self.n_chunks,
+            mem_id: self.mem_id,
+            extent: self.extent,
+        }
+    }
+}
+
+/// The runs of a segment list, greedily: each run is the longest stretch of segments of
+/// one length at one constant, non-negative stride from the first (a lone segment is a run
+/// of one, stride 0), as `(first segment, count, stride)`.
+pub fn runs<'a, S>(
+    segs: &'a [S],
+    seg: impl Fn(&S) -> Seg + 'a,
+) -> impl Iterator<Item = (Seg, u32, u64)> + 'a {
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        let first = seg(segs.get(i)?);
+        let mut count = 1usize;
+        let mut stride = 0;
+        if let Some(second) = segs.get(i + 1).map(&seg) {
+            if second.len == first.len && second.off >= first.off {
+                stride = second.off - first.off;
+                let mut at = second.off;
+                count = 2;
+                for next in segs[i + 2..].iter().map(&seg) {
+                    if next.len != first.len
+                        || at.checked_add(stride) != Some(next.off)
+                        || count == u32::MAX as usize
+                    {
+                        break;
+                    }
+                    at = next.off;
+                    count += 1;
+                }
+            }
+        }
+        i += count;
+        Some((first, count as u32, stride))
+    })
+}
+
+/// Encode a WRITE or READ chunk frame whose target segments are `seg(s)` for each element
+/// of `segs` (so callers holding their own piece type need not build a `Vec<Seg>`). Picks
+/// the run form ([`FLAG_RUNS`]) when it is the smaller one.
+pub fn encode_chunk<S>(
+    kind: Kind,
+    final_: bool,
+    head: &ChunkHead,
+    segs: &[S],
+    seg: impl Fn(&S) -> Seg + Copy,
+    payload_len: u64,
+    out: &mut Vec<u8>,
+) {
+    use super::limits::{CHUNK_FIXED_BYTES, RUN_BYTES, SEG_BYTES};
+    debug_assert!(matches!(kind, Kind::Write | Kind::Read));
+    let list_bytes = segs.len() * SEG_BYTES;
+    let start = out.len();
+    out.reserve(HEADER_BYTES + CHUNK_FIXED_BYTES + list_bytes);
+    out.extend_from_slice(&FRAME_MAGIC.to_le_bytes());
+    out.push(kind as u8);
+    out.push(if final_ { FLAG_FINAL } else { 0 } | FLAG_RUNS);
+    out.extend_from_slice(&0u32.to_le_bytes()); // body_len, patched below
+    out.extend_from_slice(&payload_len.to_le_bytes());
+    let body = out.len();
+    put_u64(out, head.tag);
+    put_u64(out, head.uid);
+    put_u32(out, head.chunk);
+    put_u32(out, head.n_chunks);
+    put_u32(out, head.mem_id);
+    put_u64(out, head.extent.0);
+    put_u64(out, head.extent.1);
+    let count_at = out.len();
+    put_u32(out, 0); // n_runs or n_segs, patched below
+                     // Runs first, in one pass; once they are no smaller than the list, fall back to it.
+    let mut n_runs = 0usize;
+    for (s, count, stride) in runs(segs, seg) {
+        n_runs += 1;
+        if n_runs * RUN_BYTES >= list_bytes {
+            break;
+        }
+        put_u64(out, s.off);
+        put_u64(out, s.len);
+        put_u32(out, count);
+        put_u64(out, stride);
+    }
+    let n = if n_runs * RUN_BYTES < list_bytes {
+        n_runs
+    } else {
+        out.truncate(count_at + 4);
+        out[start + 3] &= !FLAG_RUNS;
+        for s in segs {
+            let s = seg(s);
+            put_u64(out, s.off);
+            put_u64(out, s.len);
+        }
+        segs.len()
+    };
+    out[count_at..count_at + 4].copy_from_slice(&(n as u32).to_le_bytes());
+    let body_len = (out.len() - body) as u32;
+    out[start + 4..start + 8].copy_from_slice(&body_len.to_le_bytes());
 }
 
 fn put_u16(out: &mut Vec<u8>, v: u16) {

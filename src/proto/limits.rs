@@ -2,7 +2,7 @@
 //! allocates or places a byte.
 
 /// Protocol version carried in HELLO; peers must match exactly.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Magic at the start of every frame header ("MO" little-endian).
 pub const FRAME_MAGIC: u16 = 0x4F4D;
 /// Size of the fixed frame header.
@@ -15,8 +15,15 @@ pub const MAX_MSG_BYTES: usize = 4096;
 pub const MAX_SEGS_PER_CHUNK: usize = 4096;
 /// Fixed part of a chunk body (tag, uid, chunk, n_chunks, mem id, extent, n_segs).
 pub const CHUNK_FIXED_BYTES: usize = 8 + 8 + 4 + 4 + 4 + 8 + 8 + 4;
-/// Largest frame body: a chunk with the most segments (everything else is smaller).
-pub const MAX_BODY_BYTES: usize = CHUNK_FIXED_BYTES + 16 * MAX_SEGS_PER_CHUNK;
+/// One segment in a chunk's list form (`u64 off`, `u64 len`).
+pub const SEG_BYTES: usize = 16;
+/// One run in a chunk's run form (`u64 off`, `u64 len`, `u32 count`, `u64 stride`). An
+/// encoder uses the run form only when it is smaller than the list form, so the body limit
+/// below holds for both.
+pub const RUN_BYTES: usize = 28;
+/// Largest frame body: a chunk with the most segments in list form (everything else is
+/// smaller).
+pub const MAX_BODY_BYTES: usize = CHUNK_FIXED_BYTES + SEG_BYTES * MAX_SEGS_PER_CHUNK;
 /// Largest payload one frame may carry; `TcpBackendConfig::chunk_bytes` is capped by it.
 pub const MAX_CHUNK_BYTES: u64 = 64 << 20;
 /// Most lanes (data connections) per peer.

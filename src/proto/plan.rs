@@ -86,12 +86,21 @@ pub fn total_bytes(pieces: &[Piece]) -> u64 {
 }
 
 /// Whether any two destination ranges overlap (`remote_side`: destination is the remote
-/// region, i.e. a write; else the local region, i.e. a read).
+/// region, i.e. a write; else the local region, i.e. a read). Destinations that already
+/// ascend without overlap (the common layout of a batch) are confirmed in one pass; only
+/// other layouts are sorted.
 pub fn destination_overlaps(pieces: &[Piece], remote_side: bool) -> bool {
+    let dest = |p: &Piece| if remote_side { p.remote } else { p.local };
+    if pieces
+        .windows(2)
+        .all(|w| dest(&w[0]) + w[0].len <= dest(&w[1]))
+    {
+        return false;
+    }
     let mut r: Vec<(u64, u64)> = pieces
         .iter()
         .map(|p| {
-            let o = if remote_side { p.remote } else { p.local };
+            let o = dest(p);
             (o, o + p.len)
         })
         .collect();
@@ -99,11 +108,16 @@ pub fn destination_overlaps(pieces: &[Piece], remote_side: bool) -> bool {
     r.windows(2).any(|w| w[1].0 < w[0].1)
 }
 
-/// `[lo, hi)` of the remote region that `pieces` touch.
+/// `[lo, hi)` of the remote region that `pieces` touch (one pass).
 pub fn remote_extent(pieces: &[Piece]) -> (u64, u64) {
-    let lo = pieces.iter().map(|p| p.remote).min().unwrap_or(0);
-    let hi = pieces.iter().map(|p| p.remote + p.len).max().unwrap_or(0);
-    (lo, hi)
+    let (lo, hi) = pieces.iter().fold((u64::MAX, 0), |(lo, hi), p| {
+        (lo.min(p.remote), hi.max(p.remote + p.len))
+    });
+    if pieces.is_empty() {
+        (0, 0)
+    } else {
+        (lo, hi)
+    }
 }
 
 /// Stripe size for spreading `total` bytes over `n_lanes`: an even share, at least

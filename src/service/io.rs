@@ -9,7 +9,7 @@ use morio_shards::rt;
 
 use crate::config::TcpBackendConfig;
 use crate::proto::decode::{decode_frame, DecodeError};
-use crate::proto::frame::Frame;
+use crate::proto::frame::{encode_chunk, ChunkHead, Frame, Kind, Seg};
 use crate::proto::limits::{HEADER_BYTES, MAX_BODY_BYTES};
 
 /// Why a connection ended.
@@ -340,6 +340,72 @@ impl FrameWriter {
             self.buf.clear();
             r
         }
+    }
+
+    /// Payloads up to this size are copied next to their header.
+    pub(crate) fn inline_bytes(&self) -> usize {
+        self.inline_bytes
+    }
+
+    /// Queue a WRITE chunk (header and segments from `segs`, see
+    /// [`crate::proto::frame::encode_chunk`]) whose `payload_len` payload bytes, at most
+    /// [`Self::inline_bytes`], `fill` appends right after it: nothing is built per segment
+    /// but the frame itself.
+    pub(crate) async fn push_inline_chunk<S>(
+        &mut self,
+        final_: bool,
+        head: &ChunkHead,
+        segs: &[S],
+        seg: impl Fn(&S) -> Seg + Copy,
+        payload_len: usize,
+        fill: impl FnOnce(&mut Vec<u8>),
+    ) -> io::Result<()> {
+        debug_assert!(payload_len <= self.inline_bytes);
+        encode_chunk(
+            Kind::Write,
+            final_,
+            head,
+            segs,
+            seg,
+            payload_len as u64,
+            &mut self.buf,
+        );
+        let at = self.buf.len();
+        self.buf.reserve(payload_len);
+        fill(&mut self.buf);
+        debug_assert_eq!(self.buf.len() - at, payload_len);
+        if self.buf.len() >= FLUSH_BYTES {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    /// Send a WRITE chunk whose payload is `payload`, gathered straight from registered
+    /// memory together with everything queued before it.
+    pub(crate) async fn send_chunk<S>(
+        &mut self,
+        final_: bool,
+        head: &ChunkHead,
+        segs: &[S],
+        seg: impl Fn(&S) -> Seg + Copy,
+        payload: &[&[u8]],
+    ) -> io::Result<()> {
+        let total: usize = payload.iter().map(|p| p.len()).sum();
+        encode_chunk(
+            Kind::Write,
+            final_,
+            head,
+            segs,
+            seg,
+            total as u64,
+            &mut self.buf,
+        );
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(payload.len() + 1);
+        parts.push(&self.buf);
+        parts.extend_from_slice(payload);
+        let r = self.w.send_all(&parts).await;
+        self.buf.clear();
+        r
     }
 
     /// Queue the header of `frame` whose `payload` bytes follow through [`Self::send_part`].

@@ -20,7 +20,7 @@ use super::io::{
 use super::owner::{LaneEvent, LaneEventKind};
 use super::{Peer, Shard, ShardMsg, TaskGuard};
 use crate::proto::codes;
-use crate::proto::frame::{Chunk, Finish, Frame, Hello, Op, Seg};
+use crate::proto::frame::{Chunk, ChunkHead, Finish, Frame, Hello, Op, Seg};
 use crate::proto::limits::VERSION;
 use crate::proto::plan::Piece;
 use crate::region::SharedRegion;
@@ -353,6 +353,62 @@ async fn connect(shard: &Rc<Shard>, lane: &Rc<Lane>) -> Result<rt::TcpStream, St
         .unwrap_or_else(|| Err(format!("connect to {addr} timed out")))
 }
 
+/// A piece's target side, as the frame describes it.
+fn remote_seg(p: &Piece) -> Seg {
+    Seg {
+        off: p.remote,
+        len: p.len,
+    }
+}
+
+/// Send a WRITE chunk from host memory: a small payload is copied from the region next to
+/// the frame (and leaves with the next flush), a large one is gathered straight from it.
+#[allow(clippy::too_many_arguments)]
+async fn write_host_chunk(
+    shard: &Rc<Shard>,
+    lane: &Lane,
+    writer: &mut FrameWriter,
+    head: &ChunkHead,
+    pieces: &[Piece],
+    local: &SharedRegion,
+    final_: bool,
+    wait: Outstanding,
+) -> std::io::Result<()> {
+    // SAFETY (every `slice` below): the ranges were checked against the region at
+    // submission and the region lives while `local` does; reading it is the transfer.
+    let mut bytes = 0u64;
+    for p in pieces {
+        if unsafe { local.slice(p.local, p.len) }.is_none() {
+            return Err(std::io::Error::other("local range out of bounds"));
+        }
+        bytes += p.len;
+    }
+    let gen = wait.gen;
+    lane.outstanding.borrow_mut().insert(head.tag, wait);
+    lane.writing.set(Some((head.uid, gen)));
+    shard.stats.borrow_mut().bytes_sent += bytes;
+    if bytes as usize <= writer.inline_bytes() {
+        let fill = |buf: &mut Vec<u8>| {
+            for p in pieces {
+                if let Some(s) = unsafe { local.slice(p.local, p.len) } {
+                    buf.extend_from_slice(s);
+                }
+            }
+        };
+        writer
+            .push_inline_chunk(final_, head, pieces, remote_seg, bytes as usize, fill)
+            .await
+    } else {
+        let slices: Vec<&[u8]> = pieces
+            .iter()
+            .filter_map(|p| unsafe { local.slice(p.local, p.len) })
+            .collect();
+        writer
+            .send_chunk(final_, head, pieces, remote_seg, &slices)
+            .await
+    }
+}
+
 async fn write_item(
     shard: &Rc<Shard>,
     lane: &Lane,
@@ -379,23 +435,27 @@ async fn write_item(
             final_,
             local,
         } => {
-            let c = Chunk {
+            let head = ChunkHead {
                 tag,
                 uid,
                 chunk,
                 n_chunks,
                 mem_id,
                 extent,
-                segs: pieces
-                    .iter()
-                    .map(|p| Seg {
-                        off: p.remote,
-                        len: p.len,
-                    })
-                    .collect(),
+            };
+            // The chunk as a frame value, for the paths that need one (GPU staging, reads).
+            let framed = || Chunk {
+                tag,
+                uid,
+                chunk,
+                n_chunks,
+                mem_id,
+                extent,
+                segs: pieces.iter().map(remote_seg).collect(),
             };
             match op {
                 Op::Write if local.device().is_some() => {
+                    let c = framed();
                     let spans: Vec<(u64, u64)> = pieces.iter().map(|p| (p.local, p.len)).collect();
                     let bytes = c.bytes();
                     lane.outstanding
@@ -425,25 +485,12 @@ async fn write_item(
                     }
                 }
                 Op::Write => {
-                    let mut slices = Vec::with_capacity(pieces.len());
-                    for p in &pieces {
-                        // SAFETY: the range was checked against the region at submission and
-                        // the region lives while `local` does; reading it is the transfer.
-                        let s = unsafe { local.slice(p.local, p.len) };
-                        slices.push(
-                            s.ok_or_else(|| std::io::Error::other("local range out of bounds"))?,
-                        );
-                    }
-                    lane.outstanding
-                        .borrow_mut()
-                        .insert(tag, pending(Wait::Write { chunk, final_ }));
-                    lane.writing.set(Some((uid, gen)));
-                    shard.stats.borrow_mut().bytes_sent += c.bytes();
-                    writer
-                        .push(&Frame::Write { chunk: c, final_ }, &slices)
+                    let wait = pending(Wait::Write { chunk, final_ });
+                    write_host_chunk(shard, lane, writer, &head, &pieces, &local, final_, wait)
                         .await
                 }
                 Op::Read => {
+                    let c = framed();
                     let bytes = c.bytes();
                     // Registered before the request leaves: the answer can never come early.
                     lane.outstanding.borrow_mut().insert(

@@ -128,14 +128,15 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
     let gen = shard.next_gen.get();
     shard.next_gen.set(gen + 1);
     let final_ = n_chunks == 1;
-    let mut per_lane: HashMap<u16, Vec<LaneItem>> = HashMap::new();
+    // Items per lane, indexed by lane (a single-lane transfer fills only `home`).
+    let mut per_lane: Vec<Vec<LaneItem>> = (0..n_lanes).map(|_| Vec::new()).collect();
     for (i, pieces) in chunks.into_iter().enumerate() {
         let lane = if striped {
-            ((home as usize + i) % n_lanes as usize) as u16
+            (home as usize + i) % n_lanes as usize
         } else {
-            home
+            home as usize
         };
-        per_lane.entry(lane).or_default().push(LaneItem {
+        per_lane[lane].push(LaneItem {
             owner: shard.id,
             uid: s.uid,
             gen,
@@ -151,8 +152,17 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
             },
         });
     }
-    let mut lanes: Vec<u16> = per_lane.keys().copied().collect();
-    lanes.sort_unstable();
+    let lanes: Vec<u16> = (0..n_lanes)
+        .filter(|&l| !per_lane[l as usize].is_empty())
+        .collect();
+    // Other shards' lanes first, so they start while this shard sends its own share.
+    let mine = |l: &u16| shard.lane_shard(*l) == shard.id;
+    let order: Vec<u16> = lanes
+        .iter()
+        .filter(|l| !mine(l))
+        .chain(lanes.iter().filter(|l| mine(l)))
+        .copied()
+        .collect();
     shard.owner.borrow_mut().map.insert(
         key,
         Entry {
@@ -170,11 +180,11 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
                 .saturating_sub(cfg.op_timeout.as_nanos() as u64),
         },
     );
-    for (lane, items) in per_lane {
+    for lane in order {
         let work = LaneWork {
             peer: s.peer.clone(),
             lane,
-            items,
+            items: std::mem::take(&mut per_lane[lane as usize]),
         };
         shard.send(shard.lane_shard(lane), ShardMsg::LaneWork(Box::new(work)));
     }
