@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use morio::proto::decode::decode_frame;
 use morio::proto::frame::{Chunk, Frame, Seg};
-use morio::proto::plan::{cut, normalize, stripe_bytes};
+use morio::proto::plan::{cut, destination_overlaps, normalize, stripe_bytes};
 
 fn time<F: FnMut()>(name: &str, iters: u64, mut f: F) {
     for _ in 0..iters / 10 {
@@ -67,6 +67,17 @@ fn main() {
     time("normalize 256 x 8 B strided", iters, || {
         black_box(normalize(&strided, &strided, &eights, 1 << 20, 1 << 20).ok());
     });
+    let strided4k: Vec<u64> = (0..256u64).map(|i| i * 4097).collect();
+    let fours = vec![4096u64; 256];
+    time(
+        "normalize + overlap + cut 256 x 4 KiB strided",
+        iters / 10,
+        || {
+            let p = normalize(&strided4k, &strided4k, &fours, 1 << 30, 1 << 30).unwrap_or_default();
+            black_box(destination_overlaps(&p, true));
+            black_box(cut(&p, stripe_bytes(1 << 20, 8, 1 << 20)));
+        },
+    );
     let offs: Vec<u64> = (0..256u64).map(|i| i * (1 << 20)).collect();
     let sizes = vec![1u64 << 20; 256];
     time(

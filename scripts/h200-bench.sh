@@ -13,6 +13,10 @@
 #                                 # spinning shards (cores left free for the application)
 #   scripts/h200-bench.sh trace   # there: small writes with MORIO_TRACE on, then the median
 #                                 # time between consecutive stages (scripts/trace-stages.py)
+#   scripts/h200-bench.sh tp      # there: only the 1 MiB x 256 write and read rows with ceilings
+#
+# BIN (default ./.dev/morio) picks the binary, so two builds can be compared in one call;
+# LAT_VARIANTS / TRACE_VARIANTS are ';'-separated "SHARDS SPIN_US WAIT_SPIN_US [CONNS]".
 #
 # `run` writes under "${OUT:-/tmp/morio-bench}": json/NAME.json while it runs, then bundles them
 # into morio-bench-json.tar.gz (the device tool brings back at most 8 files; KEEP_JSON=1 keeps
@@ -22,12 +26,12 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-BIN=./.dev/morio
+BIN="${BIN:-./.dev/morio}"
 OUT_DIR="${OUT:-/tmp/morio-bench}"
 ITERS="${ITERS:-128}"
 
 usage() {
-	echo "usage: $0 build|run" >&2
+	echo "usage: $0 build|run|tp|gpu|lat|trace" >&2
 	exit 2
 }
 
@@ -122,6 +126,17 @@ run() {
 	finish
 }
 
+# The 1 MiB x 256 rows (batch + session, contiguous) with their ceilings: a quick check of
+# throughput beside the latency work.
+tp() {
+	begin
+	local big=(--buffer-size 1048576 --transfer-batch-size 256 --enable-batch-transfer --enable-sess)
+	for op in write read; do
+		add "${op}-1m-b256-contig" --op-type "${op}" "${big[@]}" --batch-contiguous
+	done
+	finish
+}
+
 gpu() {
 	begin
 	nvidia-smi --query-gpu=name,pci.bus_id,driver_version --format=csv,noheader || true
@@ -155,16 +170,20 @@ variants() {
 	fi
 }
 
-# variant V: OPTS and TAG for V = "default" or "SHARDS SPIN_US WAIT_SPIN_US".
+# variant V: OPTS and TAG for V = "default" or "SHARDS SPIN_US WAIT_SPIN_US [CONNS]".
 variant() {
 	OPTS=()
 	TAG=default
 	if [[ $1 != default ]]; then
-		local sh spin wspin
-		read -r sh spin wspin <<<"$1"
+		local sh spin wspin conns
+		read -r sh spin wspin conns <<<"$1"
 		OPTS=(--shards "${sh}" --wait-spin-us "${wspin}")
 		((spin > 0)) && OPTS+=(--spin-us "${spin}")
 		TAG="s${sh}-spin${spin}-wait${wspin}"
+		if [[ -n ${conns} ]]; then
+			OPTS+=(--num-data-conns "${conns}")
+			TAG+="-c${conns}"
+		fi
 	fi
 }
 
@@ -211,6 +230,7 @@ case "${1:-}" in
 build) build ;;
 trace) trace ;;
 run) run ;;
+tp) tp ;;
 gpu) gpu ;;
 lat) lat ;;
 *) usage ;;

@@ -3,8 +3,8 @@
 
 Reads every `*.csv` that `MORIO_TRACE=DIR` left (initiator and target of one run), lines the
 stages of each transfer up by uid (CLOCK_MONOTONIC is shared by the processes of a host) and
-prints the median and p90 of each step between consecutive stages, for transfers that
-passed every stage.
+prints the median and p90 of each step between consecutive stages (sub-stages included
+where every such transfer recorded them), for transfers that passed every main stage.
 """
 import csv
 import glob
@@ -14,6 +14,10 @@ import sys
 
 NAMES = {1: "call", 2: "submit", 3: "owner", 4: "encode", 5: "pushed", 6: "sent", 7: "t_recv",
          8: "t_placed", 9: "t_sent", 10: "resp", 11: "done", 12: "woke"}
+# Sub-stages (`morio::trace::stage`), printed in their places when a run recorded them.
+SUBS = {13: "resolved", 14: "normalized", 15: "planned", 16: "t_checked"}
+# The order a write passes every stage (`morio::trace::stage::ORDER`).
+ORDER = [1, 13, 14, 2, 3, 15, 4, 5, 6, 7, 16, 8, 9, 10, 11, 12]
 
 
 def pct(xs, q):
@@ -36,12 +40,13 @@ def main():
         return
     # Skip the first 10% (warm-up).
     full = full[len(full) // 10:]
-    steps = sorted(NAMES)
+    names = {**NAMES, **SUBS}
+    steps = [st for st in ORDER if all(st in s for s in full)]
     cells = []
     for a, b in zip(steps, steps[1:]):
         ds = [(s[b] - s[a]) / 1000 for s in full]
-        cells.append(f"{NAMES[a]}>{NAMES[b]} {statistics.median(ds):.1f}/{pct(ds, 0.9):.1f}")
-    tot = [(s[max(NAMES)] - s[1]) / 1000 for s in full]
+        cells.append(f"{names[a]}>{names[b]} {statistics.median(ds):.1f}/{pct(ds, 0.9):.1f}")
+    tot = [(s[12] - s[1]) / 1000 for s in full]
     print(f"{label} (n={len(full)}, us p50/p90): total {statistics.median(tot):.1f}/{pct(tot, 0.9):.1f}")
     for c in cells:
         print("   " + c)

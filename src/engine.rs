@@ -644,7 +644,8 @@ impl Inner {
         let Some(peer) = read(&self.remotes).get(&remote.engine_key).cloned() else {
             return failed(StatusCode::ErrNotFound, "remote engine not registered");
         };
-        let pieces = match plan::normalize(
+        crate::trace::mark(uid, crate::trace::stage::RESOLVED);
+        let layout = match plan::normalize_layout(
             local_offs,
             remote_offs,
             sizes,
@@ -654,7 +655,8 @@ impl Inner {
             Ok(p) => p,
             Err(e) => return failed(StatusCode::ErrInvalidArgs, &e.to_string()),
         };
-        let total = plan::total_bytes(&pieces);
+        crate::trace::mark(uid, crate::trace::stage::NORMALIZED);
+        let total = layout.total_bytes();
         if total == 0 {
             return failed(StatusCode::Success, "");
         }
@@ -667,7 +669,7 @@ impl Inner {
             uid,
             local: region,
             remote_mem: remote.id,
-            pieces,
+            layout,
             total,
             deadline_ns: now_ns() + shared.cfg.op_timeout.as_nanos() as u64,
             status: status.clone(),

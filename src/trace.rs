@@ -35,6 +35,23 @@ pub mod stage {
     pub const DONE: u8 = 11;
     /// Initiator, application thread: the waiter saw the completion.
     pub const WOKE: u8 = 12;
+    /// Initiator, application thread: backend, local region and peer were looked up
+    /// (between CALL and SUBMIT).
+    pub const RESOLVED: u8 = 13;
+    /// Initiator, application thread: the segments were checked and normalised (between
+    /// RESOLVED and SUBMIT).
+    pub const NORMALIZED: u8 = 14;
+    /// Initiator, owner shard: chunks planned and handed to their lanes (between OWNER and
+    /// ENCODE).
+    pub const PLANNED: u8 = 15;
+    /// Target: the chunk was checked against the region (between T_RECV and T_PLACED).
+    pub const T_CHECKED: u8 = 16;
+
+    /// Every stage in the order a write passes them (the sub-stages in their places).
+    pub const ORDER: [u8; 16] = [
+        CALL, RESOLVED, NORMALIZED, SUBMIT, OWNER, PLANNED, ENCODE, PUSHED, SENT, T_RECV,
+        T_CHECKED, T_PLACED, T_SENT, RESP, DONE, WOKE,
+    ];
 }
 
 /// Records kept per process (three words each); marks past this are dropped.

@@ -372,21 +372,9 @@ pub fn encode_chunk<S>(
     use super::limits::{CHUNK_FIXED_BYTES, RUN_BYTES, SEG_BYTES};
     debug_assert!(matches!(kind, Kind::Write | Kind::Read));
     let list_bytes = segs.len() * SEG_BYTES;
-    let start = out.len();
     out.reserve(HEADER_BYTES + CHUNK_FIXED_BYTES + list_bytes);
-    out.extend_from_slice(&FRAME_MAGIC.to_le_bytes());
-    out.push(kind as u8);
-    out.push(if final_ { FLAG_FINAL } else { 0 } | FLAG_RUNS);
-    out.extend_from_slice(&0u32.to_le_bytes()); // body_len, patched below
-    out.extend_from_slice(&payload_len.to_le_bytes());
-    let body = out.len();
-    put_u64(out, head.tag);
-    put_u64(out, head.uid);
-    put_u32(out, head.chunk);
-    put_u32(out, head.n_chunks);
-    put_u32(out, head.mem_id);
-    put_u64(out, head.extent.0);
-    put_u64(out, head.extent.1);
+    let flags = if final_ { FLAG_FINAL } else { 0 } | FLAG_RUNS;
+    let start = chunk_prefix(kind, flags, head, payload_len, out);
     let count_at = out.len();
     put_u32(out, 0); // n_runs or n_segs, patched below
                      // Runs first, in one pass; once they are no smaller than the list, fall back to it.
@@ -396,10 +384,7 @@ pub fn encode_chunk<S>(
         if n_runs * RUN_BYTES >= list_bytes {
             break;
         }
-        put_u64(out, s.off);
-        put_u64(out, s.len);
-        put_u32(out, count);
-        put_u64(out, stride);
+        put_run(out, s, count, stride);
     }
     let n = if n_runs * RUN_BYTES < list_bytes {
         n_runs
@@ -414,7 +399,62 @@ pub fn encode_chunk<S>(
         segs.len()
     };
     out[count_at..count_at + 4].copy_from_slice(&(n as u32).to_le_bytes());
-    let body_len = (out.len() - body) as u32;
+    patch_body_len(start, out);
+}
+
+/// Encode a WRITE or READ chunk frame whose target segments are one run: `count` segments
+/// of `first.len` bytes at `first.off`, `first.off + stride`, ... (`count` ≥ 1).
+pub fn encode_chunk_run(
+    kind: Kind,
+    final_: bool,
+    head: &ChunkHead,
+    (first, count, stride): (Seg, u32, u64),
+    payload_len: u64,
+    out: &mut Vec<u8>,
+) {
+    use super::limits::{CHUNK_FIXED_BYTES, RUN_BYTES};
+    debug_assert!(matches!(kind, Kind::Write | Kind::Read) && count >= 1);
+    out.reserve(HEADER_BYTES + CHUNK_FIXED_BYTES + RUN_BYTES);
+    let flags = if final_ { FLAG_FINAL } else { 0 } | FLAG_RUNS;
+    let start = chunk_prefix(kind, flags, head, payload_len, out);
+    put_u32(out, 1);
+    put_run(out, first, count, stride);
+    patch_body_len(start, out);
+}
+
+/// Header (body length left 0) and the fixed chunk fields; returns where the frame starts.
+fn chunk_prefix(
+    kind: Kind,
+    flags: u8,
+    head: &ChunkHead,
+    payload_len: u64,
+    out: &mut Vec<u8>,
+) -> usize {
+    let start = out.len();
+    out.extend_from_slice(&FRAME_MAGIC.to_le_bytes());
+    out.push(kind as u8);
+    out.push(flags);
+    out.extend_from_slice(&0u32.to_le_bytes()); // body_len, patched by patch_body_len
+    out.extend_from_slice(&payload_len.to_le_bytes());
+    put_u64(out, head.tag);
+    put_u64(out, head.uid);
+    put_u32(out, head.chunk);
+    put_u32(out, head.n_chunks);
+    put_u32(out, head.mem_id);
+    put_u64(out, head.extent.0);
+    put_u64(out, head.extent.1);
+    start
+}
+
+fn put_run(out: &mut Vec<u8>, s: Seg, count: u32, stride: u64) {
+    put_u64(out, s.off);
+    put_u64(out, s.len);
+    put_u32(out, count);
+    put_u64(out, stride);
+}
+
+fn patch_body_len(start: usize, out: &mut [u8]) {
+    let body_len = (out.len() - start - HEADER_BYTES) as u32;
     out[start + 4..start + 8].copy_from_slice(&body_len.to_le_bytes());
 }
 

@@ -80,6 +80,251 @@ pub fn normalize(
     Ok(out)
 }
 
+/// A checked transfer's segments in the form that crosses from the application thread to
+/// the owner shard. A batch of equal-sized segments at constant strides (the usual layout
+/// of KV-cache blocks) travels as one [`Layout::Strided`] of a few words, so the per-segment
+/// list is built on the shard that uses it, not written by one core and read by another.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Normalised pieces, in logical order.
+    List(Vec<Piece>),
+    /// `count` (≥ 1) pieces of `first.len` (> 0) bytes, piece `i` at `first.local + i *
+    /// local_stride` and `first.remote + i * remote_stride`. From [`normalize_layout`]: at
+    /// least two, never contiguous on both sides at once (those merge into one piece), and
+    /// every piece range-checked; [`layout_chunks`] cuts it into strided chunks.
+    Strided {
+        /// The first piece.
+        first: Piece,
+        /// Number of pieces.
+        count: u64,
+        /// Distance between consecutive local offsets.
+        local_stride: u64,
+        /// Distance between consecutive remote offsets.
+        remote_stride: u64,
+    },
+}
+
+impl Layout {
+    /// Total bytes (checked at normalisation: cannot overflow).
+    pub fn total_bytes(&self) -> u64 {
+        match self {
+            Self::List(p) => total_bytes(p),
+            Self::Strided { first, count, .. } => first.len * count,
+        }
+    }
+
+    /// Number of pieces.
+    pub fn piece_count(&self) -> usize {
+        match self {
+            Self::List(p) => p.len(),
+            Self::Strided { count, .. } => *count as usize,
+        }
+    }
+
+    /// Piece `i` of a strided layout (no overflow for the pieces it has: they were checked).
+    fn strided_piece(first: &Piece, i: u64, local_stride: u64, remote_stride: u64) -> Piece {
+        Piece {
+            local: first.local.wrapping_add(i.wrapping_mul(local_stride)),
+            remote: first.remote.wrapping_add(i.wrapping_mul(remote_stride)),
+            len: first.len,
+        }
+    }
+
+    /// Every piece, in logical order, without building a list.
+    pub fn for_each(&self, mut f: impl FnMut(Piece)) {
+        match self {
+            Self::List(p) => p.iter().copied().for_each(f),
+            Self::Strided {
+                first,
+                count,
+                local_stride,
+                remote_stride,
+            } => {
+                for i in 0..*count {
+                    f(Self::strided_piece(first, i, *local_stride, *remote_stride));
+                }
+            }
+        }
+    }
+
+    /// The last piece.
+    pub fn last(&self) -> Option<Piece> {
+        match self {
+            Self::List(p) => p.last().copied(),
+            Self::Strided {
+                first,
+                count,
+                local_stride,
+                remote_stride,
+            } => (*count > 0)
+                .then(|| Self::strided_piece(first, count - 1, *local_stride, *remote_stride)),
+        }
+    }
+
+    /// `[lo, hi)` of the remote region the pieces touch.
+    pub fn remote_extent(&self) -> (u64, u64) {
+        match self {
+            Self::List(p) => remote_extent(p),
+            Self::Strided {
+                first,
+                count,
+                remote_stride,
+                ..
+            } => {
+                let last = first
+                    .remote
+                    .wrapping_add((count - 1).wrapping_mul(*remote_stride));
+                (first.remote, last.wrapping_add(first.len))
+            }
+        }
+    }
+
+    /// Whether two destination ranges overlap; see [`destination_overlaps`].
+    pub fn destination_overlaps(&self, remote_side: bool) -> bool {
+        match self {
+            Self::List(p) => destination_overlaps(p, remote_side),
+            Self::Strided {
+                first,
+                count,
+                local_stride,
+                remote_stride,
+            } => {
+                let stride = if remote_side {
+                    remote_stride
+                } else {
+                    local_stride
+                };
+                *count > 1 && *stride < first.len
+            }
+        }
+    }
+
+    /// The pieces, as [`normalize`] gives them.
+    pub fn into_pieces(self) -> Vec<Piece> {
+        match self {
+            Self::List(p) => p,
+            Self::Strided {
+                first,
+                count,
+                local_stride,
+                remote_stride,
+            } => {
+                let (mut l, mut r) = (first.local, first.remote);
+                (0..count)
+                    .map(|_| {
+                        let p = Piece {
+                            local: l,
+                            remote: r,
+                            len: first.len,
+                        };
+                        l = l.wrapping_add(local_stride);
+                        r = r.wrapping_add(remote_stride);
+                        p
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+/// Cut a layout into chunks of at most `chunk_bytes` bytes and [`MAX_SEGS_PER_CHUNK`]
+/// pieces, covering its logical byte stream exactly as [`cut`] does. A strided layout whose
+/// pieces fit the chunks whole is cut into strided chunks; any other is cut as a list.
+pub fn layout_chunks(layout: Layout, chunk_bytes: u64) -> Vec<Layout> {
+    let chunk_bytes = chunk_bytes.max(1);
+    if let Layout::Strided {
+        first,
+        count,
+        local_stride,
+        remote_stride,
+    } = layout
+    {
+        let per = (chunk_bytes / first.len).min(MAX_SEGS_PER_CHUNK as u64);
+        // Whole pieces per chunk, and chunks exactly full (else `cut` would split pieces).
+        let whole = per * first.len == chunk_bytes || per == MAX_SEGS_PER_CHUNK as u64;
+        if per > 0 && (count <= per || whole) {
+            return (0..count.div_ceil(per))
+                .map(|c| Layout::Strided {
+                    first: Layout::strided_piece(&first, c * per, local_stride, remote_stride),
+                    count: per.min(count - c * per),
+                    local_stride,
+                    remote_stride,
+                })
+                .collect();
+        }
+    }
+    into_chunks(layout.into_pieces(), chunk_bytes)
+        .into_iter()
+        .map(Layout::List)
+        .collect()
+}
+
+/// [`normalize`] into a [`Layout`]: a request of equal, non-zero sizes at constant
+/// non-negative strides on both sides is checked in one pass and kept strided; anything
+/// else is normalised into a list. `into_pieces` of the result equals `normalize`'s.
+pub fn normalize_layout(
+    local_offs: &[u64],
+    remote_offs: &[u64],
+    sizes: &[u64],
+    local_size: u64,
+    remote_size: u64,
+) -> Result<Layout, PlanError> {
+    if let Some(l) = strided(local_offs, remote_offs, sizes, local_size, remote_size) {
+        return Ok(l);
+    }
+    normalize(local_offs, remote_offs, sizes, local_size, remote_size).map(Layout::List)
+}
+
+/// The strided layout of a request, if it is one and every piece is in range.
+fn strided(
+    local_offs: &[u64],
+    remote_offs: &[u64],
+    sizes: &[u64],
+    local_size: u64,
+    remote_size: u64,
+) -> Option<Layout> {
+    let n = sizes.len();
+    if n < 2 || local_offs.len() != n || remote_offs.len() != n {
+        return None;
+    }
+    let len = sizes[0];
+    let (l0, r0) = (local_offs[0], remote_offs[0]);
+    let ls = local_offs[1].checked_sub(l0)?;
+    let rs = remote_offs[1].checked_sub(r0)?;
+    if len == 0 || (ls == len && rs == len) {
+        return None; // Empty, or contiguous on both sides: the list form merges it.
+    }
+    // One branch-free pass over the three lists.
+    let mut same = true;
+    let (mut l, mut r) = (l0, r0);
+    for ((&lo, &ro), &sz) in local_offs.iter().zip(remote_offs).zip(sizes) {
+        same &= (lo == l) & (ro == r) & (sz == len);
+        l = l.wrapping_add(ls);
+        r = r.wrapping_add(rs);
+    }
+    if !same {
+        return None;
+    }
+    // Offsets ascend, so the last piece reaches furthest; its end must not overflow.
+    let last = (n - 1) as u64;
+    let l_end = ls.checked_mul(last)?.checked_add(l0)?.checked_add(len)?;
+    let r_end = rs.checked_mul(last)?.checked_add(r0)?.checked_add(len)?;
+    len.checked_mul(n as u64)?;
+    if l_end > local_size || r_end > remote_size {
+        return None; // normalize reports which side is out of range.
+    }
+    Some(Layout::Strided {
+        first: Piece {
+            local: l0,
+            remote: r0,
+            len,
+        },
+        count: n as u64,
+        local_stride: ls,
+        remote_stride: rs,
+    })
+}
+
 /// Total bytes of `pieces` (normalised pieces cannot overflow).
 pub fn total_bytes(pieces: &[Piece]) -> u64 {
     pieces.iter().map(|p| p.len).sum()
@@ -143,14 +388,20 @@ pub fn into_chunks(pieces: Vec<Piece>, chunk_bytes: u64) -> Vec<Vec<Piece>> {
 /// [`MAX_SEGS_PER_CHUNK`] pieces.
 pub fn cut(pieces: &[Piece], chunk_bytes: u64) -> Vec<Vec<Piece>> {
     let chunk_bytes = chunk_bytes.max(1);
+    // Pieces per chunk if they are of even size (a cut adds one), so chunks rarely regrow.
+    let sum = pieces.iter().fold(0u64, |a, p| a.saturating_add(p.len));
+    let avg = (sum / pieces.len().max(1) as u64).max(1);
+    let per = (chunk_bytes / avg)
+        .saturating_add(2)
+        .min(MAX_SEGS_PER_CHUNK as u64) as usize;
     let mut chunks = Vec::new();
-    let mut cur: Vec<Piece> = Vec::new();
+    let mut cur: Vec<Piece> = Vec::with_capacity(per.min(pieces.len()));
     let mut room = chunk_bytes;
     for p in pieces {
         let mut p = *p;
         while p.len > 0 {
             if room == 0 || cur.len() == MAX_SEGS_PER_CHUNK {
-                chunks.push(std::mem::take(&mut cur));
+                chunks.push(std::mem::replace(&mut cur, Vec::with_capacity(per)));
                 room = chunk_bytes;
             }
             let take = p.len.min(room);
@@ -210,6 +461,39 @@ mod tests {
             Err(PlanError::Overflow)
         );
         assert!(normalize(&[0], &[0], &[0], 0, 0).unwrap().is_empty());
+    }
+
+    #[test]
+    fn strided_layouts_expand_to_what_normalize_gives() {
+        let offs: Vec<u64> = (0..256u64).map(|i| i * 9).collect();
+        let sizes = vec![8u64; 256];
+        let l = normalize_layout(&offs, &offs, &sizes, 1 << 20, 1 << 20).unwrap();
+        assert!(matches!(l, Layout::Strided { count: 256, .. }));
+        assert_eq!(l.total_bytes(), 2048);
+        let want = normalize(&offs, &offs, &sizes, 1 << 20, 1 << 20).unwrap();
+        assert_eq!(l.into_pieces(), want);
+        // Contiguous on both sides: one merged piece, as a list.
+        let c: Vec<u64> = (0..4u64).map(|i| i * 8).collect();
+        assert_eq!(
+            normalize_layout(&c, &c, &[8; 4], 64, 64).unwrap(),
+            Layout::List(vec![Piece {
+                local: 0,
+                remote: 0,
+                len: 32
+            }])
+        );
+        // Out of range is the list path's error, naming the side.
+        assert_eq!(
+            normalize_layout(&offs, &offs, &sizes, 1 << 20, 100),
+            Err(PlanError::RemoteOutOfRange)
+        );
+        // Not a progression, or unequal sizes: a list.
+        let mut odd = offs.clone();
+        odd[100] += 1;
+        assert!(matches!(
+            normalize_layout(&odd, &offs, &sizes, 1 << 20, 1 << 20).unwrap(),
+            Layout::List(_)
+        ));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use morio_shards::rt;
 
 use crate::config::TcpBackendConfig;
 use crate::proto::decode::{decode_frame, DecodeError};
-use crate::proto::frame::{encode_chunk, ChunkHead, Frame, Kind, Seg};
+use crate::proto::frame::{encode_chunk, encode_chunk_run, ChunkHead, Frame, Kind, Seg};
 use crate::proto::limits::{HEADER_BYTES, MAX_BODY_BYTES};
 
 /// Why a connection ended.
@@ -361,15 +361,33 @@ impl FrameWriter {
         fill: impl FnOnce(&mut Vec<u8>),
     ) -> io::Result<()> {
         debug_assert!(payload_len <= self.inline_bytes);
-        encode_chunk(
-            Kind::Write,
-            final_,
-            head,
-            segs,
-            seg,
-            payload_len as u64,
-            &mut self.buf,
-        );
+        let len = payload_len as u64;
+        encode_chunk(Kind::Write, final_, head, segs, seg, len, &mut self.buf);
+        self.fill_payload(payload_len, fill).await
+    }
+
+    /// [`Self::push_inline_chunk`] for segments that are one run (see
+    /// [`crate::proto::frame::encode_chunk_run`]).
+    pub(crate) async fn push_inline_run_chunk(
+        &mut self,
+        final_: bool,
+        head: &ChunkHead,
+        run: (Seg, u32, u64),
+        payload_len: usize,
+        fill: impl FnOnce(&mut Vec<u8>),
+    ) -> io::Result<()> {
+        debug_assert!(payload_len <= self.inline_bytes);
+        let len = payload_len as u64;
+        encode_chunk_run(Kind::Write, final_, head, run, len, &mut self.buf);
+        self.fill_payload(payload_len, fill).await
+    }
+
+    /// Append a frame's payload through `fill`; flush once enough is queued.
+    async fn fill_payload(
+        &mut self,
+        payload_len: usize,
+        fill: impl FnOnce(&mut Vec<u8>),
+    ) -> io::Result<()> {
         let at = self.buf.len();
         self.buf.reserve(payload_len);
         fill(&mut self.buf);
@@ -390,16 +408,26 @@ impl FrameWriter {
         seg: impl Fn(&S) -> Seg + Copy,
         payload: &[&[u8]],
     ) -> io::Result<()> {
-        let total: usize = payload.iter().map(|p| p.len()).sum();
-        encode_chunk(
-            Kind::Write,
-            final_,
-            head,
-            segs,
-            seg,
-            total as u64,
-            &mut self.buf,
-        );
+        let total = payload.iter().map(|p| p.len() as u64).sum();
+        encode_chunk(Kind::Write, final_, head, segs, seg, total, &mut self.buf);
+        self.send_gathered(payload).await
+    }
+
+    /// [`Self::send_chunk`] for segments that are one run.
+    pub(crate) async fn send_run_chunk(
+        &mut self,
+        final_: bool,
+        head: &ChunkHead,
+        run: (Seg, u32, u64),
+        payload: &[&[u8]],
+    ) -> io::Result<()> {
+        let total = payload.iter().map(|p| p.len() as u64).sum();
+        encode_chunk_run(Kind::Write, final_, head, run, total, &mut self.buf);
+        self.send_gathered(payload).await
+    }
+
+    /// Send what is queued and `payload` after it, in one gather.
+    async fn send_gathered(&mut self, payload: &[&[u8]]) -> io::Result<()> {
         let mut parts: Vec<&[u8]> = Vec::with_capacity(payload.len() + 1);
         parts.push(&self.buf);
         parts.extend_from_slice(payload);

@@ -22,7 +22,7 @@ use super::{Peer, Shard, ShardMsg, TaskGuard};
 use crate::proto::codes;
 use crate::proto::frame::{Chunk, ChunkHead, Finish, Frame, Hello, Op, Seg};
 use crate::proto::limits::VERSION;
-use crate::proto::plan::Piece;
+use crate::proto::plan::{Layout, Piece};
 use crate::region::SharedRegion;
 use crate::trace;
 
@@ -51,7 +51,7 @@ pub(crate) enum ItemKind {
         n_chunks: u32,
         mem_id: u32,
         extent: (u64, u64),
-        pieces: Vec<Piece>,
+        pieces: Layout,
         final_: bool,
         local: SharedRegion,
     },
@@ -362,14 +362,15 @@ fn remote_seg(p: &Piece) -> Seg {
 }
 
 /// Send a WRITE chunk from host memory: a small payload is copied from the region next to
-/// the frame (and leaves with the next flush), a large one is gathered straight from it.
+/// the frame (and leaves with the next flush), a large one is gathered straight from it. A
+/// strided layout is framed as one run and gathered without building a piece list.
 #[allow(clippy::too_many_arguments)]
 async fn write_host_chunk(
     shard: &Rc<Shard>,
     lane: &Lane,
     writer: &mut FrameWriter,
     head: &ChunkHead,
-    pieces: &[Piece],
+    pieces: &Layout,
     local: &SharedRegion,
     final_: bool,
     wait: Outstanding,
@@ -377,11 +378,24 @@ async fn write_host_chunk(
     // SAFETY (every `slice` below): the ranges were checked against the region at
     // submission and the region lives while `local` does; reading it is the transfer.
     let mut bytes = 0u64;
-    for p in pieces {
-        if unsafe { local.slice(p.local, p.len) }.is_none() {
-            return Err(std::io::Error::other("local range out of bounds"));
+    let mut in_range = true;
+    match pieces {
+        // Strides do not go backwards, so the first and last pieces bound all of them.
+        Layout::Strided { first, count, .. } => {
+            let last = pieces.last().unwrap_or(*first);
+            in_range = unsafe { local.slice(first.local, first.len) }.is_some()
+                && unsafe { local.slice(last.local, last.len) }.is_some();
+            bytes = first.len * count;
         }
-        bytes += p.len;
+        Layout::List(list) => {
+            for p in list {
+                in_range &= unsafe { local.slice(p.local, p.len) }.is_some();
+                bytes += p.len;
+            }
+        }
+    }
+    if !in_range {
+        return Err(std::io::Error::other("local range out of bounds"));
     }
     let gen = wait.gen;
     lane.outstanding.borrow_mut().insert(head.tag, wait);
@@ -389,23 +403,49 @@ async fn write_host_chunk(
     shard.stats.borrow_mut().bytes_sent += bytes;
     if bytes as usize <= writer.inline_bytes() {
         let fill = |buf: &mut Vec<u8>| {
-            for p in pieces {
+            pieces.for_each(|p| {
                 if let Some(s) = unsafe { local.slice(p.local, p.len) } {
                     buf.extend_from_slice(s);
                 }
-            }
+            })
         };
-        writer
-            .push_inline_chunk(final_, head, pieces, remote_seg, bytes as usize, fill)
-            .await
+        match pieces {
+            Layout::Strided {
+                first,
+                count,
+                remote_stride,
+                ..
+            } => {
+                let run = (remote_seg(first), *count as u32, *remote_stride);
+                writer
+                    .push_inline_run_chunk(final_, head, run, bytes as usize, fill)
+                    .await
+            }
+            Layout::List(list) => {
+                writer
+                    .push_inline_chunk(final_, head, list, remote_seg, bytes as usize, fill)
+                    .await
+            }
+        }
     } else {
-        let slices: Vec<&[u8]> = pieces
-            .iter()
-            .filter_map(|p| unsafe { local.slice(p.local, p.len) })
-            .collect();
-        writer
-            .send_chunk(final_, head, pieces, remote_seg, &slices)
-            .await
+        let mut slices: Vec<&[u8]> = Vec::with_capacity(pieces.piece_count());
+        pieces.for_each(|p| slices.extend(unsafe { local.slice(p.local, p.len) }));
+        match pieces {
+            Layout::Strided {
+                first,
+                count,
+                remote_stride,
+                ..
+            } => {
+                let run = (remote_seg(first), *count as u32, *remote_stride);
+                writer.send_run_chunk(final_, head, run, &slices).await
+            }
+            Layout::List(list) => {
+                writer
+                    .send_chunk(final_, head, list, remote_seg, &slices)
+                    .await
+            }
+        }
     }
 }
 
@@ -444,7 +484,7 @@ async fn write_item(
                 extent,
             };
             // The chunk as a frame value, for the paths that need one (GPU staging, reads).
-            let framed = || Chunk {
+            let framed = |pieces: &[Piece]| Chunk {
                 tag,
                 uid,
                 chunk,
@@ -455,7 +495,8 @@ async fn write_item(
             };
             match op {
                 Op::Write if local.device().is_some() => {
-                    let c = framed();
+                    let pieces = pieces.into_pieces();
+                    let c = framed(&pieces);
                     let spans: Vec<(u64, u64)> = pieces.iter().map(|p| (p.local, p.len)).collect();
                     let bytes = c.bytes();
                     lane.outstanding
@@ -490,7 +531,8 @@ async fn write_item(
                         .await
                 }
                 Op::Read => {
-                    let c = framed();
+                    let pieces = pieces.into_pieces();
+                    let c = framed(&pieces);
                     let bytes = c.bytes();
                     // Registered before the request leaves: the answer can never come early.
                     lane.outstanding.borrow_mut().insert(

@@ -30,7 +30,7 @@ use morio_shards::{rt, Mesh, ShardCtx, ShardId};
 use crate::config::TcpBackendConfig;
 use crate::inbound_status::InboundStatuses;
 use crate::proto::frame::{Hello, Op};
-use crate::proto::plan::Piece;
+use crate::proto::plan::Layout;
 use crate::region::SharedRegion;
 use crate::stats::ShardStats;
 use crate::status::TransferStatus;
@@ -62,7 +62,8 @@ pub(crate) struct Submission {
     pub uid: u64,
     pub local: SharedRegion,
     pub remote_mem: u32,
-    pub pieces: Vec<Piece>,
+    /// Checked segments, expanded into pieces by the owner.
+    pub layout: Layout,
     pub total: u64,
     pub deadline_ns: u64,
     pub status: Arc<TransferStatus>,

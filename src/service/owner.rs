@@ -77,7 +77,7 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
     }
     let n_lanes = cfg.num_data_conns as u16;
     let striped = n_lanes > 1 && s.total >= cfg.striping_threshold_bytes as u64;
-    if striped && plan::destination_overlaps(&s.pieces, s.op == Op::Write) {
+    if striped && s.layout.destination_overlaps(s.op == Op::Write) {
         return fail_status(
             &s.status,
             codes::ERR_INVALID_ARGS,
@@ -89,8 +89,9 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
     } else {
         cfg.chunk_bytes as u64
     };
-    let extent = plan::remote_extent(&s.pieces);
-    let chunks = plan::into_chunks(s.pieces, chunk_bytes);
+    let extent = s.layout.remote_extent();
+    // A strided batch stays strided down to the frame; a list is cut as a list.
+    let chunks = plan::layout_chunks(s.layout, chunk_bytes);
     if chunks.is_empty() {
         // Nothing to move (the engine answers empty transfers itself; this keeps it total).
         return s.status.update(StatusCode::Success, "");
@@ -180,6 +181,7 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
                 .saturating_sub(cfg.op_timeout.as_nanos() as u64),
         },
     );
+    crate::trace::mark(s.uid, crate::trace::stage::PLANNED);
     for lane in order {
         let work = LaneWork {
             peer: s.peer.clone(),

@@ -380,10 +380,9 @@ async fn place(
     payload: u64,
 ) -> Result<(u32, String), ConnError> {
     let region = shard.regions.borrow().get(&chunk.mem_id).cloned();
-    match (
-        check_chunk(chunk, region.as_ref().map(|r| r.len() as u64)),
-        region,
-    ) {
+    let checked = check_chunk(chunk, region.as_ref().map(|r| r.len() as u64));
+    trace::mark(chunk.uid, trace::stage::T_CHECKED);
+    match (checked, region) {
         (Ok(()), Some(region)) if region.device().is_some() => {
             let spans: Vec<(u64, u64)> = chunk.segs.iter().map(|s| (s.off, s.len)).collect();
             match gpu_io::read_into_device(shard, reader, &region, &spans).await? {
