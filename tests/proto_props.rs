@@ -16,8 +16,8 @@ use morio::proto::limits::{
 };
 use morio::proto::outbound::{Action, Outbound, Phase, Violation};
 use morio::proto::plan::{
-    cut, destination_overlaps, normalize, remote_extent, stripe_bytes, total_bytes, Piece,
-    PlanError,
+    cut, destination_overlaps, layout_chunks, normalize, normalize_layout, remote_extent,
+    stripe_bytes, total_bytes, Layout, Piece, PlanError,
 };
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -1188,4 +1188,71 @@ fn hostile_runs_are_refused_before_they_allocate() {
     let n_at = HEADER_BYTES + 44;
     b[n_at..n_at + 4].copy_from_slice(&2u32.to_le_bytes());
     assert_eq!(decode_frame(&b), Err(DecodeError::Truncated));
+}
+
+/// Requests of `n` equal segments at constant strides (what `normalize_layout` keeps
+/// strided), sometimes with one entry nudged off the pattern, near region ends or u64::MAX.
+fn strided_request() -> impl Strategy<Value = Request> {
+    (
+        prop_oneof![4 => 0..=4096u64, 1 => (u64::MAX - 4096)..=u64::MAX],
+        0..=4096u64,
+        prop_oneof![1..=64u64, Just(0u64)],
+        0..=128u64,
+        0..=128u64,
+        1..=300usize,
+        prop_oneof![3 => Just(None), 1 => (0..300usize, 1..=3u64).prop_map(Some)],
+        prop_oneof![Just(u64::MAX), 0..=1u64 << 16],
+    )
+        .prop_map(|(l0, r0, len, ls, rs, n, nudge, size)| {
+            let mut l: Vec<u64> = (0..n as u64).map(|i| l0.wrapping_add(i * ls)).collect();
+            let r: Vec<u64> = (0..n as u64).map(|i| r0.wrapping_add(i * rs)).collect();
+            if let Some((i, d)) = nudge {
+                if let Some(x) = l.get_mut(i % n) {
+                    *x = x.wrapping_add(d);
+                }
+            }
+            (l, r, vec![len; n], size, size)
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1024))]
+
+    /// The strided fast path is an optimisation only: it accepts and refuses exactly what
+    /// `normalize` does, with the same pieces, extent, overlap verdict and chunks.
+    #[test]
+    fn layouts_agree_with_normalize(
+        (l, r, s, ls, rs) in prop_oneof![strided_request(), request()],
+        chunk in prop_oneof![1..=64u64, Just(1u64 << 20), 8..=8192u64],
+    ) {
+        let want = normalize(&l, &r, &s, ls, rs);
+        let got = normalize_layout(&l, &r, &s, ls, rs);
+        match (got, want) {
+            (Ok(layout), Ok(pieces)) => {
+                prop_assert_eq!(layout.total_bytes(), total_bytes(&pieces));
+                prop_assert_eq!(layout.piece_count(), pieces.len());
+                prop_assert_eq!(layout.last(), pieces.last().copied());
+                if !pieces.is_empty() {
+                    prop_assert_eq!(layout.remote_extent(), remote_extent(&pieces));
+                }
+                for side in [true, false] {
+                    prop_assert_eq!(
+                        layout.destination_overlaps(side),
+                        destination_overlaps(&pieces, side)
+                    );
+                }
+                let mut each = Vec::new();
+                layout.for_each(|p| each.push(p));
+                prop_assert_eq!(&each, &pieces);
+                let chunks: Vec<Vec<Piece>> = layout_chunks(layout.clone(), chunk)
+                    .into_iter()
+                    .map(Layout::into_pieces)
+                    .collect();
+                prop_assert_eq!(chunks, cut(&pieces, chunk));
+                prop_assert_eq!(layout.into_pieces(), pieces);
+            }
+            (Err(a), Err(b)) => prop_assert_eq!(a, b),
+            (a, b) => prop_assert!(false, "layout {:?}, normalize {:?}", a, b),
+        }
+    }
 }
