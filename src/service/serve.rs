@@ -373,6 +373,21 @@ fn unreachable_refusal(reply: &mut Reply) {
 }
 
 /// Validate a WRITE chunk and place its payload, or drain it if refused.
+/// Copy `src` into `segs` (offsets relative to `lo`, in payload order) of `ext`; false if a
+/// segment or the payload does not fit (the checks before make that a protocol bug).
+fn place_small(ext: &mut [u8], lo: u64, segs: &[crate::proto::frame::Seg], src: &[u8]) -> bool {
+    let mut at = 0usize;
+    for s in segs {
+        let (off, len) = ((s.off - lo) as usize, s.len as usize);
+        let (Some(dst), Some(part)) = (ext.get_mut(off..off + len), src.get(at..at + len)) else {
+            return false;
+        };
+        dst.copy_from_slice(part);
+        at += len;
+    }
+    true
+}
+
 async fn place(
     shard: &Rc<Shard>,
     reader: &mut FrameReader<rt::ReadHalf>,
@@ -402,18 +417,14 @@ async fn place(
                 .and_then(|n| reader.take_buffered(n))
             {
                 // All of it arrived with the header (small batches): place without awaiting.
-                let mut at = 0usize;
-                for s in &chunk.segs {
-                    // SAFETY: as below.
-                    let dst = unsafe { region.slice_mut(s.off, s.len) };
-                    let dst =
-                        dst.ok_or_else(|| ConnError::Violation("segment out of range".into()))?;
-                    // The decoder checked that the payload is the segments' total.
-                    let part = src.get(at..at + dst.len()).ok_or_else(|| {
-                        ConnError::Violation("payload shorter than its segments".into())
-                    })?;
-                    dst.copy_from_slice(part);
-                    at += dst.len();
+                // check_chunk put every segment inside the extent, and the extent inside the
+                // region, so the region is resolved once and each segment only indexed.
+                let (lo, hi) = chunk.extent;
+                // SAFETY: as below; the peer may write the extent, which the check bounded.
+                let ext = unsafe { region.slice_mut(lo, hi - lo) }
+                    .ok_or_else(|| ConnError::Violation("extent out of range".into()))?;
+                if !place_small(ext, lo, &chunk.segs, src) {
+                    return Err(ConnError::Violation("segment outside its extent".into()));
                 }
                 shard.stats.borrow_mut().inbound_bytes_written += payload;
                 return Ok((codes::SUCCESS, String::new()));
