@@ -310,6 +310,27 @@ pub struct ChunkHead {
 }
 
 impl Chunk {
+    /// The chunk of `head` with `segs`.
+    pub fn new(head: ChunkHead, segs: Vec<Seg>) -> Self {
+        let ChunkHead {
+            tag,
+            uid,
+            chunk,
+            n_chunks,
+            mem_id,
+            extent,
+        } = head;
+        Self {
+            tag,
+            uid,
+            chunk,
+            n_chunks,
+            mem_id,
+            extent,
+            segs,
+        }
+    }
+
     /// The fields other than the segments.
     pub fn head(&self) -> ChunkHead {
         ChunkHead {
@@ -400,6 +421,34 @@ pub fn encode_chunk<S>(
     };
     out[count_at..count_at + 4].copy_from_slice(&(n as u32).to_le_bytes());
     patch_body_len(start, out);
+}
+
+/// A chunk's target segments as the encoder takes them: a caller's own piece type with a
+/// projection to [`Seg`] (encoded as runs or as a list, whichever is smaller), or one run
+/// (`first`, `count` ≥ 1, `stride`).
+#[derive(Clone, Copy, Debug)]
+pub enum ChunkSegs<'a, S, F> {
+    /// Segments `seg(s)` for each `s`.
+    List(&'a [S], F),
+    /// `count` segments of `first.len` bytes at `first.off`, `first.off + stride`, ...
+    Run(Seg, u32, u64),
+}
+
+/// Encode a WRITE or READ chunk frame with its segments given as [`ChunkSegs`].
+pub fn encode_chunk_segs<S, F: Fn(&S) -> Seg + Copy>(
+    kind: Kind,
+    final_: bool,
+    head: &ChunkHead,
+    segs: ChunkSegs<'_, S, F>,
+    payload_len: u64,
+    out: &mut Vec<u8>,
+) {
+    match segs {
+        ChunkSegs::List(list, seg) => encode_chunk(kind, final_, head, list, seg, payload_len, out),
+        ChunkSegs::Run(first, count, stride) => {
+            encode_chunk_run(kind, final_, head, (first, count, stride), payload_len, out)
+        }
+    }
 }
 
 /// Encode a WRITE or READ chunk frame whose target segments are one run: `count` segments

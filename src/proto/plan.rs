@@ -82,26 +82,69 @@ pub fn normalize(
 
 /// A checked transfer's segments in the form that crosses from the application thread to
 /// the owner shard. A batch of equal-sized segments at constant strides (the usual layout
-/// of KV-cache blocks) travels as one [`Layout::Strided`] of a few words, so the per-segment
-/// list is built on the shard that uses it, not written by one core and read by another.
+/// of KV-cache blocks) travels as one [`Stride`] of a few words, so the per-segment list is
+/// never written by one core and read by another, and becomes one run on the wire.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Layout {
     /// Normalised pieces, in logical order.
     List(Vec<Piece>),
-    /// `count` (≥ 1) pieces of `first.len` (> 0) bytes, piece `i` at `first.local + i *
-    /// local_stride` and `first.remote + i * remote_stride`. From [`normalize_layout`]: at
-    /// least two, never contiguous on both sides at once (those merge into one piece), and
-    /// every piece range-checked; [`layout_chunks`] cuts it into strided chunks.
-    Strided {
-        /// The first piece.
-        first: Piece,
-        /// Number of pieces.
-        count: u64,
-        /// Distance between consecutive local offsets.
-        local_stride: u64,
-        /// Distance between consecutive remote offsets.
-        remote_stride: u64,
-    },
+    /// Pieces at constant strides.
+    Strided(Stride),
+}
+
+/// `count` (≥ 1) pieces of `first.len` (> 0) bytes, piece `i` at `first.local + i *
+/// local_stride` and `first.remote + i * remote_stride`. From [`normalize_layout`]: at
+/// least two, never contiguous on both sides at once (those merge into one piece), every
+/// piece range-checked (so no offset below overflows); [`layout_chunks`] cuts it into
+/// strided chunks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stride {
+    /// The first piece.
+    pub first: Piece,
+    /// Number of pieces.
+    pub count: u64,
+    /// Distance between consecutive local offsets.
+    pub local_stride: u64,
+    /// Distance between consecutive remote offsets.
+    pub remote_stride: u64,
+}
+
+impl Stride {
+    /// Piece `i`.
+    pub fn piece(&self, i: u64) -> Piece {
+        Piece {
+            local: self
+                .first
+                .local
+                .wrapping_add(i.wrapping_mul(self.local_stride)),
+            remote: self
+                .first
+                .remote
+                .wrapping_add(i.wrapping_mul(self.remote_stride)),
+            len: self.first.len,
+        }
+    }
+
+    /// The last piece (strides do not go backwards, so it reaches furthest on both sides).
+    pub fn last(&self) -> Piece {
+        self.piece(self.count.saturating_sub(1))
+    }
+
+    /// Total bytes.
+    pub fn total_bytes(&self) -> u64 {
+        self.first.len * self.count
+    }
+
+    /// Whether two destination ranges overlap (`remote_side`: the remote side is the
+    /// destination).
+    pub fn destination_overlaps(&self, remote_side: bool) -> bool {
+        let stride = if remote_side {
+            self.remote_stride
+        } else {
+            self.local_stride
+        };
+        self.count > 1 && stride < self.first.len
+    }
 }
 
 impl Layout {
@@ -109,7 +152,7 @@ impl Layout {
     pub fn total_bytes(&self) -> u64 {
         match self {
             Self::List(p) => total_bytes(p),
-            Self::Strided { first, count, .. } => first.len * count,
+            Self::Strided(s) => s.total_bytes(),
         }
     }
 
@@ -117,16 +160,7 @@ impl Layout {
     pub fn piece_count(&self) -> usize {
         match self {
             Self::List(p) => p.len(),
-            Self::Strided { count, .. } => *count as usize,
-        }
-    }
-
-    /// Piece `i` of a strided layout (no overflow for the pieces it has: they were checked).
-    fn strided_piece(first: &Piece, i: u64, local_stride: u64, remote_stride: u64) -> Piece {
-        Piece {
-            local: first.local.wrapping_add(i.wrapping_mul(local_stride)),
-            remote: first.remote.wrapping_add(i.wrapping_mul(remote_stride)),
-            len: first.len,
+            Self::Strided(s) => s.count as usize,
         }
     }
 
@@ -134,16 +168,7 @@ impl Layout {
     pub fn for_each(&self, mut f: impl FnMut(Piece)) {
         match self {
             Self::List(p) => p.iter().copied().for_each(f),
-            Self::Strided {
-                first,
-                count,
-                local_stride,
-                remote_stride,
-            } => {
-                for i in 0..*count {
-                    f(Self::strided_piece(first, i, *local_stride, *remote_stride));
-                }
-            }
+            Self::Strided(s) => (0..s.count).for_each(|i| f(s.piece(i))),
         }
     }
 
@@ -151,13 +176,7 @@ impl Layout {
     pub fn last(&self) -> Option<Piece> {
         match self {
             Self::List(p) => p.last().copied(),
-            Self::Strided {
-                first,
-                count,
-                local_stride,
-                remote_stride,
-            } => (*count > 0)
-                .then(|| Self::strided_piece(first, count - 1, *local_stride, *remote_stride)),
+            Self::Strided(s) => (s.count > 0).then(|| s.last()),
         }
     }
 
@@ -165,17 +184,7 @@ impl Layout {
     pub fn remote_extent(&self) -> (u64, u64) {
         match self {
             Self::List(p) => remote_extent(p),
-            Self::Strided {
-                first,
-                count,
-                remote_stride,
-                ..
-            } => {
-                let last = first
-                    .remote
-                    .wrapping_add((count - 1).wrapping_mul(*remote_stride));
-                (first.remote, last.wrapping_add(first.len))
-            }
+            Self::Strided(s) => (s.first.remote, s.last().remote + s.first.len),
         }
     }
 
@@ -183,19 +192,7 @@ impl Layout {
     pub fn destination_overlaps(&self, remote_side: bool) -> bool {
         match self {
             Self::List(p) => destination_overlaps(p, remote_side),
-            Self::Strided {
-                first,
-                count,
-                local_stride,
-                remote_stride,
-            } => {
-                let stride = if remote_side {
-                    remote_stride
-                } else {
-                    local_stride
-                };
-                *count > 1 && *stride < first.len
-            }
+            Self::Strided(s) => s.destination_overlaps(remote_side),
         }
     }
 
@@ -203,26 +200,7 @@ impl Layout {
     pub fn into_pieces(self) -> Vec<Piece> {
         match self {
             Self::List(p) => p,
-            Self::Strided {
-                first,
-                count,
-                local_stride,
-                remote_stride,
-            } => {
-                let (mut l, mut r) = (first.local, first.remote);
-                (0..count)
-                    .map(|_| {
-                        let p = Piece {
-                            local: l,
-                            remote: r,
-                            len: first.len,
-                        };
-                        l = l.wrapping_add(local_stride);
-                        r = r.wrapping_add(remote_stride);
-                        p
-                    })
-                    .collect()
-            }
+            Self::Strided(s) => (0..s.count).map(|i| s.piece(i)).collect(),
         }
     }
 }
@@ -232,23 +210,18 @@ impl Layout {
 /// pieces fit the chunks whole is cut into strided chunks; any other is cut as a list.
 pub fn layout_chunks(layout: Layout, chunk_bytes: u64) -> Vec<Layout> {
     let chunk_bytes = chunk_bytes.max(1);
-    if let Layout::Strided {
-        first,
-        count,
-        local_stride,
-        remote_stride,
-    } = layout
-    {
-        let per = (chunk_bytes / first.len).min(MAX_SEGS_PER_CHUNK as u64);
+    if let Layout::Strided(s) = layout {
+        let per = (chunk_bytes / s.first.len).min(MAX_SEGS_PER_CHUNK as u64);
         // Whole pieces per chunk, and chunks exactly full (else `cut` would split pieces).
-        let whole = per * first.len == chunk_bytes || per == MAX_SEGS_PER_CHUNK as u64;
-        if per > 0 && (count <= per || whole) {
-            return (0..count.div_ceil(per))
-                .map(|c| Layout::Strided {
-                    first: Layout::strided_piece(&first, c * per, local_stride, remote_stride),
-                    count: per.min(count - c * per),
-                    local_stride,
-                    remote_stride,
+        let whole = per * s.first.len == chunk_bytes || per == MAX_SEGS_PER_CHUNK as u64;
+        if per > 0 && (s.count <= per || whole) {
+            return (0..s.count.div_ceil(per))
+                .map(|c| {
+                    Layout::Strided(Stride {
+                        first: s.piece(c * per),
+                        count: per.min(s.count - c * per),
+                        ..s
+                    })
                 })
                 .collect();
         }
@@ -313,7 +286,7 @@ fn strided(
     if l_end > local_size || r_end > remote_size {
         return None; // normalize reports which side is out of range.
     }
-    Some(Layout::Strided {
+    Some(Layout::Strided(Stride {
         first: Piece {
             local: l0,
             remote: r0,
@@ -322,7 +295,7 @@ fn strided(
         count: n as u64,
         local_stride: ls,
         remote_stride: rs,
-    })
+    }))
 }
 
 /// Total bytes of `pieces` (normalised pieces cannot overflow).
@@ -468,7 +441,7 @@ mod tests {
         let offs: Vec<u64> = (0..256u64).map(|i| i * 9).collect();
         let sizes = vec![8u64; 256];
         let l = normalize_layout(&offs, &offs, &sizes, 1 << 20, 1 << 20).unwrap();
-        assert!(matches!(l, Layout::Strided { count: 256, .. }));
+        assert!(matches!(l, Layout::Strided(Stride { count: 256, .. })));
         assert_eq!(l.total_bytes(), 2048);
         let want = normalize(&offs, &offs, &sizes, 1 << 20, 1 << 20).unwrap();
         assert_eq!(l.into_pieces(), want);

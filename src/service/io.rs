@@ -9,7 +9,7 @@ use morio_shards::rt;
 
 use crate::config::TcpBackendConfig;
 use crate::proto::decode::{decode_frame, DecodeError};
-use crate::proto::frame::{encode_chunk, encode_chunk_run, ChunkHead, Frame, Kind, Seg};
+use crate::proto::frame::{encode_chunk_segs, ChunkHead, ChunkSegs, Frame, Kind, Seg};
 use crate::proto::limits::{HEADER_BYTES, MAX_BODY_BYTES};
 
 /// Why a connection ended.
@@ -348,46 +348,20 @@ impl FrameWriter {
     }
 
     /// Queue a WRITE chunk (header and segments from `segs`, see
-    /// [`crate::proto::frame::encode_chunk`]) whose `payload_len` payload bytes, at most
+    /// [`crate::proto::frame::encode_chunk_segs`]) whose `payload_len` payload bytes, at most
     /// [`Self::inline_bytes`], `fill` appends right after it: nothing is built per segment
     /// but the frame itself.
-    pub(crate) async fn push_inline_chunk<S>(
+    pub(crate) async fn push_inline_chunk<S, F: Fn(&S) -> Seg + Copy>(
         &mut self,
         final_: bool,
         head: &ChunkHead,
-        segs: &[S],
-        seg: impl Fn(&S) -> Seg + Copy,
+        segs: ChunkSegs<'_, S, F>,
         payload_len: usize,
         fill: impl FnOnce(&mut Vec<u8>),
     ) -> io::Result<()> {
         debug_assert!(payload_len <= self.inline_bytes);
         let len = payload_len as u64;
-        encode_chunk(Kind::Write, final_, head, segs, seg, len, &mut self.buf);
-        self.fill_payload(payload_len, fill).await
-    }
-
-    /// [`Self::push_inline_chunk`] for segments that are one run (see
-    /// [`crate::proto::frame::encode_chunk_run`]).
-    pub(crate) async fn push_inline_run_chunk(
-        &mut self,
-        final_: bool,
-        head: &ChunkHead,
-        run: (Seg, u32, u64),
-        payload_len: usize,
-        fill: impl FnOnce(&mut Vec<u8>),
-    ) -> io::Result<()> {
-        debug_assert!(payload_len <= self.inline_bytes);
-        let len = payload_len as u64;
-        encode_chunk_run(Kind::Write, final_, head, run, len, &mut self.buf);
-        self.fill_payload(payload_len, fill).await
-    }
-
-    /// Append a frame's payload through `fill`; flush once enough is queued.
-    async fn fill_payload(
-        &mut self,
-        payload_len: usize,
-        fill: impl FnOnce(&mut Vec<u8>),
-    ) -> io::Result<()> {
+        encode_chunk_segs(Kind::Write, final_, head, segs, len, &mut self.buf);
         let at = self.buf.len();
         self.buf.reserve(payload_len);
         fill(&mut self.buf);
@@ -400,29 +374,15 @@ impl FrameWriter {
 
     /// Send a WRITE chunk whose payload is `payload`, gathered straight from registered
     /// memory together with everything queued before it.
-    pub(crate) async fn send_chunk<S>(
+    pub(crate) async fn send_chunk<S, F: Fn(&S) -> Seg + Copy>(
         &mut self,
         final_: bool,
         head: &ChunkHead,
-        segs: &[S],
-        seg: impl Fn(&S) -> Seg + Copy,
+        segs: ChunkSegs<'_, S, F>,
         payload: &[&[u8]],
     ) -> io::Result<()> {
         let total = payload.iter().map(|p| p.len() as u64).sum();
-        encode_chunk(Kind::Write, final_, head, segs, seg, total, &mut self.buf);
-        self.send_gathered(payload).await
-    }
-
-    /// [`Self::send_chunk`] for segments that are one run.
-    pub(crate) async fn send_run_chunk(
-        &mut self,
-        final_: bool,
-        head: &ChunkHead,
-        run: (Seg, u32, u64),
-        payload: &[&[u8]],
-    ) -> io::Result<()> {
-        let total = payload.iter().map(|p| p.len() as u64).sum();
-        encode_chunk_run(Kind::Write, final_, head, run, total, &mut self.buf);
+        encode_chunk_segs(Kind::Write, final_, head, segs, total, &mut self.buf);
         self.send_gathered(payload).await
     }
 

@@ -20,9 +20,9 @@ use super::io::{
 use super::owner::{LaneEvent, LaneEventKind};
 use super::{Peer, Shard, ShardMsg, TaskGuard};
 use crate::proto::codes;
-use crate::proto::frame::{Chunk, ChunkHead, Finish, Frame, Hello, Op, Seg};
+use crate::proto::frame::{Chunk, ChunkHead, ChunkSegs, Finish, Frame, Hello, Op, Seg};
 use crate::proto::limits::VERSION;
-use crate::proto::plan::{Layout, Piece};
+use crate::proto::plan::{total_bytes, Layout, Piece};
 use crate::region::SharedRegion;
 use crate::trace;
 
@@ -377,23 +377,23 @@ async fn write_host_chunk(
 ) -> std::io::Result<()> {
     // SAFETY (every `slice` below): the ranges were checked against the region at
     // submission and the region lives while `local` does; reading it is the transfer.
-    let mut bytes = 0u64;
-    let mut in_range = true;
-    match pieces {
+    let (bytes, in_range, segs) = match pieces {
         // Strides do not go backwards, so the first and last pieces bound all of them.
-        Layout::Strided { first, count, .. } => {
-            let last = pieces.last().unwrap_or(*first);
-            in_range = unsafe { local.slice(first.local, first.len) }.is_some()
+        Layout::Strided(s) => {
+            let (first, last) = (s.first, s.last());
+            let ok = unsafe { local.slice(first.local, first.len) }.is_some()
                 && unsafe { local.slice(last.local, last.len) }.is_some();
-            bytes = first.len * count;
+            let run = ChunkSegs::Run(remote_seg(&first), s.count as u32, s.remote_stride);
+            (s.total_bytes(), ok, run)
         }
         Layout::List(list) => {
-            for p in list {
-                in_range &= unsafe { local.slice(p.local, p.len) }.is_some();
-                bytes += p.len;
-            }
+            let ok = list
+                .iter()
+                .all(|p| unsafe { local.slice(p.local, p.len) }.is_some());
+            let seg: fn(&Piece) -> Seg = remote_seg;
+            (total_bytes(list), ok, ChunkSegs::List(&list[..], seg))
         }
-    }
+    };
     if !in_range {
         return Err(std::io::Error::other("local range out of bounds"));
     }
@@ -403,49 +403,15 @@ async fn write_host_chunk(
     shard.stats.borrow_mut().bytes_sent += bytes;
     if bytes as usize <= writer.inline_bytes() {
         let fill = |buf: &mut Vec<u8>| {
-            pieces.for_each(|p| {
-                if let Some(s) = unsafe { local.slice(p.local, p.len) } {
-                    buf.extend_from_slice(s);
-                }
-            })
+            pieces.for_each(|p| buf.extend(unsafe { local.slice(p.local, p.len) }.unwrap_or(&[])))
         };
-        match pieces {
-            Layout::Strided {
-                first,
-                count,
-                remote_stride,
-                ..
-            } => {
-                let run = (remote_seg(first), *count as u32, *remote_stride);
-                writer
-                    .push_inline_run_chunk(final_, head, run, bytes as usize, fill)
-                    .await
-            }
-            Layout::List(list) => {
-                writer
-                    .push_inline_chunk(final_, head, list, remote_seg, bytes as usize, fill)
-                    .await
-            }
-        }
+        writer
+            .push_inline_chunk(final_, head, segs, bytes as usize, fill)
+            .await
     } else {
         let mut slices: Vec<&[u8]> = Vec::with_capacity(pieces.piece_count());
         pieces.for_each(|p| slices.extend(unsafe { local.slice(p.local, p.len) }));
-        match pieces {
-            Layout::Strided {
-                first,
-                count,
-                remote_stride,
-                ..
-            } => {
-                let run = (remote_seg(first), *count as u32, *remote_stride);
-                writer.send_run_chunk(final_, head, run, &slices).await
-            }
-            Layout::List(list) => {
-                writer
-                    .send_chunk(final_, head, list, remote_seg, &slices)
-                    .await
-            }
-        }
+        writer.send_chunk(final_, head, segs, &slices).await
     }
 }
 
@@ -484,15 +450,8 @@ async fn write_item(
                 extent,
             };
             // The chunk as a frame value, for the paths that need one (GPU staging, reads).
-            let framed = |pieces: &[Piece]| Chunk {
-                tag,
-                uid,
-                chunk,
-                n_chunks,
-                mem_id,
-                extent,
-                segs: pieces.iter().map(remote_seg).collect(),
-            };
+            let framed =
+                |pieces: &[Piece]| Chunk::new(head, pieces.iter().map(remote_seg).collect());
             match op {
                 Op::Write if local.device().is_some() => {
                     let pieces = pieces.into_pieces();
