@@ -3,6 +3,8 @@
 //! (uid, stage, CLOCK_MONOTONIC ns) into a fixed lock-free buffer, and [`dump`] writes it to
 //! `DIR/<label>-<pid>.csv`. CLOCK_MONOTONIC is one clock for every process of a host, so an
 //! initiator's and a target's files line up by uid (`scripts/trace-stages.py` does that).
+//! A multi-chunk transfer marks the per-chunk stages once per chunk; the script takes the
+//! first of each for the main line and shows first-to-last spreads and the FINISH exchange.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
@@ -29,7 +31,7 @@ pub mod stage {
     pub const T_PLACED: u8 = 8;
     /// Target: the send that carried the answer returned.
     pub const T_SENT: u8 = 9;
-    /// Initiator, lane shard: the answer was decoded.
+    /// Initiator, lane shard: a chunk's answer was decoded.
     pub const RESP: u8 = 10;
     /// Initiator, owner shard: the user-visible status was completed.
     pub const DONE: u8 = 11;
@@ -46,6 +48,15 @@ pub mod stage {
     pub const PLANNED: u8 = 15;
     /// Target: the chunk was checked against the region (between T_RECV and T_PLACED).
     pub const T_CHECKED: u8 = 16;
+
+    /// Initiator, owner shard: every chunk of a multi-chunk transfer was answered and FINISH
+    /// is handed to the home lane.
+    pub const FINISH: u8 = 17;
+    /// Target: FINISH arrived (the inbound status is recorded next).
+    pub const T_FINISH: u8 = 18;
+    /// Initiator, lane shard: the COMPLETE answering FINISH was decoded (a chunk's answer,
+    /// or a one-chunk transfer's COMPLETE, is [`RESP`]).
+    pub const COMPLETED: u8 = 19;
 
     /// Every stage in the order a write passes them (the sub-stages in their places).
     pub const ORDER: [u8; 16] = [

@@ -573,7 +573,12 @@ async fn on_frame(
     if o.uid != uid {
         return violation("answer names another transfer");
     }
-    trace::mark(uid, trace::stage::RESP);
+    let answer = if matches!(o.wait, Wait::Finish) {
+        trace::stage::COMPLETED
+    } else {
+        trace::stage::RESP
+    };
+    trace::mark(uid, answer);
     let kind = match (frame, o.wait) {
         (
             Frame::Ack(r),

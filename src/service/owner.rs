@@ -215,6 +215,7 @@ pub(crate) fn on_event(shard: &Rc<Shard>, ev: LaneEvent) {
     match action {
         None => {}
         Some(Action::SendFinish { code, msg }) => {
+            crate::trace::mark(key.1, crate::trace::stage::FINISH);
             let work = LaneWork {
                 peer: e.peer.clone(),
                 lane: e.home_lane,

@@ -303,6 +303,7 @@ async fn on_frame(
             shard.stats.borrow_mut().inbound_bytes_read += sent;
         }
         Frame::Finish(f) => {
+            trace::mark(f.uid, trace::stage::T_FINISH);
             inbound.record(peer, f.uid, status_of(f.code), &f.msg);
             shard.stats.borrow_mut().inbound_transfers += 1;
             let reply = Reply {
