@@ -205,7 +205,7 @@ trace() {
 	begin
 	local b256=(--transfer-batch-size 256 --enable-batch-transfer --enable-sess)
 	local one=(--transfer-batch-size 1)
-	variants "${TRACE_VARIANTS:-}" "default" "4 2000 1000"
+	variants "${TRACE_VARIANTS:-}" "2 2000 1000" "7 2000 1000 7"
 	for v in "${VARIANTS[@]}"; do
 		variant "${v}"
 		for row in "8b-single:--buffer-size 8 ${one[*]}" "8b-b256:--buffer-size 8 ${b256[*]}" "4k-b256:--buffer-size 4096 ${b256[*]}"; do
