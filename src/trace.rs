@@ -58,7 +58,8 @@ pub mod stage {
     /// or a one-chunk transfer's COMPLETE, is [`RESP`]).
     pub const COMPLETED: u8 = 19;
 
-    /// Every stage in the order a write passes them (the sub-stages in their places).
+    /// The stages a one-chunk write passes, in order (sub-stages in their places; FINISH,
+    /// T_FINISH and COMPLETED belong to multi-chunk transfers only).
     pub const ORDER: [u8; 16] = [
         CALL, RESOLVED, NORMALIZED, SUBMIT, OWNER, PLANNED, ENCODE, PUSHED, SENT, T_RECV,
         T_CHECKED, T_PLACED, T_SENT, RESP, DONE, WOKE,
