@@ -1241,8 +1241,7 @@ proptest! {
                         destination_overlaps(&pieces, side)
                     );
                 }
-                let mut each = Vec::new();
-                layout.for_each(|p| each.push(p));
+                let each: Vec<Piece> = layout.iter().collect();
                 prop_assert_eq!(&each, &pieces);
                 let chunks: Vec<Vec<Piece>> = layout_chunks(layout.clone(), chunk)
                     .into_iter()

@@ -2,6 +2,7 @@
 //! to the owner shard and on to the frame, kept as a stride (first piece, count, strides)
 //! when a batch is regular, so no per-segment list is built for it.
 
+use super::frame::{ChunkSegs, Seg};
 use super::limits::MAX_SEGS_PER_CHUNK;
 use super::plan::{
     destination_overlaps, into_chunks, normalize, remote_extent, total_bytes, Piece, PlanError,
@@ -74,6 +75,14 @@ impl Stride {
     }
 }
 
+/// A piece's remote side, as a chunk frame describes it.
+pub fn remote_seg(p: &Piece) -> Seg {
+    Seg {
+        off: p.remote,
+        len: p.len,
+    }
+}
+
 impl Layout {
     /// Total bytes (checked at normalisation: cannot overflow).
     pub fn total_bytes(&self) -> u64 {
@@ -92,10 +101,25 @@ impl Layout {
     }
 
     /// Every piece, in logical order, without building a list.
-    pub fn for_each(&self, mut f: impl FnMut(Piece)) {
+    pub fn iter(&self) -> impl Iterator<Item = Piece> + '_ {
+        let (list, stride) = match self {
+            Self::List(p) => (&p[..], None),
+            Self::Strided(s) => (&[][..], Some(*s)),
+        };
+        let strided = stride
+            .into_iter()
+            .flat_map(|s| (0..s.count).map(move |i| s.piece(i)));
+        list.iter().copied().chain(strided)
+    }
+
+    /// The segments a chunk frame of this layout carries (its remote side): one run for a
+    /// strided layout, else the list.
+    pub fn remote_segs(&self) -> ChunkSegs<'_, Piece, fn(&Piece) -> Seg> {
         match self {
-            Self::List(p) => p.iter().copied().for_each(f),
-            Self::Strided(s) => (0..s.count).for_each(|i| f(s.piece(i))),
+            Self::Strided(s) => {
+                ChunkSegs::Run(remote_seg(&s.first), s.count as u32, s.remote_stride)
+            }
+            Self::List(list) => ChunkSegs::List(list, remote_seg),
         }
     }
 

@@ -366,10 +366,26 @@ impl FrameWriter {
         self.buf.reserve(payload_len);
         fill(&mut self.buf);
         debug_assert_eq!(self.buf.len() - at, payload_len);
+        self.flush_if_full().await
+    }
+
+    /// Send what is queued once enough waits (so a long run of small frames goes out in
+    /// bounded pieces).
+    pub(crate) async fn flush_if_full(&mut self) -> io::Result<()> {
         if self.buf.len() >= FLUSH_BYTES {
             self.flush().await?;
         }
         Ok(())
+    }
+
+    /// Queue a READ chunk (no payload); it leaves with the next flush.
+    pub(crate) fn queue_read_chunk<S, F: Fn(&S) -> Seg + Copy>(
+        &mut self,
+        final_: bool,
+        head: &ChunkHead,
+        segs: ChunkSegs<'_, S, F>,
+    ) {
+        encode_chunk_segs(Kind::Read, final_, head, segs, 0, &mut self.buf);
     }
 
     /// Send a WRITE chunk whose payload is `payload`, gathered straight from registered

@@ -20,7 +20,8 @@ use super::io::{
 use super::owner::{LaneEvent, LaneEventKind};
 use super::{Peer, Shard, ShardMsg, TaskGuard};
 use crate::proto::codes;
-use crate::proto::frame::{Chunk, ChunkHead, ChunkSegs, Finish, Frame, Hello, Op, Seg};
+use crate::proto::frame::{Chunk, ChunkHead, Finish, Frame, Hello, Op};
+use crate::proto::layout::remote_seg;
 use crate::proto::limits::VERSION;
 use crate::proto::plan::{total_bytes, Layout, Piece};
 use crate::region::SharedRegion;
@@ -83,7 +84,7 @@ enum Wait {
         chunk: u32,
         final_: bool,
         local: SharedRegion,
-        pieces: Vec<Piece>,
+        pieces: Layout,
         bytes: u64,
     },
     Finish,
@@ -353,14 +354,6 @@ async fn connect(shard: &Rc<Shard>, lane: &Rc<Lane>) -> Result<rt::TcpStream, St
         .unwrap_or_else(|| Err(format!("connect to {addr} timed out")))
 }
 
-/// A piece's target side, as the frame describes it.
-fn remote_seg(p: &Piece) -> Seg {
-    Seg {
-        off: p.remote,
-        len: p.len,
-    }
-}
-
 /// Send a WRITE chunk from host memory: a small payload is copied from the region next to
 /// the frame (and leaves with the next flush), a large one is gathered straight from it. A
 /// strided layout is framed as one run and gathered without building a piece list.
@@ -377,23 +370,22 @@ async fn write_host_chunk(
 ) -> std::io::Result<()> {
     // SAFETY (every `slice` below): the ranges were checked against the region at
     // submission and the region lives while `local` does; reading it is the transfer.
-    let (bytes, in_range, segs) = match pieces {
+    let (bytes, in_range) = match pieces {
         // Strides do not go backwards, so the first and last pieces bound all of them.
         Layout::Strided(s) => {
             let (first, last) = (s.first, s.last());
             let ok = unsafe { local.slice(first.local, first.len) }.is_some()
                 && unsafe { local.slice(last.local, last.len) }.is_some();
-            let run = ChunkSegs::Run(remote_seg(&first), s.count as u32, s.remote_stride);
-            (s.total_bytes(), ok, run)
+            (s.total_bytes(), ok)
         }
         Layout::List(list) => {
             let ok = list
                 .iter()
                 .all(|p| unsafe { local.slice(p.local, p.len) }.is_some());
-            let seg: fn(&Piece) -> Seg = remote_seg;
-            (total_bytes(list), ok, ChunkSegs::List(&list[..], seg))
+            (total_bytes(list), ok)
         }
     };
+    let segs = pieces.remote_segs();
     if !in_range {
         return Err(std::io::Error::other("local range out of bounds"));
     }
@@ -403,14 +395,18 @@ async fn write_host_chunk(
     shard.stats.borrow_mut().bytes_sent += bytes;
     if bytes as usize <= writer.inline_bytes() {
         let fill = |buf: &mut Vec<u8>| {
-            pieces.for_each(|p| buf.extend(unsafe { local.slice(p.local, p.len) }.unwrap_or(&[])))
+            for p in pieces.iter() {
+                buf.extend(unsafe { local.slice(p.local, p.len) }.unwrap_or(&[]));
+            }
         };
         writer
             .push_inline_chunk(final_, head, segs, bytes as usize, fill)
             .await
     } else {
-        let mut slices: Vec<&[u8]> = Vec::with_capacity(pieces.piece_count());
-        pieces.for_each(|p| slices.extend(unsafe { local.slice(p.local, p.len) }));
+        let slices: Vec<&[u8]> = pieces
+            .iter()
+            .filter_map(|p| unsafe { local.slice(p.local, p.len) })
+            .collect();
         writer.send_chunk(final_, head, segs, &slices).await
     }
 }
@@ -490,10 +486,11 @@ async fn write_item(
                         .await
                 }
                 Op::Read => {
-                    let pieces = pieces.into_pieces();
-                    let c = framed(&pieces);
-                    let bytes = c.bytes();
-                    // Registered before the request leaves: the answer can never come early.
+                    let bytes = pieces.total_bytes();
+                    let segs = pieces.remote_segs();
+                    writer.queue_read_chunk(final_, &head, segs);
+                    // Registered before the request can leave (the next flush): the answer
+                    // can never come early.
                     lane.outstanding.borrow_mut().insert(
                         tag,
                         pending(Wait::Read {
@@ -504,7 +501,7 @@ async fn write_item(
                             bytes,
                         }),
                     );
-                    writer.push(&Frame::Read { chunk: c, final_ }, &[]).await
+                    writer.flush_if_full().await
                 }
             }
         }
@@ -623,9 +620,23 @@ async fn on_frame(
                     return violation("read data length differs from the request");
                 }
                 let oob = || ConnError::Violation("local range out of bounds".into());
-                if ascending_disjoint(pieces.iter().map(|p| (p.local, p.len))) {
-                    let mut dsts = Vec::with_capacity(pieces.len());
-                    for p in &pieces {
+                if let Some(src) = usize::try_from(bytes)
+                    .ok()
+                    .and_then(|n| reader.take_buffered(n))
+                {
+                    // All of it arrived with the header (small batches): place it without
+                    // awaiting, one piece at a time.
+                    let mut at = 0usize;
+                    for p in pieces.iter() {
+                        // SAFETY: as below; one slice at a time, so overlaps cannot alias.
+                        let dst = unsafe { local.slice_mut(p.local, p.len) }.ok_or_else(oob)?;
+                        let part = src.get(at..at + dst.len()).ok_or_else(oob)?;
+                        dst.copy_from_slice(part);
+                        at += dst.len();
+                    }
+                } else if ascending_disjoint(pieces.iter().map(|p| (p.local, p.len))) {
+                    let mut dsts = Vec::with_capacity(pieces.piece_count());
+                    for p in pieces.iter() {
                         // SAFETY: the range was checked at submission; the bytes placed are
                         // the ones this side requested, into the range it requested them for;
                         // the ranges are disjoint, so the slices do not alias.
@@ -633,7 +644,7 @@ async fn on_frame(
                     }
                     reader.read_payload_scatter(&mut dsts).await?;
                 } else {
-                    for p in &pieces {
+                    for p in pieces.iter() {
                         // SAFETY: as above; one slice at a time, so overlaps cannot alias.
                         let dst = unsafe { local.slice_mut(p.local, p.len) }.ok_or_else(oob)?;
                         reader.read_payload(dst).await?;
