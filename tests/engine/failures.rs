@@ -1320,3 +1320,56 @@ fn dropping_the_target_closes_its_connections() {
         st.message()
     );
 }
+
+#[test]
+fn hostile_run_form_writes_are_checked_like_lists() {
+    let (a, b) = hostile_pair("hostile_runs");
+    let dst_init = random_bytes(4096, 60);
+    let dst = b.register_buffer(dst_init.clone()).unwrap();
+    let id = dst.desc().id;
+    let mut s = handshaken(&b, "hostile_runs_client");
+    let segs = [(0, 8), (16, 8), (32, 8), (48, 8)];
+    // Regular segments go as one run; the last one reaches past the declared extent.
+    let bad = write_frame(1, id, (0, 40), &segs, true);
+    assert_ne!(bad[3] & morio::proto::frame::FLAG_RUNS, 0, "run form");
+    s.write_all(&bad).unwrap();
+    match read_frame(&mut s, Duration::from_secs(5)) {
+        Frame::Complete(r) => assert_eq!((r.uid, r.code), (1, codes::ERR_INVALID_ARGS)),
+        f => panic!("unexpected {f:?}"),
+    }
+    assert_bytes_eq(&dst.to_vec(), &dst_init, "after a refused run");
+    // The connection is in sync: a valid run lands exactly on its segments.
+    let ok = write_frame(2, id, (0, 56), &segs, true);
+    s.write_all(&ok).unwrap();
+    match read_frame(&mut s, Duration::from_secs(5)) {
+        Frame::Complete(r) => assert_eq!((r.uid, r.code), (2, codes::SUCCESS), "{r:?}"),
+        f => panic!("unexpected {f:?}"),
+    }
+    let payload = &ok[ok.len() - 32..];
+    let mut want = dst_init;
+    for (i, &(off, len)) in segs.iter().enumerate() {
+        want[off as usize..(off + len) as usize].copy_from_slice(&payload[i * 8..i * 8 + 8]);
+    }
+    assert_bytes_eq(&dst.to_vec(), &want, "after a valid run");
+    // Runs that describe more segments than a chunk may hold close the connection.
+    let mut lie = ok[..HEADER_BYTES + 44].to_vec();
+    lie[HEADER_BYTES + 40..HEADER_BYTES + 44].copy_from_slice(&2u32.to_le_bytes());
+    for _ in 0..2 {
+        for v in [0u64, 1] {
+            lie.extend_from_slice(&v.to_le_bytes()); // off, len
+        }
+        lie.extend_from_slice(&u32::MAX.to_le_bytes()); // count
+        lie.extend_from_slice(&1u64.to_le_bytes()); // stride
+    }
+    let body = (lie.len() - HEADER_BYTES) as u32;
+    lie[4..8].copy_from_slice(&body.to_le_bytes());
+    lie[8..16].copy_from_slice(&1u64.to_le_bytes());
+    s.write_all(&lie).unwrap();
+    let (got, _) = read_until_closed(&mut s, CLOSE_LIMIT);
+    let frames = parse_frames(&got);
+    assert!(
+        matches!(frames.as_slice(), [Frame::GoAway { .. }]),
+        "expected a GOAWAY before the close, got {frames:?}"
+    );
+    normal_traffic(&a, &b);
+}
