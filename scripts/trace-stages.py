@@ -31,6 +31,7 @@ def main():
     label = sys.argv[2] if len(sys.argv) > 2 else os.path.basename(d.rstrip("/"))
     per = {}
     last = {}
+    oncpu = {}
     for f in glob.glob(os.path.join(d, "*.csv")):
         with open(f) as fh:
             for r in csv.DictReader(fh):
@@ -39,6 +40,10 @@ def main():
                 first[st] = min(first.get(st, ns), ns)
                 end = last.setdefault(uid, {})
                 end[st] = max(end.get(st, ns), ns)
+                if r.get("cpu") is not None:
+                    k = (st, int(r["cpu"]))
+                    c = oncpu.setdefault(uid, {})
+                    c[k] = min(c.get(k, ns), ns)
     full = [s for s in per.values() if all(k in s for k in NAMES)]
     if not full:
         print(f"{label}: no transfer passed every stage ({len(per)} traced)")
@@ -74,6 +79,28 @@ def main():
                   if frm(s, e) is not None and to(s, e) is not None]
             if ds:
                 print(f"      {name} {statistics.median(ds):.1f}/{pct(ds, 0.9):.1f}")
+        timeline(multi, per, oncpu, names)
+
+
+def timeline(multi, per, oncpu, names):
+    """Per CPU, the median time from CALL at which each stage was first marked there: which
+    lane or target shard is late, and with what."""
+    uids = {id(s): u for u, s in per.items()}
+    rows = {}
+    for s, _ in multi:
+        c = oncpu.get(uids[id(s)])
+        if not c:
+            return
+        for (st, cpu), ns in c.items():
+            rows.setdefault((cpu, st), []).append((ns - s[1]) / 1000)
+    n = len(multi)
+    print(f"      per cpu, us from call (p50; stages seen on that cpu in >= half the transfers):")
+    for cpu in sorted({c for c, _ in rows}):
+        cells = [(statistics.median(v), names[st]) for (c, st), v in rows.items()
+                 if c == cpu and len(v) * 2 >= n]
+        if cells:
+            cells.sort()
+            print(f"         cpu{cpu:<3} " + " ".join(f"{nm}@{t:.1f}" for t, nm in cells))
 
 if __name__ == "__main__":
     main()

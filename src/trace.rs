@@ -123,12 +123,16 @@ fn record(uid: u64, stage: u8) {
         return;
     }
     buf[3 * i].store(uid, Ordering::Relaxed);
-    buf[3 * i + 1].store(stage as u64, Ordering::Relaxed);
+    // The CPU the mark ran on, beside the stage: which shard (or application thread) it was.
+    // SAFETY: sched_getcpu has no preconditions; it returns -1 on failure.
+    let cpu = unsafe { libc::sched_getcpu() }.max(0) as u64 & 0xffff;
+    buf[3 * i + 1].store(stage as u64 | cpu << 8, Ordering::Relaxed);
     buf[3 * i + 2].store(clock_ns(), Ordering::Release);
 }
 
-/// Write what was recorded to `$MORIO_TRACE/<label>-<pid>.csv` (`uid,stage,ns` lines) and
+/// Write what was recorded to `$MORIO_TRACE/<label>-<pid>.csv` and
 /// return the path; `Ok(None)` when tracing is off.
+/// Lines are `uid,stage,ns,cpu`.
 pub fn dump(label: &str) -> std::io::Result<Option<std::path::PathBuf>> {
     let (Some(dir), Some(buf)) = (std::env::var_os("MORIO_TRACE"), BUF.get()) else {
         return Ok(None);
@@ -136,15 +140,15 @@ pub fn dump(label: &str) -> std::io::Result<Option<std::path::PathBuf>> {
     let n = NEXT.load(Ordering::Acquire).min(CAPACITY);
     let path = std::path::Path::new(&dir).join(format!("{label}-{}.csv", std::process::id()));
     let mut out = std::io::BufWriter::new(std::fs::File::create(&path)?);
-    writeln!(out, "uid,stage,ns")?;
+    writeln!(out, "uid,stage,ns,cpu")?;
     for i in 0..n {
         let t = buf[3 * i + 2].load(Ordering::Acquire);
         if t == 0 {
             continue; // Claimed but not yet written.
         }
         let uid = buf[3 * i].load(Ordering::Relaxed);
-        let st = buf[3 * i + 1].load(Ordering::Relaxed);
-        writeln!(out, "{uid},{st},{t}")?;
+        let w = buf[3 * i + 1].load(Ordering::Relaxed);
+        writeln!(out, "{uid},{},{t},{}", w & 0xff, w >> 8)?;
     }
     out.flush()?;
     Ok(Some(path))

@@ -16,8 +16,8 @@ use morio::proto::limits::{
 };
 use morio::proto::outbound::{Action, Outbound, Phase, Violation};
 use morio::proto::plan::{
-    cut, destination_overlaps, layout_chunks, normalize, normalize_layout, remote_extent,
-    stripe_bytes, total_bytes, Layout, Piece, PlanError,
+    cut, destination_overlaps, layout_chunks, layout_stripe, normalize, normalize_layout,
+    remote_extent, stripe_bytes, total_bytes, Layout, Piece, PlanError,
 };
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -1253,5 +1253,41 @@ proptest! {
             (Err(a), Err(b)) => prop_assert_eq!(a, b),
             (a, b) => prop_assert!(false, "layout {:?}, normalize {:?}", a, b),
         }
+    }
+    /// A strided stripe holds whole pieces whenever a piece fits the share, stays within
+    /// the cap and never makes more stripes than lanes when it rounds up; its chunks are then
+    /// strided (one run each), and they still cover the transfer exactly as `cut` would.
+    #[test]
+    fn strided_stripes_hold_whole_pieces(
+        (l, r, s, ls, rs) in strided_request(),
+        n_lanes in 1..=16u64,
+        cap in prop_oneof![Just(1u64 << 20), 1..=(1u64 << 16)],
+    ) {
+        let Ok(layout) = normalize_layout(&l, &r, &s, ls, rs) else { return Ok(()) };
+        let total = layout.total_bytes();
+        let plain = stripe_bytes(total, n_lanes, cap);
+        let stripe = layout_stripe(&layout, n_lanes, cap);
+        prop_assert!((1..=cap).contains(&stripe));
+        if let Layout::Strided(st) = &layout {
+            let p = st.first.len;
+            if p <= plain {
+                prop_assert_eq!(stripe % p, 0, "stripe {} piece {}", stripe, p);
+                if stripe >= plain {
+                    prop_assert!(total.div_ceil(stripe) <= total.div_ceil(plain));
+                }
+                let chunks = layout_chunks(layout.clone(), stripe);
+                prop_assert!(chunks.iter().all(|c| matches!(c, Layout::Strided(_))));
+            } else {
+                prop_assert_eq!(stripe, plain);
+            }
+        } else {
+            prop_assert_eq!(stripe, plain);
+        }
+        let pieces = layout.clone().into_pieces();
+        let chunks: Vec<Vec<Piece>> = layout_chunks(layout, stripe)
+            .into_iter()
+            .map(Layout::into_pieces)
+            .collect();
+        prop_assert_eq!(chunks, cut(&pieces, stripe));
     }
 }

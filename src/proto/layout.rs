@@ -5,7 +5,8 @@
 use super::frame::{ChunkSegs, Seg};
 use super::limits::MAX_SEGS_PER_CHUNK;
 use super::plan::{
-    destination_overlaps, into_chunks, normalize, remote_extent, total_bytes, Piece, PlanError,
+    destination_overlaps, into_chunks, normalize, remote_extent, stripe_bytes, total_bytes, Piece,
+    PlanError,
 };
 
 /// A checked transfer's segments in the form that crosses from the application thread to
@@ -153,6 +154,28 @@ impl Layout {
             Self::List(p) => p,
             Self::Strided(s) => (0..s.count).map(|i| s.piece(i)).collect(),
         }
+    }
+}
+
+/// Stripe size for spreading `layout` over `n_lanes` ([`stripe_bytes`]), moved to a whole
+/// number of pieces when the layout is strided and a stripe holds at least one: up when
+/// that stays within `chunk_bytes`, else down. [`layout_chunks`] then cuts strided chunks
+/// (one run each on the wire) instead of splitting pieces into per-segment lists, and no
+/// more stripes than lanes result when rounding up.
+pub fn layout_stripe(layout: &Layout, n_lanes: u64, chunk_bytes: u64) -> u64 {
+    let stripe = stripe_bytes(layout.total_bytes(), n_lanes, chunk_bytes);
+    let Layout::Strided(s) = layout else {
+        return stripe;
+    };
+    let p = s.first.len;
+    if p == 0 || p > stripe {
+        return stripe;
+    }
+    let up = stripe.div_ceil(p).saturating_mul(p);
+    if up <= chunk_bytes.max(1) {
+        up
+    } else {
+        stripe / p * p
     }
 }
 

@@ -85,7 +85,7 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
         );
     }
     let chunk_bytes = if striped {
-        plan::stripe_bytes(s.total, n_lanes as u64, cfg.chunk_bytes as u64)
+        plan::layout_stripe(&s.layout, n_lanes as u64, cfg.chunk_bytes as u64)
     } else {
         cfg.chunk_bytes as u64
     };
