@@ -78,6 +78,22 @@ fn bench_moves_validated_rows_between_host_and_gpu_memory() {
         assert_eq!(rows.len(), 1, "{name}");
         assert_eq!(rows[0]["validated"], true, "{name}");
         assert!(rows[0]["avg_bw_gbps"].as_f64().unwrap() > 0.0, "{name}");
+        // The row's raw-TCP floor: its 512 KiB over plain streams, the way the data goes.
+        let f = &rows[0]["floor"];
+        let (streams, up, down) = (
+            f["shape"]["streams"].as_u64().unwrap(),
+            f["shape"]["up"].as_u64().unwrap(),
+            f["shape"]["down"].as_u64().unwrap(),
+        );
+        let (share, ask) = if name.contains("write") {
+            (up, down)
+        } else {
+            (down, up)
+        };
+        assert!(streams >= 1 && share * streams >= 512 << 10, "{name}: {f}");
+        assert_eq!(ask, if name.contains("write") { 1 } else { 8 }, "{name}");
+        assert!(f["p50_us"].as_f64().unwrap() > 0.0, "{name}: {f}");
+        assert!(rows[0]["p50_over_floor"].as_f64().unwrap() > 0.0, "{name}");
         if name.starts_with("gpu") {
             assert!(
                 stdout.contains("GPU staging (initiator)"),

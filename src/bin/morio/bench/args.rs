@@ -191,6 +191,10 @@ pub struct Args {
     /// Skip the raw-TCP ceiling.
     #[arg(long)]
     pub no_ceiling: bool,
+    /// Skip the raw-TCP latency floor measured after each row of at most 16 MiB (the row's
+    /// bytes over as many busy-polling plain TCP streams as the engine stripes it across).
+    #[arg(long)]
+    pub no_floor: bool,
     /// Bytes the ceiling moves per run (best of 3 runs), split evenly over the streams.
     #[arg(long, default_value = "2GiB", value_parser = parse_size)]
     pub ceiling_bytes: usize,

@@ -165,6 +165,7 @@ impl Args {
             (self.batch_contiguous, "--batch-contiguous"),
             (self.enable_sess, "--enable-sess"),
             (self.no_ceiling, "--no-ceiling"),
+            (self.no_floor, "--no-floor"),
             (self.no_validate, "--no-validate"),
             (no_pin, "--no-pin"),
         ] {

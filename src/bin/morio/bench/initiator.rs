@@ -13,6 +13,7 @@ use morio::{EngineDesc, IoEngine, IoEngineConfig, MemoryDesc, RegisteredBuffer};
 use super::args::{Args, MemType, OpType};
 use super::ceiling::{self, Ceiling};
 use super::data;
+use super::floor::{self, Floor, Shape};
 use super::report::{self, Report, Side};
 use super::runner::Runner;
 use super::stats::RowStats;
@@ -199,6 +200,12 @@ fn run_rows(
             validate(a, ch, buf, size, batch).with_context(|| format!("row {name}"))?;
             st.validated = true;
         }
+        let total = (size * batch) as u64;
+        if !a.no_floor && total <= floor::MAX_FLOOR_BYTES {
+            let f = measure_floor(a, ch, total).with_context(|| format!("floor of row {name}"))?;
+            st.p50_over_floor = Some(st.p50_us / f.p50_us);
+            st.floor = Some(f);
+        }
         done.push(st);
     }
     pb.finish_and_clear();
@@ -229,6 +236,29 @@ fn validate(
         "validation FAILED: {what_ours} xxh3 {ours:#018x} != {what_theirs} xxh3 {theirs:#018x}"
     );
     Ok(())
+}
+
+/// Timed rounds of a row's floor: as many as the row's iterations, within these bounds.
+const FLOOR_ROUNDS: (usize, usize) = (20, 2000);
+
+fn measure_floor(a: &Args, ch: &mut Channel, total: u64) -> anyhow::Result<Floor> {
+    let shape = Shape::of_batch(total, a.op_type == OpType::Write, &a.backend_config());
+    let timed = a.iters.clamp(FLOOR_ROUNDS.0, FLOOR_ROUNDS.1);
+    // `measure` counts all but the first tenth.
+    let rounds = timed + timed.div_ceil(9);
+    let port = match ch.call(&Request::FloorStart {
+        shape,
+        rounds: rounds as u32,
+    })? {
+        Reply::CeilingReady { port } => port,
+        r => bail!("unexpected reply to FloorStart: {r:?}"),
+    };
+    let addr = SocketAddr::new(ch.peer()?.ip(), port);
+    let measured = floor::measure(addr, shape, rounds, a.pin_cpus());
+    let joined = ch.call(&Request::CeilingJoin);
+    let f = measured?;
+    joined.context("floor servers")?;
+    Ok(f)
 }
 
 /// The ceiling is the best of this many runs: it stands for what the kernel allows, and a

@@ -7,6 +7,7 @@ mod args;
 pub(crate) mod argv;
 mod ceiling;
 mod data;
+mod floor;
 mod initiator;
 mod launch;
 mod report;

@@ -212,6 +212,18 @@ pub fn print_config(a: &Args, sides: &[Side; 2], n_rows: usize, buffer_bytes: us
                 )
             },
         ),
+        (
+            "floor",
+            if a.no_floor {
+                "off".into()
+            } else {
+                format!(
+                    "raw TCP, busy-polling, the streams each row stripes over, after each row of \
+                     at most {} MiB",
+                    super::floor::MAX_FLOOR_BYTES >> 20
+                )
+            },
+        ),
     ];
     println!("MORIO Benchmark Configurations:");
     for (k, v) in lines {
@@ -261,6 +273,8 @@ pub fn table(rows: &[RowStats], ceiling: Option<&Ceiling>) -> String {
         "Max Lat (us)",
         "Ceiling (GB/s)",
         "Avg/Ceil",
+        "Floor p50 (us)",
+        "p50/Floor",
     ]);
     for r in rows {
         t.add_row(vec![
@@ -277,6 +291,8 @@ pub fn table(rows: &[RowStats], ceiling: Option<&Ceiling>) -> String {
             f2(r.max_lat_us),
             ceiling.map_or("-".into(), |c| f2(c.gbps)),
             r.avg_over_ceiling.map_or("-".into(), f2),
+            r.floor.as_ref().map_or("-".into(), |f| f2(f.p50_us)),
+            r.p50_over_floor.map_or("-".into(), f2),
         ]);
     }
     titled(TITLE, &t)
@@ -303,6 +319,8 @@ pub fn summarize(files: &[PathBuf]) -> anyhow::Result<()> {
         "p99 (us)",
         "Ceiling (GB/s)",
         "Avg/Ceil",
+        "Floor p50 (us)",
+        "p50/Floor",
     ]);
     for c in 0..3 {
         if let Some(col) = t.column_mut(c) {
@@ -354,6 +372,8 @@ pub fn summarize(files: &[PathBuf]) -> anyhow::Result<()> {
                 num(&r["p99_us"]),
                 num(&v["ceiling"]["gbps"]),
                 num(&r["avg_over_ceiling"]),
+                num(&r["floor"]["p50_us"]),
+                num(&r["p50_over_floor"]),
             ]);
         }
     }

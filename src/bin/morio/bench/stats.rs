@@ -41,6 +41,10 @@ pub struct RowStats {
     pub max_lat_us: f64,
     /// Avg BW over the run's ceiling, if measured.
     pub avg_over_ceiling: Option<f64>,
+    /// The raw-TCP latency floor of this row's batch, if measured.
+    pub floor: Option<super::floor::Floor>,
+    /// p50 over the floor's p50.
+    pub p50_over_floor: Option<f64>,
     /// Whether the row's bytes were checked after it ran.
     pub validated: bool,
     /// Every timed iteration, in order.
@@ -82,6 +86,8 @@ impl RowStats {
             p999_us: q(0.999),
             max_lat_us: h.max() as f64 / 1e3,
             avg_over_ceiling: None,
+            floor: None,
+            p50_over_floor: None,
             validated: false,
             durations_us: secs.iter().map(|s| s * 1e6).collect(),
         })

@@ -78,6 +78,12 @@ fn serve(
                     Reply::CeilingReady { port }
                 },
             ),
+            Request::FloorStart { shape, rounds } => {
+                super::floor::serve(host, shape, rounds as usize, a.pin_cpus()).map(|(port, h)| {
+                    receivers = Some(h);
+                    Reply::CeilingReady { port }
+                })
+            }
             Request::EchoStart { spin } => ceiling::serve_echo(host, a.pin_cpus(), spin)
                 .map(|port| Reply::CeilingReady { port }),
             Request::CeilingJoin => match receivers.take() {

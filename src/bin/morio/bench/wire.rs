@@ -37,8 +37,16 @@ pub enum Request {
     Hash { segs: Vec<(u64, u64)> },
     /// Listen for `streams` raw TCP connections, each sending `bytes_per_stream` bytes.
     CeilingStart { streams: u32, bytes_per_stream: u64 },
-    /// Wait for the ceiling receivers and report how they ended.
+    /// Wait for the ceiling receivers (or the floor's servers) and report how they ended.
     CeilingJoin,
+    /// Listen for a row's latency floor: `streams` raw TCP connections, each answering
+    /// `rounds` requests of `up` bytes with `down` bytes from a busy-polling thread.
+    FloorStart {
+        /// Streams, and bytes each way per stream and round.
+        shape: super::floor::Shape,
+        /// Rounds, warm-up included.
+        rounds: u32,
+    },
     /// Start a one-connection echo server for the raw-TCP round-trip floor (`spin`: it
     /// busy-polls a non-blocking socket).
     EchoStart {
