@@ -32,6 +32,7 @@ fn main() {
             n_chunks: 1,
             mem_id: 3,
             extent: (0, 1 << 30),
+            join_lane: 0,
             segs: (0..n_segs as u64)
                 .map(|i| Seg {
                     off: i * 16,

@@ -16,7 +16,7 @@ NAMES = {1: "call", 2: "submit", 3: "owner", 4: "encode", 5: "pushed", 6: "sent"
          8: "t_placed", 9: "t_sent", 10: "resp", 11: "done", 12: "woke"}
 # Sub-stages (`morio::trace::stage`), printed in their places when a run recorded them.
 SUBS = {13: "resolved", 14: "normalized", 15: "planned", 16: "t_checked", 17: "finish",
-        18: "t_finish", 19: "completed"}
+        18: "joined", 19: "completed"}
 # The order a write passes every stage (`morio::trace::stage::ORDER`).
 ORDER = [1, 13, 14, 2, 3, 15, 4, 5, 6, 7, 16, 8, 9, 10, 11, 12]
 
@@ -60,18 +60,18 @@ def main():
     print(f"{label} (n={len(full)}, us p50/p90): total {statistics.median(tot):.1f}/{pct(tot, 0.9):.1f}")
     for c in cells:
         print("   " + c)
-    # Multi-chunk transfers: how far apart the chunks' stages are, and the FINISH exchange.
+    # Multi-chunk transfers: how far apart the chunks' stages are, and the join: the last
+    # chunk placed on the target, every chunk joined there, COMPLETE decoded here, done.
     in_full = {id(s) for s in full}
-    multi = [(s, last[u]) for u, s in per.items() if id(s) in in_full and 17 in s]
+    multi = [(s, last[u]) for u, s in per.items() if id(s) in in_full and 19 in s]
     if multi:
         print(f"   multi-chunk (n={len(multi)}): first>last chunk of each stage, then the end")
         for st in (4, 5, 7, 8, 10):
             ds = [(e[st] - s[st]) / 1000 for s, e in multi]
             print(f"      {NAMES[st]} spread {statistics.median(ds):.1f}/{pct(ds, 0.9):.1f}")
         ends = (
-            ("last resp>finish", lambda s, e: e[10], lambda s, e: s[17]),
-            ("finish>t_finish", lambda s, e: s[17], lambda s, e: s.get(18)),
-            ("t_finish>completed", lambda s, e: s.get(18), lambda s, e: s.get(19)),
+            ("last t_placed>joined", lambda s, e: e[8], lambda s, e: s.get(18)),
+            ("joined>completed", lambda s, e: s.get(18), lambda s, e: s.get(19)),
             ("completed>done", lambda s, e: s.get(19), lambda s, e: s[11]),
         )
         for name, frm, to in ends:

@@ -4,7 +4,7 @@
 //! `DIR/<label>-<pid>.csv`. CLOCK_MONOTONIC is one clock for every process of a host, so an
 //! initiator's and a target's files line up by uid (`scripts/trace-stages.py` does that).
 //! A multi-chunk transfer marks the per-chunk stages once per chunk; the script takes the
-//! first of each for the main line and shows first-to-last spreads and the FINISH exchange.
+//! first of each for the main line and shows first-to-last spreads and the target's join.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
@@ -49,13 +49,14 @@ pub mod stage {
     /// Target: the chunk was checked against the region (between T_RECV and T_PLACED).
     pub const T_CHECKED: u8 = 16;
 
-    /// Initiator, owner shard: every chunk of a multi-chunk transfer was answered and FINISH
-    /// is handed to the home lane.
+    /// Initiator, owner shard: a chunk of a multi-chunk transfer failed before it left, and
+    /// FINISH is handed to the home lane to end the transfer at the target.
     pub const FINISH: u8 = 17;
-    /// Target: FINISH arrived (the inbound status is recorded next).
+    /// Target, join shard: every chunk of a multi-chunk transfer is in (or FINISH arrived);
+    /// the inbound status is recorded next, then COMPLETE queued on chunk 0's lane.
     pub const T_FINISH: u8 = 18;
-    /// Initiator, lane shard: the COMPLETE answering FINISH was decoded (a chunk's answer,
-    /// or a one-chunk transfer's COMPLETE, is [`RESP`]).
+    /// Initiator, lane shard: the COMPLETE of a multi-chunk transfer was decoded (a chunk's
+    /// answer, or a one-chunk transfer's COMPLETE, is [`RESP`]).
     pub const COMPLETED: u8 = 19;
 
     /// The stages a one-chunk write passes, in order (sub-stages in their places; FINISH,

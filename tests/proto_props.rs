@@ -11,8 +11,8 @@ use morio::proto::frame::{
 };
 use morio::proto::inbound::check_chunk;
 use morio::proto::limits::{
-    FRAME_MAGIC, HEADER_BYTES, MAX_BODY_BYTES, MAX_CHUNK_BYTES, MAX_KEY_BYTES, MAX_MSG_BYTES,
-    MAX_SEGS_PER_CHUNK, MIN_STRIPE_BYTES, RUN_BYTES, SEG_BYTES,
+    FRAME_MAGIC, HEADER_BYTES, MAX_BODY_BYTES, MAX_CHUNK_BYTES, MAX_KEY_BYTES, MAX_LANES,
+    MAX_MSG_BYTES, MAX_SEGS_PER_CHUNK, MIN_STRIPE_BYTES, RUN_BYTES, SEG_BYTES,
 };
 use morio::proto::outbound::{Action, Outbound, Phase, Violation};
 use morio::proto::plan::{
@@ -101,16 +101,18 @@ fn chunk() -> impl Strategy<Value = Chunk> {
         (1..=u32::MAX).prop_flat_map(|n| (0..n, Just(n))),
         any::<u32>(),
         (any::<u64>(), any::<u64>()),
+        0..MAX_LANES,
         prop_oneof![3 => segs(8), 1 => segs(300), 2 => run_segs()],
     )
         .prop_map(
-            |(tag, uid, (chunk, n_chunks), mem_id, (a, b), segs)| Chunk {
+            |(tag, uid, (chunk, n_chunks), mem_id, (a, b), join_lane, segs)| Chunk {
                 tag,
                 uid,
                 chunk,
                 n_chunks,
                 mem_id,
                 extent: (a.min(b), a.max(b)),
+                join_lane,
                 segs,
             },
         )
@@ -401,6 +403,7 @@ fn chunk_with_most_segments_fits_the_body_limit() {
         n_chunks: 1,
         mem_id: 3,
         extent: (0, 1 << 40),
+        join_lane: 0,
         segs: (0..n as u64)
             .map(|i| Seg {
                 off: i * 4,
@@ -600,12 +603,14 @@ fn header_rejections() {
             n_chunks: 1,
             mem_id: 0,
             extent: (0, 8),
+            join_lane: 0,
             segs: vec![Seg { off: 0, len: 8 }],
         },
         final_: true,
     };
     let mut b = encoded(&w, 8);
-    let n_at = HEADER_BYTES + 44;
+    // n_segs follows tag, uid, chunk, n_chunks, mem_id, extent and the join lane.
+    let n_at = HEADER_BYTES + 46;
     b[n_at..n_at + 4].copy_from_slice(&(MAX_SEGS_PER_CHUNK as u32).to_le_bytes());
     assert_eq!(decode_frame(&b), Err(DecodeError::Truncated));
     b[n_at..n_at + 4].copy_from_slice(&0u32.to_le_bytes());
@@ -887,6 +892,7 @@ fn good_chunk() -> impl Strategy<Value = (u64, Chunk)> {
                     n_chunks: 1,
                     mem_id,
                     extent,
+                    join_lane: 0,
                     segs: segs
                         .into_iter()
                         .map(|(off, len)| Seg { off, len })
@@ -958,52 +964,109 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
-    /// Chunks answered in any order, with random codes, duplicates and strays: FINISH is asked
-    /// for exactly once, after the last chunk, with the first error; COMPLETE ends it.
+    /// A joined transfer: chunk results in any order (a write reports only its errors, a
+    /// read every chunk), with duplicates and strays, and the target's COMPLETE at any point
+    /// among them. A write ends at COMPLETE, a read once COMPLETE and every chunk are in;
+    /// the first chunk error wins over COMPLETE's code; nothing is accepted after the end.
     #[test]
     fn outbound_multi_chunk(
         order in (2..40u32).prop_flat_map(|n| Just((0..n).collect::<Vec<u32>>()).prop_shuffle()),
         codes in proptest::collection::vec(prop_oneof![6 => Just(SUCCESS), 1 => select(TERMINAL[1..].to_vec())], 40),
         complete_code in terminal_code(),
+        complete_at in any::<prop::sample::Index>(),
         dup_at in any::<prop::sample::Index>(),
+        read in any::<bool>(),
     ) {
         let n = order.len() as u32;
-        let mut o = Outbound::new(n, 100);
-        prop_assert_eq!(o.on_complete(SUCCESS, ""), Err(Violation::WrongPhase(Phase::Chunks)));
+        let mut o = Outbound::new(n, 100, read);
         prop_assert_eq!(o.on_chunk(n, SUCCESS, ""), Err(Violation::UnknownChunk(n)));
+        // Chunk results reported: all of a read's, only the errors of a write.
+        let reported: Vec<u32> = order
+            .iter()
+            .copied()
+            .filter(|&c| read || codes[c as usize] != SUCCESS)
+            .collect();
+        let at = complete_at.index(reported.len() + 1);
         let mut first_err: Option<(u32, String)> = None;
-        let dup = dup_at.index(order.len() - 1);
-        for (k, &c) in order.iter().enumerate() {
+        let mut ended = None;
+        let feed_complete = |o: &mut Outbound, first_err: &Option<(u32, String)>, left: usize| {
+            let act = o.on_complete(complete_code, "target").unwrap();
+            let want = match first_err {
+                Some((c, m)) => Action::Complete { code: *c, msg: m.clone() },
+                None => Action::Complete { code: complete_code, msg: "target".into() },
+            };
+            (act, want, left)
+        };
+        for (k, &c) in reported.iter().enumerate() {
+            if k == at {
+                let (act, want, left) = feed_complete(&mut o, &first_err, reported.len() - k);
+                if !read {
+                    prop_assert_eq!(act, Some(want));
+                    ended = Some(k);
+                    break;
+                }
+                prop_assert!(left > 0);
+                prop_assert_eq!(act, None, "a read waits for its data");
+                prop_assert!(o.on_complete(SUCCESS, "").is_err(), "COMPLETE twice");
+            }
             let code = codes[c as usize];
             let msg = format!("chunk {c}");
             if code != SUCCESS && first_err.is_none() {
                 first_err = Some((code, msg.clone()));
             }
             let act = o.on_chunk(c, code, &msg).unwrap();
-            if k + 1 < order.len() {
+            if act.is_none() && k == dup_at.index(reported.len()) {
+                prop_assert_eq!(o.on_chunk(c, SUCCESS, ""), Err(Violation::DuplicateChunk(c)));
+            }
+            if read && k + 1 == reported.len() && at <= k {
+                let (code, msg) = first_err.clone().unwrap_or((complete_code, "target".into()));
+                prop_assert_eq!(act, Some(Action::Complete { code, msg }));
+                ended = Some(k);
+            } else {
                 prop_assert_eq!(act, None);
                 prop_assert_eq!(o.phase(), Phase::Chunks);
-                if k == dup {
-                    prop_assert_eq!(o.on_chunk(c, SUCCESS, ""), Err(Violation::DuplicateChunk(c)));
-                }
-            } else {
-                let (code, msg) = first_err.clone().unwrap_or((SUCCESS, String::new()));
-                prop_assert_eq!(act, Some(Action::SendFinish { code, msg }));
-                prop_assert_eq!(o.phase(), Phase::Finishing);
             }
         }
-        prop_assert!(o.on_chunk(order[0], SUCCESS, "").is_err());
-        prop_assert_eq!(o.on_tick(99), None);
-        let done = o.on_complete(complete_code, "target").unwrap();
-        let want = match first_err {
-            Some((c, m)) => Action::Complete { code: c, msg: m },
-            None => Action::Complete { code: complete_code, msg: "target".into() },
-        };
-        prop_assert_eq!(done, want);
+        if ended.is_none() {
+            prop_assert_eq!(at, reported.len());
+            let (act, want, _) = feed_complete(&mut o, &first_err, 0);
+            prop_assert_eq!(act, Some(want));
+        }
         prop_assert_eq!(o.phase(), Phase::Done);
         prop_assert_eq!(o.on_tick(1000), None);
         prop_assert_eq!(o.on_lane_lost("late"), None);
         prop_assert!(o.on_complete(SUCCESS, "").is_err());
+        prop_assert!(o.on_chunk(order[0], SUCCESS, "").is_err());
+    }
+
+    /// A chunk that fails before it leaves: a multi-chunk transfer asks for FINISH once,
+    /// keeps taking late chunk results, and ends with the first error at FINISH's COMPLETE.
+    #[test]
+    fn outbound_local_failure_finishes(
+        n in 2..20u32,
+        before in 0..20u32,
+        read in any::<bool>(),
+        code in select(TERMINAL[1..].to_vec()),
+    ) {
+        let mut o = Outbound::new(n, 100, read);
+        let before = before.min(n - 1);
+        for c in 0..before {
+            prop_assert_eq!(o.on_chunk(c, SUCCESS, "").unwrap(), None);
+        }
+        prop_assert_eq!(
+            o.on_local_failure(code, "local"),
+            Some(Action::SendFinish { code, msg: "local".into() })
+        );
+        prop_assert_eq!(o.phase(), Phase::Finishing);
+        prop_assert_eq!(o.on_local_failure(ERR_BAD_STATE, "again"), None);
+        if before + 1 < n {
+            prop_assert_eq!(o.on_chunk(n - 1, SUCCESS, "").unwrap(), None);
+        }
+        prop_assert_eq!(
+            o.on_complete(code, "local").unwrap(),
+            Some(Action::Complete { code, msg: "local".into() })
+        );
+        prop_assert_eq!(o.phase(), Phase::Done);
     }
 
     /// Lane loss or the deadline end a transfer with ERR_BAD_STATE from any live phase, once.
@@ -1014,7 +1077,7 @@ proptest! {
         deadline in 1..1000u64,
         by_tick in any::<bool>(),
     ) {
-        let mut o = Outbound::new(n, deadline);
+        let mut o = Outbound::new(n, deadline, by_tick);
         prop_assert_eq!(o.deadline(), deadline);
         if n > 1 {
             for c in 0..answered.min(n) {
@@ -1036,22 +1099,22 @@ proptest! {
 #[test]
 fn outbound_single_chunk() {
     for code in TERMINAL {
-        let mut o = Outbound::new(1, 10);
+        let mut o = Outbound::new(1, 10, code % 2 == 0);
         assert_eq!(
             o.on_chunk(0, SUCCESS, ""),
             Err(Violation::WrongPhase(Phase::Chunks))
         );
         assert_eq!(
             o.on_complete(code, "m").unwrap(),
-            Action::Complete {
+            Some(Action::Complete {
                 code,
                 msg: "m".into()
-            }
+            })
         );
         assert_eq!(o.on_lane_lost("x"), None);
     }
     assert_eq!(
-        Outbound::new(1, 10).fail(ERR_GPU_OP, "gpu"),
+        Outbound::new(1, 10, false).on_local_failure(ERR_GPU_OP, "gpu"),
         Some(Action::Complete {
             code: ERR_GPU_OP,
             msg: "gpu".into()
@@ -1069,6 +1132,7 @@ fn final_on_partial_chunk_and_odd_hello_ack_code_are_rejected() {
         n_chunks: 2,
         mem_id: 0,
         extent: (0, 8),
+        join_lane: 0,
         segs: vec![Seg { off: 0, len: 8 }],
     };
     let mut buf = Vec::new();
@@ -1078,6 +1142,30 @@ fn final_on_partial_chunk_and_odd_hello_ack_code_are_rejected() {
     }
     .encode(8, &mut buf);
     assert_eq!(decode_frame(&buf), Err(DecodeError::BadChunk));
+    // A join lane no peer can have.
+    for (lane, want) in [(MAX_LANES - 1, true), (MAX_LANES, false), (u16::MAX, false)] {
+        let c = Chunk {
+            tag: 1,
+            uid: 2,
+            chunk: 1,
+            n_chunks: 2,
+            mem_id: 0,
+            extent: (0, 8),
+            join_lane: lane,
+            segs: vec![Seg { off: 0, len: 8 }],
+        };
+        let mut buf = Vec::new();
+        Frame::Write {
+            chunk: c,
+            final_: false,
+        }
+        .encode(8, &mut buf);
+        let got = decode_frame(&buf);
+        assert_eq!(got.is_ok(), want, "join lane {lane}: {got:?}");
+        if !want {
+            assert_eq!(got, Err(DecodeError::BadChunk));
+        }
+    }
     let mut buf = Vec::new();
     let ack = HelloAck {
         version: 1,
@@ -1099,6 +1187,7 @@ fn a_strided_batch_is_one_run_on_the_wire() {
         n_chunks: 1,
         mem_id: 3,
         extent: (0, 256 * 9),
+        join_lane: 0,
         segs,
     };
     let f = Frame::Write {
@@ -1127,6 +1216,7 @@ fn run_frame(runs: &[(u64, u64, u32, u64)], payload: u64) -> Vec<u8> {
     }
     body.extend_from_slice(&0u64.to_le_bytes());
     body.extend_from_slice(&u64::MAX.to_le_bytes());
+    body.extend_from_slice(&0u16.to_le_bytes()); // join lane
     body.extend_from_slice(&(runs.len() as u32).to_le_bytes());
     for &(off, len, count, stride) in runs {
         body.extend_from_slice(&off.to_le_bytes());
@@ -1185,7 +1275,8 @@ fn hostile_runs_are_refused_before_they_allocate() {
     ));
     // A count that the body does not hold is truncation.
     let mut b = run_frame(&[(0, 8, 4, 16)], 32);
-    let n_at = HEADER_BYTES + 44;
+    // n_segs follows tag, uid, chunk, n_chunks, mem_id, extent and the join lane.
+    let n_at = HEADER_BYTES + 46;
     b[n_at..n_at + 4].copy_from_slice(&2u32.to_le_bytes());
     assert_eq!(decode_frame(&b), Err(DecodeError::Truncated));
 }

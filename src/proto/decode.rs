@@ -5,8 +5,8 @@ use super::frame::{
     Chunk, Finish, Frame, Hello, HelloAck, Kind, Op, Reply, Seg, FLAG_FINAL, FLAG_RUNS,
 };
 use super::limits::{
-    FRAME_MAGIC, HEADER_BYTES, MAX_BODY_BYTES, MAX_CHUNK_BYTES, MAX_KEY_BYTES, MAX_MSG_BYTES,
-    MAX_SEGS_PER_CHUNK, RUN_BYTES, SEG_BYTES,
+    FRAME_MAGIC, HEADER_BYTES, MAX_BODY_BYTES, MAX_CHUNK_BYTES, MAX_KEY_BYTES, MAX_LANES,
+    MAX_MSG_BYTES, MAX_SEGS_PER_CHUNK, RUN_BYTES, SEG_BYTES,
 };
 
 /// Why bytes from the wire are not a valid frame. Any of these closes the connection.
@@ -58,8 +58,8 @@ pub enum DecodeError {
     /// A zero-length segment, or one whose end overflows u64.
     #[error("bad segment")]
     BadSeg,
-    /// `chunk >= n_chunks`, `n_chunks == 0`, an inverted extent, or FINAL on a chunk that is
-    /// not the whole transfer.
+    /// `chunk >= n_chunks`, `n_chunks == 0`, an inverted extent, a join lane past
+    /// `MAX_LANES`, or FINAL on a chunk that is not the whole transfer.
     #[error("bad chunk index or extent")]
     BadChunk,
     /// A status code that cannot end a transfer.
@@ -343,7 +343,8 @@ impl<'a> Reader<'a> {
         let mem_id = self.u32()?;
         let lo = self.u64()?;
         let hi = self.u64()?;
-        if chunk >= n_chunks || lo > hi || (final_ && n_chunks != 1) {
+        let join_lane = self.u16()?;
+        if chunk >= n_chunks || lo > hi || (final_ && n_chunks != 1) || join_lane >= MAX_LANES {
             return Err(DecodeError::BadChunk);
         }
         let n = self.u32()?;
@@ -370,6 +371,7 @@ impl<'a> Reader<'a> {
             n_chunks,
             mem_id,
             extent: (lo, hi),
+            join_lane,
             segs,
         })
     }

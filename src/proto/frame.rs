@@ -90,6 +90,10 @@ pub struct Chunk {
     /// `[lo, hi)` range of the region the whole transfer touches; every chunk of a transfer
     /// carries the same extent, so a transfer out of range is refused before any byte lands.
     pub extent: (u64, u64),
+    /// The lane that carries chunk 0 of a multi-chunk transfer: every chunk's target shard
+    /// reports to the shard serving it, which answers the whole transfer there (0, and
+    /// ignored, for a one-chunk transfer).
+    pub join_lane: u16,
     /// Target-side segments of this chunk, in payload order.
     pub segs: Vec<Seg>,
 }
@@ -307,6 +311,8 @@ pub struct ChunkHead {
     pub mem_id: u32,
     /// See [`Chunk::extent`].
     pub extent: (u64, u64),
+    /// See [`Chunk::join_lane`].
+    pub join_lane: u16,
 }
 
 impl Chunk {
@@ -319,6 +325,7 @@ impl Chunk {
             n_chunks,
             mem_id,
             extent,
+            join_lane,
         } = head;
         Self {
             tag,
@@ -327,6 +334,7 @@ impl Chunk {
             n_chunks,
             mem_id,
             extent,
+            join_lane,
             segs,
         }
     }
@@ -340,6 +348,7 @@ impl Chunk {
             n_chunks: self.n_chunks,
             mem_id: self.mem_id,
             extent: self.extent,
+            join_lane: self.join_lane,
         }
     }
 }
@@ -492,6 +501,7 @@ fn chunk_prefix(
     put_u32(out, head.mem_id);
     put_u64(out, head.extent.0);
     put_u64(out, head.extent.1);
+    out.extend_from_slice(&head.join_lane.to_le_bytes());
     start
 }
 

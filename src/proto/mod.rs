@@ -13,6 +13,7 @@ pub mod codes;
 pub mod decode;
 pub mod frame;
 pub mod inbound;
+pub mod join;
 pub mod layout;
 pub mod limits;
 pub mod outbound;

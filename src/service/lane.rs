@@ -52,6 +52,7 @@ pub(crate) enum ItemKind {
         n_chunks: u32,
         mem_id: u32,
         extent: (u64, u64),
+        join_lane: u16,
         pieces: Layout,
         final_: bool,
         local: SharedRegion,
@@ -74,6 +75,10 @@ struct Outstanding {
     wait: Wait,
 }
 
+/// The answer a sent frame waits for. A write's chunk is answered by COMPLETE when it is the
+/// whole transfer (`final_`) or chunk 0 of several (the target joins the chunks on its lane
+/// and answers for all of them), by ACK otherwise; a read's chunk by READ_DATA, and chunk 0
+/// of several then also by COMPLETE (`Finish` takes that over); FINISH by COMPLETE.
 #[derive(Debug)]
 enum Wait {
     Write {
@@ -433,6 +438,7 @@ async fn write_item(
             n_chunks,
             mem_id,
             extent,
+            join_lane,
             pieces,
             final_,
             local,
@@ -444,6 +450,7 @@ async fn write_item(
                 n_chunks,
                 mem_id,
                 extent,
+                join_lane,
             };
             // The chunk as a frame value, for the paths that need one (GPU staging, reads).
             let framed =
@@ -469,11 +476,7 @@ async fn write_item(
                             lane.outstanding.borrow_mut().remove(&tag);
                             let msg = format!("staging copy from GPU memory failed: {e}");
                             let code = codes::ERR_GPU_OP;
-                            let kind = if final_ {
-                                LaneEventKind::Failed { code, msg }
-                            } else {
-                                LaneEventKind::Chunk { chunk, code, msg }
-                            };
+                            let kind = LaneEventKind::Failed { code, msg };
                             report(shard, owner, &lane.peer.key, uid, gen, kind);
                             Ok(())
                         }
@@ -570,7 +573,15 @@ async fn on_frame(
     if o.uid != uid {
         return violation("answer names another transfer");
     }
-    let answer = if matches!(o.wait, Wait::Finish) {
+    let joined = matches!(
+        o.wait,
+        Wait::Finish
+            | Wait::Write {
+                chunk: 0,
+                final_: false
+            }
+    );
+    let answer = if joined && matches!(frame, Frame::Complete(_)) {
         trace::stage::COMPLETED
     } else {
         trace::stage::RESP
@@ -583,17 +594,29 @@ async fn on_frame(
                 chunk,
                 final_: false,
             },
-        ) if r.chunk == chunk => LaneEventKind::Chunk {
-            chunk,
-            code: r.code,
-            msg: r.msg,
-        },
-        (Frame::Complete(r), Wait::Write { final_: true, .. } | Wait::Finish) => {
-            LaneEventKind::Complete {
+        ) if r.chunk == chunk && chunk != 0 => {
+            if r.code == codes::SUCCESS {
+                // The target's COMPLETE on chunk 0's lane answers for the whole write; a
+                // placed chunk only clears its entry here.
+                return Ok(());
+            }
+            LaneEventKind::Chunk {
+                chunk,
                 code: r.code,
                 msg: r.msg,
             }
         }
+        (Frame::Complete(r), Wait::Write { final_: true, .. } | Wait::Finish)
+        | (
+            Frame::Complete(r),
+            Wait::Write {
+                chunk: 0,
+                final_: false,
+            },
+        ) => LaneEventKind::Complete {
+            code: r.code,
+            msg: r.msg,
+        },
         (
             Frame::ReadData { reply, final_ },
             Wait::Read {
@@ -655,6 +678,14 @@ async fn on_frame(
             if final_ {
                 LaneEventKind::Complete { code, msg }
             } else {
+                if chunk == 0 {
+                    // The target's COMPLETE for the whole read follows on this lane.
+                    let next = Outstanding {
+                        wait: Wait::Finish,
+                        ..o
+                    };
+                    lane.outstanding.borrow_mut().insert(tag, next);
+                }
                 LaneEventKind::Chunk { chunk, code, msg }
             }
         }

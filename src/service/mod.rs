@@ -13,6 +13,7 @@
 mod bell;
 mod gpu_io;
 mod io;
+mod join;
 mod lane;
 mod owner;
 mod serve;
@@ -78,6 +79,8 @@ pub(crate) enum ShardMsg {
     LaneWork(Box<LaneWork>),
     /// A lane's report about a transfer this shard owns.
     Owner(Box<LaneEvent>),
+    /// Target side: a chunk of a multi-chunk transfer this shard joins was handled.
+    Joined(Box<join::JoinReport>),
     /// A transfer ended early (timeout, lost lane): drop its queued and pending chunks.
     Cancel { peer: Arc<str>, uid: u64, gen: u64 },
     /// Replicate a registered region; answer on the channel once resolvable here.
@@ -116,6 +119,8 @@ pub(crate) struct Shard {
     pub shared: Arc<Shared>,
     pub regions: RefCell<HashMap<u32, SharedRegion>>,
     pub owner: RefCell<owner::OwnerTable>,
+    /// Target side: multi-chunk transfers whose chunk 0 this shard's connections carry.
+    pub joins: RefCell<join::JoinTable>,
     pub lanes: RefCell<lane::LaneMap>,
     pub next_gen: Cell<u64>,
     pub closing: Cell<bool>,
@@ -196,6 +201,7 @@ impl Shard {
             ShardMsg::Submit(s) => owner::submit(self, *s),
             ShardMsg::LaneWork(w) => lane::enqueue(self, *w),
             ShardMsg::Owner(ev) => owner::on_event(self, *ev),
+            ShardMsg::Joined(r) => join::on_report(self, *r, None),
             ShardMsg::Cancel { peer, uid, gen } => lane::cancel(self, &peer, uid, gen),
             ShardMsg::AddRegion(r, ack) => {
                 self.regions.borrow_mut().insert(r.id, r);
@@ -226,6 +232,7 @@ pub(crate) async fn run(ctx: ShardCtx<ShardMsg>, shared: Arc<Shared>) {
         shared,
         regions: RefCell::new(HashMap::new()),
         owner: RefCell::new(owner::OwnerTable::default()),
+        joins: RefCell::new(join::JoinTable::default()),
         lanes: RefCell::new(HashMap::new()),
         next_gen: Cell::new(0),
         closing: Cell::new(false),
@@ -280,6 +287,10 @@ async fn tick_loop(shard: Rc<Shard>) {
         .clamp(Duration::from_millis(1), Duration::from_millis(20));
     loop {
         rt::sleep(every).await;
-        owner::tick(&shard, now_ns());
+        let now = now_ns();
+        owner::tick(&shard, now);
+        // Joins outlive their initiator's deadline only when a chunk was lost.
+        let max_age = shard.shared.cfg.op_timeout.as_nanos() as u64;
+        join::prune(&shard, now, max_age.saturating_mul(2));
     }
 }

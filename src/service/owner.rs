@@ -147,6 +147,8 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
                 n_chunks,
                 mem_id: s.remote_mem,
                 extent,
+                // Chunk 0 rides the home lane; the target joins the chunks there.
+                join_lane: if final_ { 0 } else { home },
                 pieces,
                 final_,
                 local: s.local.clone(),
@@ -168,7 +170,7 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
         key,
         Entry {
             gen,
-            sm: Outbound::new(n_chunks, s.deadline_ns),
+            sm: Outbound::new(n_chunks, s.deadline_ns, s.op == Op::Read),
             status: s.status,
             peer: s.peer.clone(),
             op: s.op,
@@ -201,9 +203,9 @@ pub(crate) fn on_event(shard: &Rc<Shard>, ev: LaneEvent) {
     };
     let step = match ev.kind {
         LaneEventKind::Chunk { chunk, code, msg } => e.sm.on_chunk(chunk, code, &msg),
-        LaneEventKind::Complete { code, msg } => e.sm.on_complete(code, &msg).map(Some),
+        LaneEventKind::Complete { code, msg } => e.sm.on_complete(code, &msg),
         LaneEventKind::Lost { msg } => Ok(e.sm.on_lane_lost(&msg)),
-        LaneEventKind::Failed { code, msg } => Ok(e.sm.fail(code, &msg)),
+        LaneEventKind::Failed { code, msg } => Ok(e.sm.on_local_failure(code, &msg)),
     };
     let (action, early) = match step {
         Ok(a) => (a, false),
@@ -239,7 +241,10 @@ pub(crate) fn on_event(shard: &Rc<Shard>, ev: LaneEvent) {
         Some(Action::Complete { code, msg }) => {
             let Some(e) = t.map.remove(&key) else { return };
             drop(t);
-            let ended_early = early || code == codes::ERR_BAD_STATE;
+            // A failed multi-chunk transfer may leave answers its lanes still wait for (chunk
+            // 0's COMPLETE after a FINISH): they are dropped there.
+            let ended_early =
+                early || code == codes::ERR_BAD_STATE || (e.n_chunks > 1 && code != codes::SUCCESS);
             finish(shard, &key.0, key.1, e, code, &msg, ended_early);
         }
     }

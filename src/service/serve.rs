@@ -4,6 +4,7 @@
 
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::rc::Rc;
+use std::sync::Arc;
 
 use futures_lite::AsyncWriteExt;
 use morio_shards::rt;
@@ -12,9 +13,10 @@ use super::gpu_io::{self, SendError};
 use super::io::{
     ascending_disjoint, configure_conn, read_frame_exact, ConnError, FrameReader, FrameWriter,
 };
+use super::join::{self, Answer, JoinReport, Outbox};
 use super::{ServedConn, Shard, ShardMsg, TaskGuard};
 use crate::proto::codes;
-use crate::proto::frame::{Chunk, Frame, Hello, HelloAck, Reply};
+use crate::proto::frame::{Chunk, Frame, Hello, HelloAck, Op, Reply};
 use crate::proto::inbound::check_chunk;
 use crate::proto::limits::{MAX_LANES, VERSION};
 use crate::status::StatusCode;
@@ -146,7 +148,6 @@ async fn serve(shard: Rc<Shard>, stream: rt::TcpStream, hello: Hello) {
     if let Err(e) = configure_conn(&socket2::SockRef::from(&fd), cfg) {
         log::debug!("socket options on an accepted connection: {e}");
     }
-    let peer = hello.src_key;
     let (r, w) = rt::split(stream);
     let mut reader = FrameReader::new(r, cfg.op_timeout);
     let mut writer = FrameWriter::new(w, cfg.inline_write_bytes);
@@ -159,38 +160,21 @@ async fn serve(shard: Rc<Shard>, stream: rt::TcpStream, hello: Hello) {
     if writer.send(&ack, &[]).await.is_err() {
         return;
     }
+    let conn = Conn {
+        peer: hello.src_key.as_str().into(),
+        lane: hello.lane,
+        n_lanes: hello.n_lanes,
+        outbox: Rc::new(Outbox::default()),
+    };
     let mut last_uid = None;
     loop {
-        let r = match reader.next_frame().await {
-            Ok(Some((frame, payload))) => {
-                let uid = traced_uid(&frame);
-                if let Some(uid) = uid {
-                    trace::mark(uid, trace::stage::T_RECV);
-                }
-                let r = on_frame(&shard, &peer, &mut reader, &mut writer, frame, payload).await;
-                if let Some(uid) = uid {
-                    trace::mark(uid, trace::stage::T_PLACED);
-                    last_uid = Some(uid);
-                }
-                r
-            }
-            Ok(None) => return,
+        let r = match step(&shard, &conn, &mut reader, &mut writer, &mut last_uid).await {
+            Ok(true) => Ok(()),
+            Ok(false) => return,
             Err(e) => Err(e),
         };
-        // Answers to a burst of requests leave together, once no further request is
-        // already buffered.
-        let r = match r {
-            Ok(()) if !reader.frame_ready() => {
-                let r = writer.flush().await.map_err(ConnError::from);
-                if let Some(uid) = last_uid.take() {
-                    trace::mark(uid, trace::stage::T_SENT);
-                }
-                r
-            }
-            other => other,
-        };
         if let Err(e) = r {
-            log::debug!("closing connection from {peer}: {e}");
+            log::debug!("closing connection from {}: {e}", conn.peer);
             let bye = Frame::GoAway {
                 code: codes::ERR_BAD_STATE,
                 msg: e.to_string(),
@@ -201,6 +185,123 @@ async fn serve(shard: Rc<Shard>, stream: rt::TcpStream, hello: Hello) {
         }
         rt::yield_if_needed().await;
     }
+}
+
+/// A served connection: whose it is, which lane, and the answers its shard's joins queue
+/// for it.
+struct Conn {
+    peer: Arc<str>,
+    lane: u16,
+    n_lanes: u16,
+    outbox: Rc<Outbox>,
+}
+
+/// One turn of a connection: send the answers joins queued for it, then serve the next
+/// frame, or wake for the next queued answer, whichever comes first. `Ok(false)`: the peer
+/// closed the connection between frames.
+async fn step(
+    shard: &Rc<Shard>,
+    conn: &Conn,
+    reader: &mut FrameReader<rt::ReadHalf>,
+    writer: &mut FrameWriter,
+    last_uid: &mut Option<u64>,
+) -> Result<bool, ConnError> {
+    let mut answered = false;
+    while let Some(f) = conn.outbox.pop() {
+        writer.push(&f, &[]).await?;
+        answered = true;
+    }
+    if answered && !reader.frame_ready() {
+        writer.flush().await?;
+    }
+    // Waiting for a frame is cancel-safe: the reader keeps what it has buffered, and the
+    // socket's readiness stays with the stream.
+    let next = futures_lite::future::or(async { Some(reader.next_frame().await) }, async {
+        conn.outbox.ready().await;
+        None
+    })
+    .await;
+    let Some(next) = next else {
+        return Ok(true);
+    };
+    let Some((frame, payload)) = next? else {
+        return Ok(false);
+    };
+    let uid = traced_uid(&frame);
+    if let Some(uid) = uid {
+        trace::mark(uid, trace::stage::T_RECV);
+    }
+    on_frame(shard, conn, reader, writer, frame, payload).await?;
+    if let Some(uid) = uid {
+        trace::mark(uid, trace::stage::T_PLACED);
+        *last_uid = Some(uid);
+    }
+    // Answers to a burst of requests leave together, once no further request is already
+    // buffered.
+    if !reader.frame_ready() {
+        writer.flush().await?;
+        if let Some(uid) = last_uid.take() {
+            trace::mark(uid, trace::stage::T_SENT);
+        }
+    }
+    Ok(true)
+}
+
+/// A chunk of a multi-chunk transfer must name a lane of this peer as its join lane, and
+/// chunk 0 must ride it (its target shard joins the transfer).
+fn check_join(conn: &Conn, chunk: &Chunk) -> Result<(), ConnError> {
+    if chunk.join_lane >= conn.n_lanes || (chunk.chunk == 0 && chunk.join_lane != conn.lane) {
+        return Err(ConnError::Violation(format!(
+            "chunk {} of transfer {} names join lane {} on lane {} of {}",
+            chunk.chunk, chunk.uid, chunk.join_lane, conn.lane, conn.n_lanes
+        )));
+    }
+    Ok(())
+}
+
+/// A chunk of a multi-chunk transfer was handled here with `code`: report it to the
+/// transfer's join. Chunk 0 also says to answer on this connection; another chunk of a
+/// write is ACKed (its initiator lane only clears it), of a read already answered by its
+/// READ_DATA.
+async fn joined(
+    shard: &Rc<Shard>,
+    conn: &Conn,
+    writer: &mut FrameWriter,
+    op: Op,
+    chunk: &Chunk,
+    code: u32,
+    msg: String,
+) -> Result<(), ConnError> {
+    let r = JoinReport {
+        peer: conn.peer.clone(),
+        uid: chunk.uid,
+        op,
+        n_chunks: chunk.n_chunks,
+        chunk: chunk.chunk,
+        code,
+        msg,
+    };
+    if chunk.chunk == 0 {
+        // This connection is lane `join_lane` (checked), so its shard is the join shard.
+        let answer = Answer {
+            outbox: conn.outbox.clone(),
+            tag: chunk.tag,
+        };
+        join::on_report(shard, r, Some(answer));
+        return Ok(());
+    }
+    let ack = (op == Op::Write).then(|| Reply {
+        tag: chunk.tag,
+        uid: chunk.uid,
+        chunk: chunk.chunk,
+        code: r.code,
+        msg: r.msg.clone(),
+    });
+    join::report(shard, chunk.join_lane, r);
+    if let Some(reply) = ack {
+        writer.push(&Frame::Ack(reply), &[]).await?;
+    }
+    Ok(())
 }
 
 /// The transfer a frame belongs to, when latency tracing is on.
@@ -221,16 +322,23 @@ fn status_of(code: u32) -> StatusCode {
 
 async fn on_frame(
     shard: &Rc<Shard>,
-    peer: &str,
+    conn: &Conn,
     reader: &mut FrameReader<rt::ReadHalf>,
     writer: &mut FrameWriter,
     frame: Frame,
     payload: u64,
 ) -> Result<(), ConnError> {
     let inbound = &shard.shared.inbound;
+    let peer = &*conn.peer;
     match frame {
         Frame::Write { chunk, final_ } => {
+            if !final_ {
+                check_join(conn, &chunk)?;
+            }
             let (code, msg) = place(shard, reader, &chunk, payload).await?;
+            if !final_ {
+                return joined(shard, conn, writer, Op::Write, &chunk, code, msg).await;
+            }
             let reply = Reply {
                 tag: chunk.tag,
                 uid: chunk.uid,
@@ -238,74 +346,26 @@ async fn on_frame(
                 code,
                 msg,
             };
-            let out = if final_ {
-                // The inbound status exists before the initiator can see the completion.
-                inbound.record(peer, chunk.uid, status_of(code), &reply.msg);
-                shard.stats.borrow_mut().inbound_transfers += 1;
-                Frame::Complete(reply)
-            } else {
-                Frame::Ack(reply)
-            };
-            writer.push(&out, &[]).await?;
+            // The inbound status exists before the initiator can see the completion.
+            inbound.record(peer, chunk.uid, status_of(code), &reply.msg);
+            shard.stats.borrow_mut().inbound_transfers += 1;
+            writer.push(&Frame::Complete(reply), &[]).await?;
         }
         Frame::Read { chunk, final_ } => {
-            let region = shard.regions.borrow().get(&chunk.mem_id).cloned();
-            let checked = check_chunk(&chunk, region.as_ref().map(|r| r.len() as u64));
-            let mut reply = Reply {
-                tag: chunk.tag,
-                uid: chunk.uid,
-                chunk: chunk.chunk,
-                code: codes::SUCCESS,
-                msg: String::new(),
-            };
-            if let (Ok(()), Some(region)) = (&checked, &region) {
-                if region.device().is_some() {
-                    return read_from_device(shard, peer, writer, region, &chunk, reply, final_)
-                        .await;
-                }
+            if !final_ {
+                check_join(conn, &chunk)?;
             }
-            let mut slices = Vec::new();
-            match (checked, &region) {
-                (Ok(()), Some(region)) => {
-                    for s in &chunk.segs {
-                        // SAFETY: bounds checked above against the live region; reading it is
-                        // what the peer's read request asks for.
-                        match unsafe { region.slice(s.off, s.len) } {
-                            Some(b) => slices.push(b),
-                            None => {
-                                return Err(ConnError::Violation("segment out of range".into()))
-                            }
-                        }
-                    }
-                }
-                (Err(refusal), _) => {
-                    reply.code = refusal.code;
-                    reply.msg = refusal.msg.to_string();
-                }
-                (Ok(()), None) => unreachable_refusal(&mut reply),
+            let (code, msg) = read(shard, peer, writer, &chunk, final_).await?;
+            if !final_ {
+                return joined(shard, conn, writer, Op::Read, &chunk, code, msg).await;
             }
-            if final_ {
-                // Recorded before the bytes leave: once the initiator has them all, the
-                // target's status already exists. A failed send aborts the connection and the
-                // initiator fails too.
-                inbound.record(peer, chunk.uid, status_of(reply.code), &reply.msg);
-                shard.stats.borrow_mut().inbound_transfers += 1;
-            }
-            let payload: Vec<&[u8]> = if reply.code == codes::SUCCESS {
-                slices
-            } else {
-                Vec::new()
-            };
-            let sent: u64 = payload.iter().map(|p| p.len() as u64).sum();
-            writer
-                .push(&Frame::ReadData { reply, final_ }, &payload)
-                .await?;
-            shard.stats.borrow_mut().inbound_bytes_read += sent;
         }
         Frame::Finish(f) => {
             trace::mark(f.uid, trace::stage::T_FINISH);
+            // A chunk never left the initiator: its verdict ends the transfer here.
             inbound.record(peer, f.uid, status_of(f.code), &f.msg);
             shard.stats.borrow_mut().inbound_transfers += 1;
+            join::end(shard, &conn.peer, f.uid, f.op, f.n_chunks);
             let reply = Reply {
                 tag: f.tag,
                 uid: f.uid,
@@ -325,6 +385,69 @@ async fn on_frame(
     Ok(())
 }
 
+/// Answer a READ chunk with READ_DATA (its bytes, or its refusal); a FINAL one records the
+/// inbound status first. Returns the chunk's code and message.
+async fn read(
+    shard: &Rc<Shard>,
+    peer: &str,
+    writer: &mut FrameWriter,
+    chunk: &Chunk,
+    final_: bool,
+) -> Result<(u32, String), ConnError> {
+    let inbound = &shard.shared.inbound;
+    let region = shard.regions.borrow().get(&chunk.mem_id).cloned();
+    let checked = check_chunk(chunk, region.as_ref().map(|r| r.len() as u64));
+    let mut reply = Reply {
+        tag: chunk.tag,
+        uid: chunk.uid,
+        chunk: chunk.chunk,
+        code: codes::SUCCESS,
+        msg: String::new(),
+    };
+    if let (Ok(()), Some(region)) = (&checked, &region) {
+        if region.device().is_some() {
+            return read_from_device(shard, peer, writer, region, chunk, reply, final_).await;
+        }
+    }
+    let mut slices = Vec::new();
+    match (checked, &region) {
+        (Ok(()), Some(region)) => {
+            for s in &chunk.segs {
+                // SAFETY: bounds checked above against the live region; reading it is
+                // what the peer's read request asks for.
+                match unsafe { region.slice(s.off, s.len) } {
+                    Some(b) => slices.push(b),
+                    None => return Err(ConnError::Violation("segment out of range".into())),
+                }
+            }
+        }
+        (Err(refusal), _) => {
+            reply.code = refusal.code;
+            reply.msg = refusal.msg.to_string();
+        }
+        (Ok(()), None) => unreachable_refusal(&mut reply),
+    }
+    if final_ {
+        // Recorded before the bytes leave: once the initiator has them all, the target's
+        // status already exists. A failed send aborts the connection and the initiator
+        // fails too.
+        inbound.record(peer, chunk.uid, status_of(reply.code), &reply.msg);
+        shard.stats.borrow_mut().inbound_transfers += 1;
+    }
+    let payload: Vec<&[u8]> = if reply.code == codes::SUCCESS {
+        slices
+    } else {
+        Vec::new()
+    };
+    let sent: u64 = payload.iter().map(|p| p.len() as u64).sum();
+    let (code, msg) = (reply.code, reply.msg.clone());
+    writer
+        .push(&Frame::ReadData { reply, final_ }, &payload)
+        .await?;
+    shard.stats.borrow_mut().inbound_bytes_read += sent;
+    Ok((code, msg))
+}
+
 /// Answer a READ of device memory: staged through pinned slots, pipelined with the send.
 async fn read_from_device(
     shard: &Rc<Shard>,
@@ -334,7 +457,7 @@ async fn read_from_device(
     chunk: &Chunk,
     mut reply: Reply,
     final_: bool,
-) -> Result<(), ConnError> {
+) -> Result<(u32, String), ConnError> {
     let inbound = &shard.shared.inbound;
     if final_ {
         // As for host memory: recorded before the bytes leave.
@@ -350,7 +473,7 @@ async fn read_from_device(
     match gpu_io::push_from_device(shard, writer, &frame, region, &spans).await {
         Ok(()) => {
             shard.stats.borrow_mut().inbound_bytes_read += bytes;
-            Ok(())
+            Ok((codes::SUCCESS, String::new()))
         }
         Err(SendError::Gpu(e)) => {
             // Nothing left yet: answer with the error instead (it replaces the SUCCESS
@@ -360,8 +483,9 @@ async fn read_from_device(
             if final_ {
                 inbound.record(peer, chunk.uid, StatusCode::ErrGpuOp, &reply.msg);
             }
+            let (code, msg) = (reply.code, reply.msg.clone());
             writer.push(&Frame::ReadData { reply, final_ }, &[]).await?;
-            Ok(())
+            Ok((code, msg))
         }
         Err(SendError::Conn(e)) => Err(e),
     }

@@ -822,24 +822,33 @@ fn hostile_frame_stalled_mid_way_is_closed_after_op_timeout() {
     );
 }
 
-/// A WRITE chunk frame for `mem_id` (one segment per `segs`), with its payload.
-fn write_frame(
+/// A WRITE frame of the whole transfer `uid` for `mem_id` (one segment per `segs`), with its
+/// payload.
+fn write_frame(uid: u64, mem_id: u32, extent: (u64, u64), segs: &[(u64, u64)]) -> Vec<u8> {
+    part_frame(uid, (0, 1, 0), mem_id, extent, segs)
+}
+
+/// A WRITE frame of chunk `chunk` of `n_chunks` of transfer `uid`, joined on `join_lane`
+/// (FINAL when it is the whole transfer), tagged `uid * 10 + chunk`.
+fn part_frame(
     uid: u64,
+    (chunk, n_chunks, join_lane): (u32, u32, u16),
     mem_id: u32,
     extent: (u64, u64),
     segs: &[(u64, u64)],
-    final_: bool,
 ) -> Vec<u8> {
     let chunk = Chunk {
-        tag: uid,
+        tag: uid * 10 + u64::from(chunk),
         uid,
-        chunk: 0,
-        n_chunks: if final_ { 1 } else { 2 },
+        chunk,
+        n_chunks,
         mem_id,
         extent,
+        join_lane,
         segs: segs.iter().map(|&(off, len)| Seg { off, len }).collect(),
     };
     let payload_len = chunk.bytes();
+    let final_ = n_chunks == 1;
     let mut v = encode(&Frame::Write { chunk, final_ }, payload_len);
     v.extend(random_bytes(payload_len as usize, uid));
     v
@@ -854,54 +863,65 @@ fn hostile_out_of_range_writes_are_refused_and_place_nothing() {
     let id = dst.desc().id;
     let client = "hostile_oor_client";
     let mut s = handshaken(&b, client);
-    // (uid, frame, expected code, final)
+    // (uid, frame, expected code)
     let cases = [
         (
             1,
-            write_frame(1, id, (4000, 4100), &[(4000, 100)], true),
+            write_frame(1, id, (4000, 4100), &[(4000, 100)]),
             codes::ERR_INVALID_ARGS,
-            true,
         ),
         (
             2,
-            write_frame(2, id, (0, 1 << 30), &[(0, 64)], true),
+            write_frame(2, id, (0, 1 << 30), &[(0, 64)]),
             codes::ERR_INVALID_ARGS,
-            true,
         ),
         (
             3,
-            write_frame(3, id, (0, 100), &[(200, 10)], true),
+            write_frame(3, id, (0, 100), &[(200, 10)]),
             codes::ERR_INVALID_ARGS,
-            true,
         ),
         (
             4,
-            write_frame(4, id + 77, (0, 64), &[(0, 64)], true),
+            write_frame(4, id + 77, (0, 64), &[(0, 64)]),
             codes::ERR_NOT_FOUND,
-            true,
-        ),
-        (
-            5,
-            write_frame(5, id, (4090, 5000), &[(4090, 6), (4096, 4)], false),
-            codes::ERR_INVALID_ARGS,
-            false,
         ),
     ];
-    for (uid, bytes, want, final_) in &cases {
+    for (uid, bytes, want) in &cases {
         s.write_all(bytes).unwrap();
-        let f = read_frame(&mut s, Duration::from_secs(5));
-        let r = match (&f, final_) {
-            (Frame::Complete(r), true) | (Frame::Ack(r), false) => r,
-            _ => panic!("uid {uid}: unexpected answer {f:?}"),
+        let r = match read_frame(&mut s, Duration::from_secs(5)) {
+            Frame::Complete(r) => r,
+            f => panic!("uid {uid}: unexpected answer {f:?}"),
         };
         assert_eq!((r.uid, r.code), (*uid, *want), "uid {uid}: {r:?}");
-        if *final_ {
-            let st = b
-                .pop_inbound_transfer_status(client, *uid)
-                .expect("inbound status");
-            assert_eq!(st.code().as_u32(), *want, "uid {uid}");
-        }
+        let st = b
+            .pop_inbound_transfer_status(client, *uid)
+            .expect("inbound status");
+        assert_eq!(st.code().as_u32(), *want, "uid {uid}");
     }
+    // A two-chunk transfer past the region: chunk 1 is refused and ACKed with the error;
+    // chunk 0 (on this lane, its join lane) is refused too and answered by the transfer's
+    // COMPLETE, with the inbound status recorded first.
+    let past = (4090, 5000);
+    s.write_all(&part_frame(5, (1, 2, 0), id, past, &[(4096, 4)]))
+        .unwrap();
+    match read_frame(&mut s, Duration::from_secs(5)) {
+        Frame::Ack(r) => assert_eq!((r.tag, r.uid, r.code), (51, 5, codes::ERR_INVALID_ARGS)),
+        f => panic!("unexpected answer to chunk 1: {f:?}"),
+    }
+    assert!(
+        b.pop_inbound_transfer_status(client, 5).is_none(),
+        "chunk 0 is still due"
+    );
+    s.write_all(&part_frame(5, (0, 2, 0), id, past, &[(4090, 6)]))
+        .unwrap();
+    match read_frame(&mut s, Duration::from_secs(5)) {
+        Frame::Complete(r) => assert_eq!((r.tag, r.uid, r.code), (50, 5, codes::ERR_INVALID_ARGS)),
+        f => panic!("unexpected answer to chunk 0: {f:?}"),
+    }
+    let st = b
+        .pop_inbound_transfer_status(client, 5)
+        .expect("inbound status");
+    assert_eq!(st.code().as_u32(), codes::ERR_INVALID_ARGS);
     assert_bytes_eq(
         &dst.to_vec(),
         &dst_init,
@@ -910,7 +930,7 @@ fn hostile_out_of_range_writes_are_refused_and_place_nothing() {
     // While it is connected, normal traffic flows.
     normal_traffic(&a, &b);
     // The connection is still in sync: a valid in-range chunk lands where it says.
-    let ok = write_frame(6, id, (10, 20), &[(10, 10)], true);
+    let ok = write_frame(6, id, (10, 20), &[(10, 10)]);
     s.write_all(&ok).unwrap();
     match read_frame(&mut s, Duration::from_secs(5)) {
         Frame::Complete(r) => assert_eq!((r.uid, r.code), (6, codes::SUCCESS), "{r:?}"),
@@ -927,6 +947,33 @@ fn hostile_out_of_range_writes_are_refused_and_place_nothing() {
         matches!(frames.as_slice(), [Frame::GoAway { .. }]),
         "expected a GOAWAY before the close, got {frames:?}"
     );
+}
+
+/// A chunk of a multi-chunk transfer naming a join lane its connection's peer does not have
+/// closes that connection (after a GOAWAY) before any of its payload is placed; traffic on
+/// other connections goes on.
+#[test]
+fn hostile_join_lanes_close_the_connection() {
+    let (a, b) = hostile_pair("hostile_join");
+    let n = 4096u64;
+    let dst_init = random_bytes(n as usize, 51);
+    let dst = b.register_buffer(dst_init.clone()).unwrap();
+    let id = dst.desc().id;
+    // This client dialed lane 0 of 1, so lane 3 is no lane of its.
+    let mut s = handshaken(&b, "hostile_join_client");
+    s.write_all(&part_frame(7, (1, 2, 3), id, (0, 64), &[(0, 64)]))
+        .unwrap();
+    let (got, _) = read_until_closed(&mut s, CLOSE_LIMIT);
+    let frames = parse_frames(&got);
+    assert!(
+        matches!(frames.as_slice(), [Frame::GoAway { .. }]),
+        "expected a GOAWAY before the close, got {frames:?}"
+    );
+    assert_bytes_eq(&dst.to_vec(), &dst_init, "region after a bad join lane");
+    assert!(b
+        .pop_inbound_transfer_status("hostile_join_client", 7)
+        .is_none());
+    normal_traffic(&a, &b);
 }
 
 // --- deregistration and drop with transfers in flight --------------------------------------
@@ -1330,7 +1377,7 @@ fn hostile_run_form_writes_are_checked_like_lists() {
     let mut s = handshaken(&b, "hostile_runs_client");
     let segs = [(0, 8), (16, 8), (32, 8), (48, 8)];
     // Regular segments go as one run; the last one reaches past the declared extent.
-    let bad = write_frame(1, id, (0, 40), &segs, true);
+    let bad = write_frame(1, id, (0, 40), &segs);
     assert_ne!(bad[3] & morio::proto::frame::FLAG_RUNS, 0, "run form");
     s.write_all(&bad).unwrap();
     match read_frame(&mut s, Duration::from_secs(5)) {
@@ -1339,7 +1386,7 @@ fn hostile_run_form_writes_are_checked_like_lists() {
     }
     assert_bytes_eq(&dst.to_vec(), &dst_init, "after a refused run");
     // The connection is in sync: a valid run lands exactly on its segments.
-    let ok = write_frame(2, id, (0, 56), &segs, true);
+    let ok = write_frame(2, id, (0, 56), &segs);
     s.write_all(&ok).unwrap();
     match read_frame(&mut s, Duration::from_secs(5)) {
         Frame::Complete(r) => assert_eq!((r.uid, r.code), (2, codes::SUCCESS), "{r:?}"),
