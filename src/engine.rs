@@ -132,6 +132,7 @@ impl IoEngine {
         ));
         let shared = Arc::new(Shared {
             key: self.inner.key.clone(),
+            instance: rand::random(),
             cfg: cfg.clone(),
             inbound: inbound.clone(),
             listener: Mutex::new(Some(listener)),

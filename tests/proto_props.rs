@@ -143,8 +143,9 @@ fn frame_and_payload() -> impl Strategy<Value = (Frame, u64)> {
         any::<u16>(),
         text(MAX_KEY_BYTES),
         text(MAX_KEY_BYTES),
+        any::<u64>(),
     )
-        .prop_map(|(version, lane, n_lanes, src_key, dst_key)| {
+        .prop_map(|(version, lane, n_lanes, src_key, dst_key, instance)| {
             (
                 Frame::Hello(Hello {
                     version,
@@ -152,6 +153,7 @@ fn frame_and_payload() -> impl Strategy<Value = (Frame, u64)> {
                     n_lanes,
                     src_key,
                     dst_key,
+                    instance,
                 }),
                 0,
             )
@@ -368,6 +370,7 @@ proptest! {
                 n_lanes: 1,
                 src_key: key.clone(),
                 dst_key: key.clone(),
+                instance: u64::MAX,
             }),
         ];
         for f in frames {

@@ -102,6 +102,15 @@ pub(crate) fn inbox_ready() -> impl std::future::Future<Output = ()> {
     })
 }
 
+/// Whether the calling shard is busy-polling now.
+pub(crate) fn is_busy() -> bool {
+    BUSY.with(|b| {
+        b.borrow()
+            .as_ref()
+            .is_some_and(|b| b.busy_since_event.is_some())
+    })
+}
+
 /// Readers the calling shard's poller has woken (0 where busy polling is off).
 pub(crate) fn wakes() -> u64 {
     BUSY.with(|b| b.borrow().as_ref().map_or(0, |b| b.wakes))
@@ -248,17 +257,24 @@ pub(crate) async fn poller() {
     }
 }
 
-/// The shard went idle: every waiter re-polls, finds it idle, and waits on the runtime.
+/// The shard went idle: every waiter re-polls, finds it idle, and waits on the runtime (the
+/// message loop too: it registers with the inbox's own wake-up again).
 fn hand_back() {
-    let waiters = BUSY.with(|b| {
+    let (waiters, inbox) = BUSY.with(|b| {
         let mut b = b.borrow_mut();
-        b.as_mut().map_or_else(Vec::new, |b| {
-            b.busy_since_event = None;
-            std::mem::take(&mut b.waiters)
-        })
+        b.as_mut().map_or_else(
+            || (Vec::new(), None),
+            |b| {
+                b.busy_since_event = None;
+                (std::mem::take(&mut b.waiters), b.inbox_waiter.take())
+            },
+        )
     });
     for w in waiters {
         w.waker.wake();
+    }
+    if let Some(w) = inbox {
+        w.wake();
     }
 }
 

@@ -115,13 +115,20 @@ pub struct ShardCtx<M> {
 impl<M> ShardCtx<M> {
     /// The next message, or `Err` once the pool has shut down and the inbox is drained. On a
     /// busy spinning shard the busy poller notices new messages directly, without waiting for
-    /// the runtime's cross-thread wake-up.
+    /// the runtime's cross-thread wake-up; and while the shard is busy no listener is
+    /// registered with the inbox at all, so a sender on another thread queues its message
+    /// without paying for a wake-up (a syscall) nobody needs. When the shard goes idle the
+    /// poller wakes this loop, which registers with the inbox again.
     pub async fn recv(&self) -> Result<M, async_channel::RecvError> {
         loop {
             match self.inbox.try_recv() {
                 Ok(m) => return Ok(m),
                 Err(async_channel::TryRecvError::Closed) => return Err(async_channel::RecvError),
                 Err(async_channel::TryRecvError::Empty) => {}
+            }
+            if crate::busy::is_busy() {
+                crate::busy::inbox_ready().await;
+                continue;
             }
             let woken = futures_lite::future::or(async { Some(self.inbox.recv().await) }, async {
                 crate::busy::inbox_ready().await;
@@ -189,7 +196,7 @@ impl<M: Send + 'static> ShardPool<M> {
                 set_thread_name(&thread_name);
                 if let Some(window) = spin {
                     let rx = ctx.inbox.clone();
-                    crate::busy::enable(window, Box::new(move || !rx.is_empty()));
+                    crate::busy::enable(window, Box::new(move || !rx.is_empty() || rx.is_closed()));
                     glommio::spawn_local(crate::busy::poller()).detach();
                 }
                 let _ = ready.send((id, Ok(())));

@@ -149,6 +149,7 @@ pub fn decode_body(h: &Header, body: &[u8]) -> Result<Frame, DecodeError> {
             n_lanes: r.u16()?,
             src_key: r.str16(MAX_KEY_BYTES)?,
             dst_key: r.str16(MAX_KEY_BYTES)?,
+            instance: r.u64()?,
         }),
         Kind::HelloAck => Frame::HelloAck(HelloAck {
             version: r.u32()?,

@@ -152,6 +152,10 @@ pub struct Hello {
     pub src_key: String,
     /// The engine key the dialer expects to reach.
     pub dst_key: String,
+    /// A number the dialing engine drew when it started, the same on all its connections:
+    /// tells a restarted engine with the same key (whose uids start over) from its
+    /// predecessor, whose unfinished transfers the target may still hold.
+    pub instance: u64,
 }
 
 /// Answer to HELLO.
@@ -261,6 +265,7 @@ impl Frame {
                 put_u16(out, h.n_lanes);
                 put_str16(out, &h.src_key, super::limits::MAX_KEY_BYTES);
                 put_str16(out, &h.dst_key, super::limits::MAX_KEY_BYTES);
+                put_u64(out, h.instance);
             }
             Self::HelloAck(a) => {
                 put_u32(out, a.version);

@@ -67,6 +67,8 @@ pub(crate) struct Answer {
 #[derive(Debug)]
 pub(crate) struct JoinReport {
     pub peer: Arc<str>,
+    /// The initiator's instance ([`crate::proto::frame::Hello::instance`]).
+    pub instance: u64,
     pub uid: u64,
     pub op: Op,
     pub n_chunks: u32,
@@ -75,10 +77,14 @@ pub(crate) struct JoinReport {
     pub msg: String,
 }
 
-/// The transfers a shard joins, by (initiator key, uid).
+/// A joined transfer: initiator key and instance, uid. The instance keeps a restarted
+/// initiator (same key, uids from the start again) clear of its predecessor's leftovers.
+type Key = (Arc<str>, u64, u64);
+
+/// The transfers a shard joins.
 #[derive(Debug, Default)]
 pub(crate) struct JoinTable {
-    map: HashMap<(Arc<str>, u64), Join<Answer>>,
+    map: HashMap<Key, Join<Answer>>,
 }
 
 fn status_of(code: u32) -> StatusCode {
@@ -98,7 +104,7 @@ pub(crate) fn report(shard: &Rc<Shard>, join_lane: u16, r: JoinReport) {
 
 /// A chunk's result arrives at its join shard.
 pub(crate) fn on_report(shard: &Rc<Shard>, r: JoinReport, answer: Option<Answer>) {
-    let key = (r.peer.clone(), r.uid);
+    let key = (r.peer.clone(), r.instance, r.uid);
     let mut t = shard.joins.borrow_mut();
     if !t.map.contains_key(&key) && t.map.len() >= MAX_JOINS {
         evict_oldest(&mut t);
@@ -143,7 +149,7 @@ fn evict_oldest(t: &mut JoinTable) {
     if let Some(k) = oldest {
         log::warn!(
             "more than {MAX_JOINS} striped transfers in flight on one shard: dropping {} from {}",
-            k.1,
+            k.2,
             k.0
         );
         t.map.remove(&k);
@@ -152,9 +158,14 @@ fn evict_oldest(t: &mut JoinTable) {
 
 /// FINISH ended a transfer on the lane of its chunk 0 (a chunk never left the initiator):
 /// its join answers nothing more, and reports still on their way are only counted.
-pub(crate) fn end(shard: &Rc<Shard>, peer: &Arc<str>, uid: u64, op: Op, n_chunks: u32) {
+pub(crate) fn end(
+    shard: &Rc<Shard>,
+    (peer, instance, uid): (&Arc<str>, u64, u64),
+    op: Op,
+    n_chunks: u32,
+) {
     let mut t = shard.joins.borrow_mut();
-    let key = (peer.clone(), uid);
+    let key = (peer.clone(), instance, uid);
     if !t.map.contains_key(&key) && t.map.len() >= MAX_JOINS {
         evict_oldest(&mut t);
     }

@@ -331,6 +331,7 @@ async fn connect(shard: &Rc<Shard>, lane: &Rc<Lane>) -> Result<rt::TcpStream, St
             n_lanes: cfg.num_data_conns as u16,
             src_key: shard.shared.key.clone(),
             dst_key: lane.peer.key.to_string(),
+            instance: shard.shared.instance,
         });
         let mut buf = Vec::new();
         hello.encode(0, &mut buf);

@@ -99,6 +99,8 @@ pub(crate) enum ShardMsg {
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub key: String,
+    /// Drawn at start, sent in every HELLO ([`crate::proto::frame::Hello::instance`]).
+    pub instance: u64,
     pub cfg: TcpBackendConfig,
     pub inbound: Arc<InboundStatuses>,
     /// The listening socket, taken by shard 0 when it starts.

@@ -162,6 +162,7 @@ async fn serve(shard: Rc<Shard>, stream: rt::TcpStream, hello: Hello) {
     }
     let conn = Conn {
         peer: hello.src_key.as_str().into(),
+        instance: hello.instance,
         lane: hello.lane,
         n_lanes: hello.n_lanes,
         outbox: Rc::new(Outbox::default()),
@@ -191,6 +192,7 @@ async fn serve(shard: Rc<Shard>, stream: rt::TcpStream, hello: Hello) {
 /// for it.
 struct Conn {
     peer: Arc<str>,
+    instance: u64,
     lane: u16,
     n_lanes: u16,
     outbox: Rc<Outbox>,
@@ -274,6 +276,7 @@ async fn joined(
 ) -> Result<(), ConnError> {
     let r = JoinReport {
         peer: conn.peer.clone(),
+        instance: conn.instance,
         uid: chunk.uid,
         op,
         n_chunks: chunk.n_chunks,
@@ -365,7 +368,7 @@ async fn on_frame(
             // A chunk never left the initiator: its verdict ends the transfer here.
             inbound.record(peer, f.uid, status_of(f.code), &f.msg);
             shard.stats.borrow_mut().inbound_transfers += 1;
-            join::end(shard, &conn.peer, f.uid, f.op, f.n_chunks);
+            join::end(shard, (&conn.peer, conn.instance, f.uid), f.op, f.n_chunks);
             let reply = Reply {
                 tag: f.tag,
                 uid: f.uid,

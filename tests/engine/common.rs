@@ -202,6 +202,7 @@ pub fn hello(src: &str, dst: &str) -> Vec<u8> {
             n_lanes: 1,
             src_key: src.into(),
             dst_key: dst.into(),
+            instance: 1,
         }),
         0,
     )

@@ -755,6 +755,7 @@ fn hostile_bad_hellos_are_refused_with_a_code() {
                 n_lanes,
                 src_key: src.into(),
                 dst_key: dst.into(),
+                instance: 1,
             }),
             0,
         )
