@@ -1,18 +1,32 @@
-//! Deterministic two-endpoint simulation of the morio wire protocol with no sockets: an
-//! initiator and a target exchange frames built and parsed only with `morio::proto` over
-//! in-memory lanes, under seeded schedules that reorder traffic across lanes and cut frames at
-//! arbitrary points. Checks final statuses, data placement, inbound bookkeeping, refusals,
-//! lane loss on a corrupt stream, and deadlines.
+//! Deterministic two-endpoint simulation of the morio wire protocol (version 3) with no
+//! sockets: an initiator and a target exchange frames built and parsed only with
+//! `morio::proto` over in-memory lanes, under seeded schedules that reorder traffic across
+//! lanes (and the target's chunk reports between its shards) and cut frames at arbitrary
+//! points. Checks final statuses, data placement, inbound bookkeeping, refusals, lane loss on
+//! a corrupt stream, deadlines, and chunks that fail on the initiator.
+//!
+//! Version 3 joins a multi-chunk transfer on the target. The initiator plans chunk 0 onto its
+//! home lane, and every chunk names that lane as its `join_lane`. The target reports every
+//! chunk's result to the transfer's `Join` there (at once from the join lane itself, by a
+//! message between shards from any other lane); once every chunk is in and chunk 0 has said
+//! where to answer, the target records the inbound status and only then sends COMPLETE on
+//! chunk 0's lane with chunk 0's tag. A write's other chunks are ACKed (a successful ACK only
+//! clears the initiator's lane entry, it never reaches `Outbound`), chunk 0 gets no ACK; every
+//! read chunk gets READ_DATA, and chunk 0's lane entry then waits for the COMPLETE. A write
+//! ends with that COMPLETE, a read with it and every chunk's data, in either order. FINISH is
+//! only an abort: sent on the home lane when a chunk fails on the initiator before it left,
+//! it records the inbound status, ends the target's join, and its COMPLETE ends the transfer.
 //!
 //! Set `PROTO_SIM_SEED=<n>` to run only seed `n` in every scenario.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
-use morio::proto::codes::{ERR_BAD_STATE, ERR_INVALID_ARGS, ERR_NOT_FOUND, SUCCESS};
+use morio::proto::codes::{ERR_BAD_STATE, ERR_GPU_OP, ERR_INVALID_ARGS, ERR_NOT_FOUND, SUCCESS};
 use morio::proto::decode::{decode_frame, DecodeError};
 use morio::proto::frame::{Chunk, Finish, Frame, Op, Reply, Seg};
 use morio::proto::inbound::check_chunk;
-use morio::proto::limits::{FRAME_MAGIC, HEADER_BYTES, MAX_BODY_BYTES};
+use morio::proto::join::Join;
+use morio::proto::limits::{FRAME_MAGIC, HEADER_BYTES, MAX_BODY_BYTES, MAX_LANES};
 use morio::proto::outbound::{Action, Outbound, Phase};
 use morio::proto::plan::{
     cut, destination_overlaps, normalize, remote_extent, stripe_bytes, total_bytes, Piece,
@@ -33,6 +47,10 @@ const UNKNOWN_MEM_ID: u32 = 99;
 const NO_DEADLINE: u64 = u64::MAX;
 /// Upper bound on schedule steps per run (a livelock guard).
 const MAX_STEPS: u64 = 2_000_000;
+/// Start of the message of a write chunk whose staging copy failed on the initiator.
+const STAGE_OUT_FAILED: &str = "staging copy from GPU memory failed";
+/// Start of the message of a read chunk whose data could not be placed on the initiator.
+const STAGE_IN_FAILED: &str = "staging copy into GPU memory failed";
 
 /// Seeds to run: `0..n`, or only `PROTO_SIM_SEED`.
 fn seeds(n: u64) -> Vec<u64> {
@@ -106,20 +124,25 @@ impl Pipe {
 /// What the initiator waits for on a lane, by tag.
 #[derive(Debug)]
 enum Pending {
+    /// A chunk's answer: ACK for a write's chunk other than 0 of several; COMPLETE for a
+    /// one-chunk write and for chunk 0 of a multi-chunk write (the target's join answers the
+    /// whole write there, and chunk 0 gets no ACK); READ_DATA for a read's chunk.
     Chunk {
         x: usize,
         chunk: u32,
         pieces: Vec<Piece>,
     },
-    Finish {
-        x: usize,
-    },
+    /// Chunk 0 of a multi-chunk read after its READ_DATA: the entry stays, now waiting for the
+    /// join's COMPLETE under the same tag.
+    Join { x: usize },
+    /// FINISH (sent after a chunk failed on the initiator): its COMPLETE.
+    Finish { x: usize },
 }
 
 impl Pending {
     fn xfer(&self) -> usize {
         match self {
-            Self::Chunk { x, .. } | Self::Finish { x } => *x,
+            Self::Chunk { x, .. } | Self::Join { x } | Self::Finish { x } => *x,
         }
     }
 }
@@ -132,6 +155,8 @@ struct Lane {
     failed: bool,
     /// The lane delivers nothing, in either direction.
     stalled: bool,
+    /// The lane's initiator-bound direction delivers only when nothing else can move.
+    lagging: bool,
     next_tag: u64,
     outstanding: BTreeMap<u64, Pending>,
 }
@@ -164,9 +189,14 @@ struct Spec {
     /// Override of the extent every chunk carries (to build out-of-range transfers).
     extent: Option<(u64, u64)>,
     chunk_bytes: u64,
-    /// Lanes to spread chunks over, round robin from the first; FINISH goes on the first.
+    /// Lanes to spread chunks over, round robin from the first: the first is the home lane,
+    /// which carries chunk 0 (the join lane) and FINISH.
     lanes: Vec<usize>,
     deadline: u64,
+    /// One random chunk fails on the initiator (GPU memory): a write's staging copy fails
+    /// before the chunk leaves (at a random later point of the schedule), a read's data
+    /// cannot be placed when it arrives.
+    local_failure: bool,
 }
 
 #[derive(Debug)]
@@ -174,10 +204,31 @@ struct Xfer {
     spec: Spec,
     uid: u64,
     n_chunks: u32,
+    /// Each chunk's pieces, as cut.
+    chunks: Vec<Vec<Piece>>,
+    /// Lanes that carried a chunk of it.
     chunk_lanes: BTreeSet<usize>,
+    /// The chunk that fails on the initiator (see [`Spec::local_failure`]).
+    fail_chunk: Option<u32>,
     ob: Outbound,
     /// Final (code, msg, event number).
     result: Option<(u32, String, u64)>,
+}
+
+impl Xfer {
+    /// The lane of chunk 0, the target's join lane, and FINISH's lane.
+    fn home(&self) -> usize {
+        self.spec.lanes[0]
+    }
+
+    fn multi(&self) -> bool {
+        self.n_chunks > 1
+    }
+
+    /// Whether chunk `c` left the initiator (a write's locally failed chunk never does).
+    fn sent(&self, c: u32) -> bool {
+        !(self.spec.op == Op::Write && self.fail_chunk == Some(c))
+    }
 }
 
 /// Events, steps, both regions, and every transfer's (uid, result) at the end of a run.
@@ -195,8 +246,19 @@ enum Outcome {
     Success,
     /// Refused by the target with this code: no byte moved, inbound status recorded.
     Refused(u32),
+    /// A chunk failed on the initiator ([`Spec::local_failure`]): ERR_GPU_OP with that
+    /// chunk's message, every other chunk placed. A write's chunk never left: a multi-chunk
+    /// write sent FINISH and the target recorded FINISH's code; a one-chunk write never
+    /// reached the target at all. A read's target did its part and recorded SUCCESS; the
+    /// chunk's error wins over the join's SUCCESS.
+    LocalFailure,
     /// A lane it used was lost: ERR_BAD_STATE; its destination bytes are unspecified.
     Lost,
+    /// A lane that carried only chunks other than chunk 0 of a multi-chunk write was lost
+    /// after the target may have placed them: ERR_BAD_STATE as [`Outcome::Lost`], or, when
+    /// the join's COMPLETE reached the home lane first (a write does not wait for its
+    /// ACKs), SUCCESS with every check of [`Outcome::Success`].
+    LostOrJoined,
     /// Its deadline passed: ERR_BAD_STATE "operation timeout"; destination unspecified.
     TimedOut,
 }
@@ -219,6 +281,46 @@ fn place(region: &mut [u8], ranges: impl Iterator<Item = (u64, u64)>, mut data: 
 }
 
 // ---------------------------------------------------------------------------------------------
+// The target's join
+// ---------------------------------------------------------------------------------------------
+
+/// Where a join answers: chunk 0's lane and tag.
+type Answer = (usize, u64);
+
+/// One chunk's result on its way to its transfer's join.
+#[derive(Debug)]
+struct Report {
+    uid: u64,
+    op: Op,
+    n_chunks: u32,
+    chunk: u32,
+    code: u32,
+    msg: String,
+    /// Chunk 0 says where to answer.
+    answer: Option<Answer>,
+}
+
+/// What the target has seen of one transfer's chunks.
+#[derive(Clone, Debug, Default)]
+struct Seen {
+    chunks: BTreeSet<u32>,
+    bytes: u64,
+    /// The join lane its chunks name.
+    join_lane: Option<u16>,
+}
+
+/// What the schedule does next.
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    /// Deliver bytes on one direction of a lane (to the target when `true`).
+    Lane(usize, bool),
+    /// Hand one report between the target's shards to its join.
+    Report,
+    /// A pending staging copy on the initiator fails.
+    Staging,
+}
+
+// ---------------------------------------------------------------------------------------------
 // The simulation
 // ---------------------------------------------------------------------------------------------
 
@@ -232,17 +334,43 @@ struct Sim {
     init_local: Vec<u8>,
     init_target: Vec<u8>,
     xfers: Vec<Xfer>,
+    /// uid -> index into `xfers` (the checks' view of both sides).
+    by_uid: HashMap<u64, usize>,
+    /// Initiator side: (transfer, chunk) whose staging copy is still to fail.
+    staging: Vec<(usize, u32)>,
     /// Target side: uid -> (code, event number) of the recorded inbound status.
     inbound: HashMap<u64, (u32, u64)>,
-    /// Target side: uid -> (chunk indices seen, bytes seen).
-    seen: HashMap<u64, (BTreeSet<u32>, u64)>,
+    /// Target side: uid -> what its chunks showed.
+    seen: HashMap<u64, Seen>,
+    /// Target side: the joins of multi-chunk transfers, by uid.
+    joins: HashMap<u64, Join<Answer>>,
+    /// Target side: reports from a chunk's shard to another shard's join, in flight (handed
+    /// over in random order).
+    mailbox: Vec<Report>,
     events: u64,
     now: u64,
     steps: u64,
     /// (lane, error was at the target, error).
     decode_errors: Vec<(usize, bool, DecodeError)>,
-    /// Responses that arrived for transfers already ended.
+    /// Responses the owner would be told of that arrived for transfers already ended.
     stale: usize,
+    /// Successful ACKs that arrived after their write had completed (a write does not wait
+    /// for them).
+    late_acks: usize,
+    /// Reports that went between shards.
+    relayed: usize,
+    /// Joins that answered COMPLETE.
+    joined: usize,
+    /// FINISH frames the target handled.
+    finishes: usize,
+    /// Multi-chunk reads that ended with their last chunk's data (COMPLETE came first), and
+    /// with COMPLETE (every chunk's data came first).
+    reads_ended_by_data: usize,
+    reads_ended_by_complete: usize,
+    /// Set by `verify`: lane entries left waiting for a COMPLETE that can never come, and
+    /// joins that never became ready, dropped.
+    orphans: usize,
+    dropped_joins: usize,
 }
 
 impl Sim {
@@ -269,13 +397,25 @@ impl Sim {
             local,
             target,
             xfers: Vec::new(),
+            by_uid: HashMap::new(),
+            staging: Vec::new(),
             inbound: HashMap::new(),
             seen: HashMap::new(),
+            joins: HashMap::new(),
+            mailbox: Vec::new(),
             events: 0,
             now: 0,
             steps: 0,
             decode_errors: Vec::new(),
             stale: 0,
+            late_acks: 0,
+            relayed: 0,
+            joined: 0,
+            finishes: 0,
+            reads_ended_by_data: 0,
+            reads_ended_by_complete: 0,
+            orphans: 0,
+            dropped_joins: 0,
         }
     }
 
@@ -385,6 +525,7 @@ impl Sim {
             chunk_bytes,
             lanes,
             deadline: NO_DEADLINE,
+            local_failure: false,
         }
     }
 
@@ -410,7 +551,7 @@ impl Sim {
         let seed = self.seed;
         let uid = loop {
             let u = self.rng.gen::<u64>();
-            if self.xfers.iter().all(|x| x.uid != u) {
+            if !self.by_uid.contains_key(&u) {
                 break u;
             }
         };
@@ -421,10 +562,20 @@ impl Sim {
         let chunks = cut(&spec.pieces, stripe);
         let n = chunks.len() as u32;
         let extent = spec.extent.unwrap_or_else(|| remote_extent(&spec.pieces));
+        // Chunk i rides lanes[i % len], so chunk 0 rides the home lane, lanes[0]; every chunk
+        // of a multi-chunk transfer names it as the join lane (0, ignored, for one chunk).
+        let join_lane = if n > 1 { spec.lanes[0] as u16 } else { 0 };
+        let fail_chunk = spec.local_failure.then(|| self.rng.gen_range(0..n));
         let x = self.xfers.len();
         let mut chunk_lanes = BTreeSet::new();
-        for (i, pieces) in chunks.into_iter().enumerate() {
-            let lane_ix = spec.lanes[i % spec.lanes.len()];
+        for (i, pieces) in chunks.iter().enumerate() {
+            let i = i as u32;
+            let lane_ix = spec.lanes[i as usize % spec.lanes.len()];
+            if spec.op == Op::Write && fail_chunk == Some(i) {
+                // Its staging copy is under way; it fails later and the chunk never leaves.
+                self.staging.push((x, i));
+                continue;
+            }
             chunk_lanes.insert(lane_ix);
             let lane = &mut self.lanes[lane_ix];
             assert!(!lane.failed, "seed {seed}: starting on a failed lane");
@@ -432,10 +583,11 @@ impl Sim {
             let chunk = Chunk {
                 tag,
                 uid,
-                chunk: i as u32,
+                chunk: i,
                 n_chunks: n,
                 mem_id: spec.mem_id,
                 extent,
+                join_lane,
                 segs: pieces
                     .iter()
                     .map(|p| Seg {
@@ -457,19 +609,24 @@ impl Sim {
                 tag,
                 Pending::Chunk {
                     x,
-                    chunk: i as u32,
-                    pieces,
+                    chunk: i,
+                    pieces: pieces.clone(),
                 },
             );
             assert!(prev.is_none(), "seed {seed}: tag reused");
         }
         let deadline = spec.deadline;
+        // A read also waits for every chunk's data; a write ends with COMPLETE alone.
+        let wait_chunks = spec.op == Op::Read;
+        self.by_uid.insert(uid, x);
         self.xfers.push(Xfer {
             spec,
             uid,
             n_chunks: n,
+            chunks,
             chunk_lanes,
-            ob: Outbound::new(n, deadline),
+            fail_chunk,
+            ob: Outbound::new(n, deadline, wait_chunks),
             result: None,
         });
     }
@@ -478,11 +635,55 @@ impl Sim {
         self.xfers[x].ob.phase() == Phase::Done
     }
 
+    /// The transfer a target-side frame names (the checks' view of the initiator).
+    fn xfer_of(&self, uid: u64) -> &Xfer {
+        let x = *self
+            .by_uid
+            .get(&uid)
+            .unwrap_or_else(|| panic!("seed {}: unknown transfer {uid:#x}", self.seed));
+        &self.xfers[x]
+    }
+
+    /// Chunk `chunk` of write `x` failed its staging copy before any of it left: the owner
+    /// hears of it through `on_local_failure`.
+    fn fail_locally(&mut self, x: usize, chunk: u32) {
+        let seed = self.seed;
+        let msg = format!("{STAGE_OUT_FAILED}: chunk {chunk}");
+        let xf = &mut self.xfers[x];
+        let a = xf.ob.on_local_failure(ERR_GPU_OP, &msg);
+        if xf.multi() {
+            // The transfer cannot have ended: the target's join waits for this chunk.
+            assert_eq!(
+                a,
+                Some(Action::SendFinish {
+                    code: ERR_GPU_OP,
+                    msg: msg.clone()
+                }),
+                "seed {seed}: transfer {x}: local failure of chunk {chunk}"
+            );
+            assert_eq!(xf.ob.phase(), Phase::Finishing, "seed {seed}");
+        } else {
+            // Nothing of a one-chunk write left: it completes at once.
+            assert_eq!(
+                a,
+                Some(Action::Complete {
+                    code: ERR_GPU_OP,
+                    msg: msg.clone()
+                }),
+                "seed {seed}: transfer {x}: local failure"
+            );
+        }
+        if let Some(a) = a {
+            self.act(x, a);
+        }
+    }
+
     fn act(&mut self, x: usize, action: Action) {
         let seed = self.seed;
         match action {
             Action::SendFinish { code, msg } => {
-                let lane_ix = self.xfers[x].spec.lanes[0];
+                // FINISH rides the home lane, chunk 0's lane and the target's join lane.
+                let lane_ix = self.xfers[x].home();
                 if self.lanes[lane_ix].failed {
                     if let Some(a) = self.xfers[x].ob.on_lane_lost("finish lane lost") {
                         self.act(x, a);
@@ -507,12 +708,35 @@ impl Sim {
             }
             Action::Complete { code, msg } => {
                 self.events += 1;
-                let xf = &mut self.xfers[x];
+                let xf = &self.xfers[x];
                 assert!(
                     xf.result.is_none(),
                     "seed {seed}: transfer {x} completed twice"
                 );
-                xf.result = Some((code, msg, self.events));
+                if code == SUCCESS {
+                    // The invariant of the join: a transfer completes with SUCCESS only once
+                    // the target has recorded its inbound status, and only once every byte
+                    // is at its destination (transfers' windows are disjoint, so these bytes
+                    // are this transfer's alone).
+                    match self.inbound.get(&xf.uid) {
+                        Some(&(SUCCESS, at)) => assert!(at < self.events, "seed {seed}"),
+                        other => panic!(
+                            "seed {seed}: transfer {x} completed with SUCCESS, inbound {other:?}"
+                        ),
+                    }
+                    for p in &xf.spec.pieces {
+                        let (l, r, n) = (p.local as usize, p.remote as usize, p.len as usize);
+                        let (src, dst) = match xf.spec.op {
+                            Op::Write => (&self.init_local[l..l + n], &self.target[r..r + n]),
+                            Op::Read => (&self.init_target[r..r + n], &self.local[l..l + n]),
+                        };
+                        assert!(
+                            src == dst,
+                            "seed {seed}: transfer {x} completed before its bytes landed"
+                        );
+                    }
+                }
+                self.xfers[x].result = Some((code, msg, self.events));
             }
         }
     }
@@ -535,16 +759,22 @@ impl Sim {
         match frame {
             Frame::Ack(r) => {
                 let (x, chunk, _) = self.take_chunk(lane, &r);
-                assert_eq!(
-                    self.xfers[x].spec.op,
-                    Op::Write,
-                    "seed {seed}: ACK for a read"
-                );
-                assert!(
-                    self.xfers[x].n_chunks > 1,
-                    "seed {seed}: ACK for a final chunk"
+                let xf = &self.xfers[x];
+                assert_eq!(xf.spec.op, Op::Write, "seed {seed}: ACK for a read");
+                assert!(xf.multi(), "seed {seed}: ACK for a final chunk");
+                assert_ne!(
+                    chunk, 0,
+                    "seed {seed}: ACK for chunk 0 (the join's COMPLETE answers it)"
                 );
                 assert!(payload.is_empty(), "seed {seed}: ACK with payload");
+                if r.code == SUCCESS {
+                    // A placed chunk only clears its lane's entry: the owner learns of the
+                    // write from the join's COMPLETE, which may well have come first.
+                    if self.done(x) {
+                        self.late_acks += 1;
+                    }
+                    return;
+                }
                 if self.done(x) {
                     self.stale += 1;
                     return;
@@ -553,22 +783,15 @@ impl Sim {
                     .ob
                     .on_chunk(chunk, r.code, &r.msg)
                     .unwrap_or_else(|v| panic!("seed {seed}: on_chunk: {v}"));
-                if let Some(a) = act {
-                    self.act(x, a);
-                }
+                // A write ends with COMPLETE (or FINISH's COMPLETE), never with a chunk.
+                assert!(act.is_none(), "seed {seed}: an ACK ended a write: {act:?}");
             }
             Frame::ReadData { reply: r, final_ } => {
                 let (x, chunk, pieces) = self.take_chunk(lane, &r);
-                assert_eq!(
-                    self.xfers[x].spec.op,
-                    Op::Read,
-                    "seed {seed}: READ_DATA for a write"
-                );
-                assert_eq!(
-                    final_,
-                    self.xfers[x].n_chunks == 1,
-                    "seed {seed}: final flag"
-                );
+                let xf = &self.xfers[x];
+                let (multi, fail_chunk) = (xf.multi(), xf.fail_chunk);
+                assert_eq!(xf.spec.op, Op::Read, "seed {seed}: READ_DATA for a write");
+                assert_eq!(final_, !multi, "seed {seed}: final flag");
                 if r.code == SUCCESS {
                     assert_eq!(payload.len() as u64, total_bytes(&pieces), "seed {seed}");
                 } else {
@@ -577,11 +800,24 @@ impl Sim {
                         "seed {seed}: refused READ_DATA with payload"
                     );
                 }
+                if multi && chunk == 0 {
+                    // Chunk 0's entry stays: the join's COMPLETE for the whole read follows on
+                    // this lane under its tag (for a read that has ended too, late).
+                    let prev = self.lanes[lane]
+                        .outstanding
+                        .insert(r.tag, Pending::Join { x });
+                    assert!(prev.is_none(), "seed {seed}: tag reused");
+                }
                 if self.done(x) {
                     self.stale += 1;
                     return;
                 }
-                if r.code == SUCCESS {
+                let (mut code, mut msg) = (r.code, r.msg);
+                if code == SUCCESS && fail_chunk == Some(chunk) {
+                    // The copy into (GPU) memory fails here: the chunk's own error.
+                    code = ERR_GPU_OP;
+                    msg = format!("{STAGE_IN_FAILED}: chunk {chunk}");
+                } else if code == SUCCESS {
                     place(
                         &mut self.local,
                         pieces.iter().map(|p| (p.local, p.len)),
@@ -589,32 +825,51 @@ impl Sim {
                     );
                 }
                 let ob = &mut self.xfers[x].ob;
-                let act = if final_ {
-                    Some(ob.on_complete(r.code, &r.msg))
-                } else {
-                    ob.on_chunk(chunk, r.code, &r.msg).transpose()
-                };
-                if let Some(a) = act {
-                    let a = a.unwrap_or_else(|v| panic!("seed {seed}: READ_DATA: {v}"));
+                if final_ {
+                    let a = ob
+                        .on_complete(code, &msg)
+                        .unwrap_or_else(|v| panic!("seed {seed}: final READ_DATA: {v}"))
+                        .unwrap_or_else(|| panic!("seed {seed}: a final READ_DATA did not end"));
                     self.act(x, a);
+                } else {
+                    let a = ob
+                        .on_chunk(chunk, code, &msg)
+                        .unwrap_or_else(|v| panic!("seed {seed}: READ_DATA: {v}"));
+                    if let Some(a) = a {
+                        // The join's COMPLETE came first and waited for this last chunk.
+                        self.reads_ended_by_data += 1;
+                        self.act(x, a);
+                    }
                 }
             }
             Frame::Complete(r) => {
-                let x = match self.lanes[lane].outstanding.remove(&r.tag) {
-                    Some(Pending::Finish { x }) => x,
+                let (x, joined) = match self.lanes[lane].outstanding.remove(&r.tag) {
+                    Some(Pending::Finish { x }) => (x, false),
+                    Some(Pending::Join { x }) => (x, true),
                     Some(Pending::Chunk { x, chunk, .. }) => {
                         let xf = &self.xfers[x];
                         assert!(
-                            xf.n_chunks == 1 && xf.spec.op == Op::Write && chunk == 0,
-                            "seed {seed}: COMPLETE answers a non-final chunk"
+                            xf.spec.op == Op::Write && chunk == 0,
+                            "seed {seed}: COMPLETE answers chunk {chunk} of a {:?} of {} chunks",
+                            xf.spec.op,
+                            xf.n_chunks
                         );
-                        x
+                        (x, xf.multi())
                     }
                     None => panic!("seed {seed}: lane {lane}: COMPLETE for unknown tag {r:?}"),
                 };
-                assert_eq!(self.xfers[x].uid, r.uid, "seed {seed}: COMPLETE uid");
+                let xf = &self.xfers[x];
+                assert_eq!(xf.uid, r.uid, "seed {seed}: COMPLETE uid");
                 assert_eq!(r.chunk, 0, "seed {seed}: COMPLETE chunk");
                 assert!(payload.is_empty(), "seed {seed}");
+                if joined {
+                    assert_eq!(
+                        lane,
+                        xf.home(),
+                        "seed {seed}: join answered off chunk 0's lane"
+                    );
+                }
+                let read = xf.spec.op == Op::Read;
                 if self.done(x) {
                     self.stale += 1;
                     return;
@@ -623,7 +878,19 @@ impl Sim {
                     .ob
                     .on_complete(r.code, &r.msg)
                     .unwrap_or_else(|v| panic!("seed {seed}: on_complete: {v}"));
-                self.act(x, a);
+                match a {
+                    Some(a) => {
+                        if joined && read {
+                            self.reads_ended_by_complete += 1;
+                        }
+                        self.act(x, a);
+                    }
+                    // Only a joined read goes on after COMPLETE, for its chunks' data.
+                    None => assert!(
+                        joined && read,
+                        "seed {seed}: COMPLETE did not end transfer {x}"
+                    ),
+                }
             }
             other => panic!("seed {seed}: initiator got unexpected {other:?}"),
         }
@@ -645,20 +912,113 @@ impl Sim {
         );
     }
 
-    fn note_seen(&mut self, c: &Chunk, final_: bool) {
+    /// Book a chunk's arrival, checking what the initiator must put in it: chunk 0 of a
+    /// multi-chunk transfer rides the home lane, which every chunk names as its join lane (the
+    /// real target closes a connection whose chunk names a lane the peer lacks, or whose chunk
+    /// 0 is off its join lane); a one-chunk transfer names 0.
+    fn note_seen(&mut self, lane: usize, c: &Chunk, final_: bool) {
         let seed = self.seed;
         assert!(
             !final_ || c.n_chunks == 1,
             "seed {seed}: final chunk of many"
         );
-        let e = self.seen.entry(c.uid).or_default();
+        let xf = self.xfer_of(c.uid);
+        assert_eq!(c.n_chunks, xf.n_chunks, "seed {seed}: chunk count");
+        if c.n_chunks == 1 {
+            assert_eq!(
+                c.join_lane, 0,
+                "seed {seed}: join lane of a one-chunk transfer"
+            );
+        } else {
+            assert!(
+                (c.join_lane as usize) < self.n_lanes(),
+                "seed {seed}: join lane {} of {} lanes",
+                c.join_lane,
+                self.n_lanes()
+            );
+            assert_eq!(c.join_lane as usize, xf.home(), "seed {seed}: join lane");
+            if c.chunk == 0 {
+                assert_eq!(lane, xf.home(), "seed {seed}: chunk 0 off its join lane");
+            }
+        }
         assert!(
-            e.0.insert(c.chunk),
+            xf.sent(c.chunk),
+            "seed {seed}: chunk {} of {:#x} failed before it left, yet arrived",
+            c.chunk,
+            c.uid
+        );
+        let e = self.seen.entry(c.uid).or_default();
+        let first = *e.join_lane.get_or_insert(c.join_lane);
+        assert_eq!(
+            first, c.join_lane,
+            "seed {seed}: chunks name two join lanes"
+        );
+        assert!(
+            e.chunks.insert(c.chunk),
             "seed {seed}: chunk {} of {:#x} delivered twice",
             c.chunk,
             c.uid
         );
-        e.1 += c.bytes();
+        e.bytes += c.bytes();
+    }
+
+    /// A chunk of a multi-chunk transfer was handled on `lane` with `code`: report it to the
+    /// transfer's join, at once when `lane` is the join lane (chunk 0 always is, and says
+    /// where to answer), else through the mailbox between the target's shards.
+    fn report(&mut self, lane: usize, op: Op, c: &Chunk, code: u32, msg: String) {
+        let r = Report {
+            uid: c.uid,
+            op,
+            n_chunks: c.n_chunks,
+            chunk: c.chunk,
+            code,
+            msg,
+            answer: (c.chunk == 0).then_some((lane, c.tag)),
+        };
+        if lane == c.join_lane as usize {
+            self.on_report(r);
+        } else {
+            self.relayed += 1;
+            self.mailbox.push(r);
+        }
+    }
+
+    /// A report reaches its join: once every chunk is in and chunk 0 said where to answer,
+    /// record the inbound status, then answer COMPLETE there.
+    fn on_report(&mut self, r: Report) {
+        let seed = self.seed;
+        let now = self.now;
+        let j = self
+            .joins
+            .entry(r.uid)
+            .or_insert_with(|| Join::new(r.op, r.n_chunks, now));
+        j.report(r.op, r.n_chunks, r.chunk, r.code, &r.msg);
+        if let Some(a) = r.answer {
+            j.set_answer(a);
+        }
+        let ready = j.ready();
+        let spent = j.spent();
+        if spent {
+            self.joins.remove(&r.uid);
+        }
+        let Some(((lane, tag), code, msg)) = ready else {
+            return;
+        };
+        assert!(spent, "seed {seed}: an answered join is not spent");
+        self.joined += 1;
+        // The inbound status exists before the initiator can see the completion.
+        self.record_inbound(r.uid, code);
+        let reply = Reply {
+            tag,
+            uid: r.uid,
+            chunk: 0,
+            code,
+            msg,
+        };
+        // Chunk 0's connection may be gone (lost lane): the answer goes with it.
+        if !self.lanes[lane].failed {
+            self.lanes[lane].to_init.send(&Frame::Complete(reply), &[]);
+        }
     }
 
     fn on_target_frame(&mut self, lane: usize, frame: Frame, payload: Vec<u8>) {
@@ -666,7 +1026,7 @@ impl Sim {
         match frame {
             Frame::Write { chunk, final_ } => {
                 assert_eq!(payload.len() as u64, chunk.bytes(), "seed {seed}");
-                self.note_seen(&chunk, final_);
+                self.note_seen(lane, &chunk, final_);
                 let res = check_chunk(&chunk, self.region_size(chunk.mem_id));
                 if res.is_ok() {
                     place(
@@ -676,23 +1036,36 @@ impl Sim {
                     );
                 } // else: the payload is drained (already read off the stream) and dropped
                 let (code, msg) = code_msg(res);
-                let reply = Reply {
-                    tag: chunk.tag,
-                    uid: chunk.uid,
-                    chunk: if final_ { 0 } else { chunk.chunk },
-                    code,
-                    msg,
-                };
                 if final_ {
+                    // The whole transfer: record the inbound status, then COMPLETE.
+                    let reply = Reply {
+                        tag: chunk.tag,
+                        uid: chunk.uid,
+                        chunk: 0,
+                        code,
+                        msg,
+                    };
                     self.record_inbound(chunk.uid, code);
                     self.lanes[lane].to_init.send(&Frame::Complete(reply), &[]);
-                } else {
+                    return;
+                }
+                if chunk.chunk != 0 {
+                    // Chunk 0 gets no ACK: the join's COMPLETE answers it. The ACK goes on
+                    // the wire before any COMPLETE this report makes ready on this lane.
+                    let reply = Reply {
+                        tag: chunk.tag,
+                        uid: chunk.uid,
+                        chunk: chunk.chunk,
+                        code,
+                        msg: msg.clone(),
+                    };
                     self.lanes[lane].to_init.send(&Frame::Ack(reply), &[]);
                 }
+                self.report(lane, Op::Write, &chunk, code, msg);
             }
             Frame::Read { chunk, final_ } => {
                 assert!(payload.is_empty(), "seed {seed}: READ with payload");
-                self.note_seen(&chunk, final_);
+                self.note_seen(lane, &chunk, final_);
                 let res = check_chunk(&chunk, self.region_size(chunk.mem_id));
                 let data = if res.is_ok() {
                     gather(&self.target, chunk.segs.iter().map(|s| (s.off, s.len)))
@@ -708,24 +1081,45 @@ impl Sim {
                     uid: chunk.uid,
                     chunk: chunk.chunk,
                     code,
-                    msg,
+                    msg: msg.clone(),
                 };
                 self.lanes[lane]
                     .to_init
                     .send(&Frame::ReadData { reply, final_ }, &data);
+                if !final_ {
+                    self.report(lane, Op::Read, &chunk, code, msg);
+                }
             }
             Frame::Finish(f) => {
                 assert!(payload.is_empty(), "seed {seed}: FINISH with payload");
-                // FINISH follows every chunk's answer, so the target has seen every chunk.
-                let (chunks, bytes) = self.seen.get(&f.uid).cloned().unwrap_or_default();
-                assert_eq!(
-                    chunks,
-                    (0..f.n_chunks).collect::<BTreeSet<u32>>(),
-                    "seed {seed}: FINISH before all chunks of {:#x}",
+                // FINISH only follows a chunk that failed on the initiator before it left,
+                // rides the home lane, and describes its transfer.
+                let xf = self.xfer_of(f.uid);
+                assert!(
+                    xf.multi() && xf.spec.op == Op::Write && xf.fail_chunk.is_some(),
+                    "seed {seed}: FINISH for {:#x}, which no local failure stopped",
                     f.uid
                 );
-                assert_eq!(bytes, f.total_bytes, "seed {seed}: FINISH total");
+                assert_eq!(lane, xf.home(), "seed {seed}: FINISH off the home lane");
+                assert_eq!(
+                    (f.op, f.n_chunks, f.total_bytes),
+                    (xf.spec.op, xf.n_chunks, total_bytes(&xf.spec.pieces)),
+                    "seed {seed}: FINISH describes another transfer"
+                );
+                assert_eq!(f.code, ERR_GPU_OP, "seed {seed}: FINISH code ({})", f.msg);
+                self.finishes += 1;
+                // FINISH's verdict is the inbound status; the join answers nothing more.
                 self.record_inbound(f.uid, f.code);
+                let now = self.now;
+                let j = self
+                    .joins
+                    .entry(f.uid)
+                    .or_insert_with(|| Join::new(f.op, f.n_chunks, now));
+                j.end();
+                assert!(j.ready().is_none(), "seed {seed}: an ended join answered");
+                if j.spent() {
+                    self.joins.remove(&f.uid);
+                }
                 let reply = Reply {
                     tag: f.tag,
                     uid: f.uid,
@@ -790,8 +1184,9 @@ impl Sim {
         }
     }
 
-    /// Run until no lane has anything to deliver and every request has started; requests in
-    /// `queued` start at random points (or all at once when `!stagger`).
+    /// Run until no lane has anything to deliver, no report is between the target's shards,
+    /// no staging copy is pending, and every request has started; requests in `queued` start
+    /// at random points (or all at once when `!stagger`).
     fn run(&mut self, specs: Vec<Spec>, stagger: bool) {
         let seed = self.seed;
         let mut queued: VecDeque<Spec> = specs.into();
@@ -814,13 +1209,25 @@ impl Sim {
                     continue;
                 }
                 if !l.to_target.wire.is_empty() {
-                    active.push((i, true));
+                    active.push(Step::Lane(i, true));
                 }
-                if !l.to_init.wire.is_empty() {
-                    active.push((i, false));
+                if !l.to_init.wire.is_empty() && !l.lagging {
+                    active.push(Step::Lane(i, false));
                 }
             }
-            let Some(&(lane, to_target)) = active.choose(&mut self.rng) else {
+            if !self.mailbox.is_empty() {
+                active.push(Step::Report);
+            }
+            if !self.staging.is_empty() {
+                active.push(Step::Staging);
+            }
+            if active.is_empty() && queued.is_empty() {
+                let lagging = self.lanes.iter().enumerate().filter(|(_, l)| {
+                    l.lagging && !l.failed && !l.stalled && !l.to_init.wire.is_empty()
+                });
+                active.extend(lagging.map(|(i, _)| Step::Lane(i, false)));
+            }
+            let Some(&step) = active.choose(&mut self.rng) else {
                 match queued.pop_front() {
                     Some(s) => {
                         self.start(s);
@@ -829,9 +1236,23 @@ impl Sim {
                     None => break,
                 }
             };
-            let n = self.rng.gen_range(1..=self.max_burst);
-            self.lanes[lane].pipe(to_target).deliver(n);
-            self.pump(lane, to_target);
+            match step {
+                Step::Lane(lane, to_target) => {
+                    let n = self.rng.gen_range(1..=self.max_burst);
+                    self.lanes[lane].pipe(to_target).deliver(n);
+                    self.pump(lane, to_target);
+                }
+                Step::Report => {
+                    let i = self.rng.gen_range(0..self.mailbox.len());
+                    let r = self.mailbox.swap_remove(i);
+                    self.on_report(r);
+                }
+                Step::Staging => {
+                    let i = self.rng.gen_range(0..self.staging.len());
+                    let (x, chunk) = self.staging.swap_remove(i);
+                    self.fail_locally(x, chunk);
+                }
+            }
             self.now += 1;
             self.tick();
         }
@@ -839,68 +1260,118 @@ impl Sim {
 
     // ----- checks -----
 
-    /// Check every transfer against its expected outcome, the inbound bookkeeping, the data in
-    /// both regions, and that live lanes are drained.
-    fn verify(&self, outcomes: &[Outcome]) {
+    /// Check every transfer against its expected outcome, the inbound bookkeeping, what the
+    /// target saw of its chunks, the data in both regions, that live lanes are drained, and
+    /// that nothing waits for an answer that can still come; then drop the joins that can
+    /// never become ready (the target prunes them by age).
+    fn verify(&mut self, outcomes: &[Outcome]) {
         let seed = self.seed;
         assert_eq!(outcomes.len(), self.xfers.len());
+        assert!(
+            self.mailbox.is_empty() && self.staging.is_empty(),
+            "seed {seed}: run ended with work left"
+        );
         let mut exp_local = self.init_local.clone();
         let mut exp_target = self.init_target.clone();
         for (x, (xf, want)) in self.xfers.iter().zip(outcomes).enumerate() {
             let ctx = format!(
-                "seed {seed}: transfer {x} ({:?}, {} chunks, lanes {:?}, want {want:?})",
-                xf.spec.op, xf.n_chunks, xf.spec.lanes
+                "seed {seed}: transfer {x} ({:?}, {} chunks, lanes {:?}, fails {:?}, want {want:?})",
+                xf.spec.op, xf.n_chunks, xf.spec.lanes, xf.fail_chunk
             );
             let Some((code, msg, done_at)) = &xf.result else {
                 panic!("{ctx}: never completed (phase {:?})", xf.ob.phase());
             };
             assert_eq!(xf.ob.phase(), Phase::Done, "{ctx}");
+            let want = match want {
+                Outcome::LostOrJoined if *code == SUCCESS => Outcome::Success,
+                Outcome::LostOrJoined => Outcome::Lost,
+                w => *w,
+            };
             let inbound = self.inbound.get(&xf.uid);
-            let mut mask = false;
-            match want {
-                Outcome::Success | Outcome::Refused(_) => {
-                    let c = match want {
-                        Outcome::Refused(c) => *c,
-                        _ => SUCCESS,
+            // Chunks whose bytes are at their destination, or None: unspecified.
+            let landed: Option<Vec<bool>> = match want {
+                Outcome::Success | Outcome::Refused(_) | Outcome::LocalFailure => {
+                    let (c, in_c) = match want {
+                        Outcome::Success => (SUCCESS, Some(SUCCESS)),
+                        Outcome::Refused(c) => (c, Some(c)),
+                        _ => {
+                            assert!(
+                                msg.starts_with(match xf.spec.op {
+                                    Op::Write => STAGE_OUT_FAILED,
+                                    Op::Read => STAGE_IN_FAILED,
+                                }),
+                                "{ctx}: message {msg:?}"
+                            );
+                            let in_c = match (xf.spec.op, xf.multi()) {
+                                (Op::Write, true) => Some(ERR_GPU_OP),
+                                (Op::Write, false) => None,
+                                (Op::Read, _) => Some(SUCCESS),
+                            };
+                            (ERR_GPU_OP, in_c)
+                        }
                     };
                     assert_eq!(*code, c, "{ctx}: final status ({msg})");
-                    let Some((in_code, in_at)) = inbound else {
-                        panic!("{ctx}: no inbound status at the target");
-                    };
-                    assert_eq!(*in_code, c, "{ctx}: inbound status");
-                    assert!(
-                        in_at < done_at,
-                        "{ctx}: inbound recorded at event {in_at}, after completion at {done_at}"
-                    );
+                    match (in_c, inbound) {
+                        (None, None) => {}
+                        (Some(w), Some((in_code, in_at))) => {
+                            assert_eq!(*in_code, w, "{ctx}: inbound status");
+                            assert!(
+                                in_at < done_at,
+                                "{ctx}: inbound recorded at event {in_at}, after completion at {done_at}"
+                            );
+                        }
+                        (w, got) => panic!("{ctx}: inbound status {got:?}, want {w:?}"),
+                    }
+                    // The target saw every chunk that left, once, with its bytes.
+                    let sent: BTreeSet<u32> = (0..xf.n_chunks).filter(|&c| xf.sent(c)).collect();
+                    let bytes: u64 = sent
+                        .iter()
+                        .map(|&c| total_bytes(&xf.chunks[c as usize]))
+                        .sum();
+                    let seen = self.seen.get(&xf.uid).cloned().unwrap_or_default();
+                    assert_eq!(seen.chunks, sent, "{ctx}: chunks at the target");
+                    assert_eq!(seen.bytes, bytes, "{ctx}: bytes at the target");
+                    let refused = matches!(want, Outcome::Refused(_));
+                    Some(
+                        (0..xf.n_chunks)
+                            .map(|c| !refused && xf.fail_chunk != Some(c))
+                            .collect(),
+                    )
                 }
                 Outcome::Lost => {
                     assert_eq!(*code, ERR_BAD_STATE, "{ctx}: ({msg})");
-                    mask = true;
+                    None
                 }
                 Outcome::TimedOut => {
                     assert_eq!(*code, ERR_BAD_STATE, "{ctx}: ({msg})");
                     assert_eq!(msg, "operation timeout", "{ctx}");
-                    mask = true;
+                    None
                 }
-            }
-            if *want == Outcome::Success || mask {
-                for p in &xf.spec.pieces {
-                    let (l, r, n) = (p.local as usize, p.remote as usize, p.len as usize);
-                    match (xf.spec.op, mask) {
-                        (Op::Write, false) => {
-                            exp_target[r..r + n].copy_from_slice(&self.init_local[l..l + n])
-                        }
-                        (Op::Read, false) => {
-                            exp_local[l..l + n].copy_from_slice(&self.init_target[r..r + n])
-                        }
-                        (Op::Write, true) => {
-                            exp_target[r..r + n].copy_from_slice(&self.target[r..r + n])
-                        }
-                        (Op::Read, true) => {
-                            exp_local[l..l + n].copy_from_slice(&self.local[l..l + n])
-                        }
+                Outcome::LostOrJoined => unreachable!(),
+            };
+            let (now_local, now_target) = (&self.local, &self.target);
+            let mut copy = |p: &Piece, from_init: bool| {
+                let (l, r, n) = (p.local as usize, p.remote as usize, p.len as usize);
+                match (xf.spec.op, from_init) {
+                    (Op::Write, true) => {
+                        exp_target[r..r + n].copy_from_slice(&self.init_local[l..l + n])
+                    }
+                    (Op::Read, true) => {
+                        exp_local[l..l + n].copy_from_slice(&self.init_target[r..r + n])
+                    }
+                    (Op::Write, false) => {
+                        exp_target[r..r + n].copy_from_slice(&now_target[r..r + n])
+                    }
+                    (Op::Read, false) => exp_local[l..l + n].copy_from_slice(&now_local[l..l + n]),
+                }
+            };
+            match landed {
+                Some(landed) => {
+                    for (pieces, _) in xf.chunks.iter().zip(&landed).filter(|(_, l)| **l) {
+                        pieces.iter().for_each(|p| copy(p, true));
                     }
                 }
+                None => xf.spec.pieces.iter().for_each(|p| copy(p, false)),
             }
         }
         let diff = |a: &[u8], b: &[u8]| a.iter().zip(b).position(|(x, y)| x != y);
@@ -910,6 +1381,13 @@ impl Sim {
         if let Some(i) = diff(&self.local, &exp_local) {
             panic!("seed {seed}: local region differs from the model at byte {i}");
         }
+        // A multi-chunk transfer's join is ready once the target has seen all its chunks.
+        let all_seen = |xf: &Xfer| {
+            self.seen
+                .get(&xf.uid)
+                .is_some_and(|s| s.chunks.len() as u32 == xf.n_chunks)
+        };
+        let mut orphans = 0;
         for (i, l) in self.lanes.iter().enumerate() {
             if l.failed {
                 continue;
@@ -918,12 +1396,37 @@ impl Sim {
                 l.to_target.idle() && l.to_init.idle(),
                 "seed {seed}: lane {i} not drained"
             );
+            // Every answer that can come has come. What may be left is only chunk 0's wait
+            // for the COMPLETE of a join that can never be ready, as a chunk of its transfer
+            // never reached the target (lost with its lane, or failed before it left and
+            // ended by FINISH); the transfer has failed, and the real owner cancels it.
+            for (tag, p) in &l.outstanding {
+                let xf = &self.xfers[p.xfer()];
+                let waits_for_join = match p {
+                    Pending::Chunk { chunk: 0, .. } => xf.multi() && xf.spec.op == Op::Write,
+                    Pending::Join { .. } => true,
+                    _ => false,
+                };
+                let failed = xf.result.as_ref().is_some_and(|r| r.0 != SUCCESS);
+                assert!(
+                    waits_for_join && i == xf.home() && failed && !all_seen(xf),
+                    "seed {seed}: lane {i} still waits for tag {tag}: {p:?}"
+                );
+                orphans += 1;
+            }
+        }
+        // Likewise a join that never became ready: its transfer missed a chunk and failed.
+        for uid in self.joins.keys() {
+            let xf = self.xfer_of(*uid);
+            let failed = xf.result.as_ref().is_some_and(|r| r.0 != SUCCESS);
             assert!(
-                l.outstanding.is_empty(),
-                "seed {seed}: lane {i} still waits for {:?}",
-                l.outstanding
+                failed && !all_seen(xf),
+                "seed {seed}: join of {uid:#x} left behind"
             );
         }
+        self.orphans = orphans;
+        self.dropped_joins = self.joins.len();
+        self.joins.clear();
     }
 
     /// Everything observable at the end of a run, for determinism checks.
@@ -977,12 +1480,22 @@ fn scenario_success(seed: u64) -> Sim {
         sim.decode_errors
     );
     assert_eq!(sim.stale, 0, "seed {seed}: stale responses");
+    // No FINISH without a local failure; every multi-chunk transfer answered by its join.
+    assert_eq!(sim.finishes, 0, "seed {seed}: FINISH sent");
+    let multi = sim.xfers.iter().filter(|x| x.multi()).count();
+    assert_eq!(sim.joined, multi, "seed {seed}: joins answered");
+    assert_eq!(
+        (sim.orphans, sim.dropped_joins),
+        (0, 0),
+        "seed {seed}: left behind"
+    );
     sim
 }
 
 #[test]
 fn sim_concurrent_transfers_succeed() {
     let (mut chunks, mut multi, mut single) = (0u64, 0, 0);
+    let (mut late_acks, mut relayed, mut by_data, mut by_complete) = (0, 0, 0, 0);
     for seed in seeds(200) {
         let sim = scenario_success(seed);
         for x in &sim.xfers {
@@ -993,12 +1506,29 @@ fn sim_concurrent_transfers_succeed() {
                 multi += 1;
             }
         }
+        late_acks += sim.late_acks;
+        relayed += sim.relayed;
+        by_data += sim.reads_ended_by_data;
+        by_complete += sim.reads_ended_by_complete;
     }
     if std::env::var("PROTO_SIM_SEED").is_err() {
         // The generator really exercises both paths.
         eprintln!("{single} single-chunk and {multi} multi-chunk transfers, {chunks} chunks");
         assert!(single > 20 && multi > 200, "single {single}, multi {multi}");
         assert!(chunks > 10_000, "{chunks} chunks");
+        // And the schedules the join allows: reports between the target's shards, writes
+        // that complete before some of their ACKs are in, and reads that end with COMPLETE
+        // after all their data as well as with their last data after COMPLETE.
+        eprintln!(
+            "{relayed} relayed reports, {late_acks} ACKs after COMPLETE, reads ended by data \
+             {by_data} / by COMPLETE {by_complete}"
+        );
+        assert!(relayed > 1_000, "{relayed} relayed reports");
+        assert!(late_acks > 20, "{late_acks} ACKs after COMPLETE");
+        assert!(
+            by_data > 20 && by_complete > 20,
+            "reads ended by data {by_data}, by COMPLETE {by_complete}"
+        );
     }
 }
 
@@ -1012,7 +1542,8 @@ fn sim_is_deterministic() {
 }
 
 /// Good transfers next to one whose range reaches past the target region and one naming an
-/// unknown region: the bad ones fail with the target's code and move no byte.
+/// unknown region: the bad ones fail with the target's code and move no byte. The target's
+/// join answers a refused multi-chunk transfer like any other (no FINISH).
 fn scenario_refusals(seed: u64) -> (usize, usize) {
     let mut rng = StdRng::seed_from_u64(seed ^ 0xbad);
     let n_lanes = rng.gen_range(1..=4);
@@ -1062,6 +1593,12 @@ fn scenario_refusals(seed: u64) -> (usize, usize) {
     sim.run(specs, true);
     sim.verify(&outcomes);
     assert!(sim.decode_errors.is_empty(), "seed {seed}");
+    assert_eq!(sim.finishes, 0, "seed {seed}: FINISH sent");
+    assert_eq!(
+        (sim.orphans, sim.dropped_joins),
+        (0, 0),
+        "seed {seed}: left behind"
+    );
     if n_good == 0 {
         assert!(sim.target == sim.init_target, "seed {seed}: target changed");
         assert!(sim.local == sim.init_local, "seed {seed}: local changed");
@@ -1086,22 +1623,64 @@ fn sim_out_of_range_and_unknown_region_are_refused() {
     }
 }
 
-/// Garbage at the front of one lane's stream (either direction): that lane's decoder fails,
-/// its transfers end with ERR_BAD_STATE, transfers on other lanes succeed.
-fn scenario_garbage(seed: u64) -> (usize, usize) {
+/// Garbage at the front of one lane's stream (either direction; towards the target it is
+/// sometimes a well-formed chunk naming a join lane past `MAX_LANES`, which the decoder
+/// refuses): that lane's decoder fails, its transfers end with ERR_BAD_STATE, transfers on
+/// other lanes succeed. Only a multi-chunk write whose chunk 0 rode another lane may still
+/// succeed when the garbage was towards the initiator: the target may have placed every chunk
+/// and its join's COMPLETE may reach the home lane before the lost ACKs are missed.
+fn scenario_garbage(seed: u64) -> [usize; 3] {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x9a7b);
     let n_lanes = rng.gen_range(2..=4);
     let n_x = rng.gen_range(2..=6);
     let mut sim = Sim::new(seed, n_lanes);
     let bad = rng.gen_range(0..n_lanes);
     let at_target = rng.gen();
-    let mut garbage: Vec<u8> = (0..rng.gen_range(HEADER_BYTES..=64))
-        .map(|_| rng.gen())
-        .collect();
-    if garbage[0] == FRAME_MAGIC.to_le_bytes()[0] {
-        garbage[0] ^= 0xff;
-    }
+    let bad_join_lane = at_target && rng.gen();
+    let garbage: Vec<u8> = if bad_join_lane {
+        let mut chunk = Chunk {
+            tag: rng.gen(),
+            uid: rng.gen(),
+            chunk: 1,
+            n_chunks: 2,
+            mem_id: MEM_ID,
+            extent: (0, 64),
+            join_lane: MAX_LANES - 1,
+            segs: vec![Seg { off: 0, len: 64 }],
+        };
+        let mut ok = Vec::new();
+        Frame::Read {
+            chunk: chunk.clone(),
+            final_: false,
+        }
+        .encode(0, &mut ok);
+        // The same frame with a join lane below MAX_LANES decodes: the lane alone is wrong.
+        assert!(
+            matches!(decode_frame(&ok), Ok(Some(_))),
+            "seed {seed}: a valid chunk frame refused"
+        );
+        chunk.join_lane = rng.gen_range(MAX_LANES..=u16::MAX);
+        let mut b = Vec::new();
+        Frame::Read {
+            chunk,
+            final_: false,
+        }
+        .encode(0, &mut b);
+        b
+    } else {
+        let mut g: Vec<u8> = (0..rng.gen_range(HEADER_BYTES..=64))
+            .map(|_| rng.gen())
+            .collect();
+        if g[0] == FRAME_MAGIC.to_le_bytes()[0] {
+            g[0] ^= 0xff;
+        }
+        g
+    };
     sim.lanes[bad].pipe(at_target).wire.extend(&garbage);
+    // Sometimes the garbage towards the initiator arrives last: by then the target has
+    // handled every chunk, and a write whose chunk 0 rode another lane has its COMPLETE.
+    let lagging = !at_target && rng.gen();
+    sim.lanes[bad].lagging = lagging;
     let windows = sim.windows(n_x);
     let specs: Vec<Spec> = windows
         .into_iter()
@@ -1119,38 +1698,70 @@ fn scenario_garbage(seed: u64) -> (usize, usize) {
     );
     let (lane, side, e) = sim.decode_errors[0];
     assert_eq!((lane, side), (bad, at_target), "seed {seed}");
-    assert!(matches!(e, DecodeError::BadMagic(_)), "seed {seed}: {e}");
+    if bad_join_lane {
+        assert_eq!(e, DecodeError::BadChunk, "seed {seed}: {e}");
+    } else {
+        assert!(matches!(e, DecodeError::BadMagic(_)), "seed {seed}: {e}");
+    }
     let outcomes: Vec<Outcome> = sim
         .xfers
         .iter()
         .map(|x| {
-            if x.chunk_lanes.contains(&bad) {
-                Outcome::Lost
-            } else {
+            if !x.chunk_lanes.contains(&bad) {
                 Outcome::Success
+            } else if !at_target && x.spec.op == Op::Write && x.multi() && x.home() != bad {
+                Outcome::LostOrJoined
+            } else {
+                Outcome::Lost
             }
         })
         .collect();
     sim.verify(&outcomes);
-    let lost = outcomes.iter().filter(|o| **o == Outcome::Lost).count();
-    (lost, outcomes.len() - lost)
+    assert_eq!(sim.finishes, 0, "seed {seed}: FINISH sent");
+    let hit: Vec<&Xfer> = sim
+        .xfers
+        .iter()
+        .filter(|x| x.chunk_lanes.contains(&bad))
+        .collect();
+    let joined = hit
+        .iter()
+        .filter(|x| x.result.as_ref().is_some_and(|r| r.0 == SUCCESS))
+        .count();
+    if lagging {
+        // Every chunk reached the target before the lane was lost, so exactly such writes
+        // succeed.
+        let want = hit
+            .iter()
+            .filter(|x| x.spec.op == Op::Write && x.multi() && x.home() != bad)
+            .count();
+        assert_eq!(
+            joined, want,
+            "seed {seed}: writes joined despite the lost lane"
+        );
+    }
+    [hit.len(), outcomes.len() - hit.len(), joined]
 }
 
 #[test]
 fn sim_garbage_on_a_lane_fails_only_its_transfers() {
-    let (mut lost, mut ok) = (0, 0);
+    let (mut lost, mut ok, mut joined) = (0, 0, 0);
     for seed in seeds(150) {
-        let (l, o) = scenario_garbage(seed);
+        let [l, o, j] = scenario_garbage(seed);
         lost += l;
         ok += o;
+        joined += j;
     }
     if std::env::var("PROTO_SIM_SEED").is_err() {
+        eprintln!("{lost} transfers on the bad lane ({joined} of them joined anyway), {ok} not");
         assert!(lost > 50 && ok > 50, "lost {lost}, ok {ok}");
+        assert!(joined > 5, "{joined} writes joined despite the lost lane");
     }
 }
 
 /// One lane delivers nothing: transfers using it time out through `on_tick`; the others
-/// succeed. When the lane wakes up, the late answers are ignored as stale.
+/// succeed (a join waits for the stalled chunks, so nothing using the lane completes early).
+/// When the lane wakes up, every chunk reaches the target, every join answers, and the late
+/// answers are ignored as stale.
 fn scenario_stall(seed: u64) -> (usize, usize) {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x57a11);
     let n_lanes = rng.gen_range(2..=4);
@@ -1190,11 +1801,8 @@ fn scenario_stall(seed: u64) -> (usize, usize) {
     // Wake the lane: everything it carried is answered late and must be ignored.
     sim.lanes[stalled].stalled = false;
     let in_flight = sim.lanes[stalled].outstanding.len();
+    let stale_before = sim.stale;
     sim.run(Vec::new(), false);
-    assert!(
-        sim.stale >= in_flight.min(1),
-        "seed {seed}: late answers not seen"
-    );
     let outcomes: Vec<Outcome> = sim
         .xfers
         .iter()
@@ -1206,9 +1814,33 @@ fn scenario_stall(seed: u64) -> (usize, usize) {
             }
         })
         .collect();
+    let timed_out = outcomes.iter().filter(|o| **o == Outcome::TimedOut).count();
+    assert!(
+        sim.stale >= in_flight.min(1),
+        "seed {seed}: late answers not seen"
+    );
+    // Each timed-out transfer's final answer (its COMPLETE, or a one-chunk read's final
+    // READ_DATA) arrives after the wake-up.
+    assert!(
+        sim.stale - stale_before >= timed_out,
+        "seed {seed}: {} late answers for {timed_out} timed-out transfers",
+        sim.stale - stale_before
+    );
     sim.verify(&outcomes);
     assert!(sim.decode_errors.is_empty(), "seed {seed}");
-    let timed_out = outcomes.iter().filter(|o| **o == Outcome::TimedOut).count();
+    assert_eq!(sim.finishes, 0, "seed {seed}: FINISH sent");
+    // Nothing was lost: every transfer's inbound status ends up recorded, and nothing is
+    // left waiting.
+    assert_eq!(
+        sim.inbound.len(),
+        sim.xfers.len(),
+        "seed {seed}: inbound statuses"
+    );
+    assert_eq!(
+        (sim.orphans, sim.dropped_joins),
+        (0, 0),
+        "seed {seed}: left behind"
+    );
     (timed_out, outcomes.len() - timed_out)
 }
 
@@ -1222,5 +1854,92 @@ fn sim_stalled_lane_times_out_only_its_transfers() {
     }
     if std::env::var("PROTO_SIM_SEED").is_err() {
         assert!(timed_out > 30 && ok > 30, "timed out {timed_out}, ok {ok}");
+    }
+}
+
+/// Transfers of which one chunk fails on the initiator, next to good ones. A write's chunk
+/// whose staging copy fails (at a random point, while its other chunks are on the wire) never
+/// leaves: the target's join can never become ready, so a multi-chunk write sends FINISH on
+/// its home lane, the target records FINISH's code and ends the join, and FINISH's COMPLETE
+/// ends the transfer (chunk 0's wait for the join's COMPLETE is left for the owner to cancel,
+/// the join for the target to prune); a one-chunk write completes at once, unseen by the
+/// target. A read's chunk whose data cannot be placed is that chunk's error, which wins over
+/// the join's SUCCESS.
+fn scenario_local_failure(seed: u64) -> [usize; 5] {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x10ca1);
+    let n_lanes = rng.gen_range(1..=4);
+    let n_x = rng.gen_range(2..=6);
+    let forced = rng.gen_range(0..n_x);
+    let mut sim = Sim::new(seed, n_lanes);
+    let windows = sim.windows(n_x);
+    let mut outcomes = Vec::new();
+    let specs: Vec<Spec> = windows
+        .into_iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let lanes = sim.all_lanes();
+            let mut s = sim.gen_spec(w, lanes);
+            s.local_failure = i == forced || rng.gen_ratio(1, 3);
+            outcomes.push(if s.local_failure {
+                Outcome::LocalFailure
+            } else {
+                Outcome::Success
+            });
+            s
+        })
+        .collect();
+    sim.run(specs, true);
+    sim.verify(&outcomes);
+    assert!(sim.decode_errors.is_empty(), "seed {seed}");
+    assert_eq!(sim.stale, 0, "seed {seed}: stale responses");
+    let failed = |op: Op, multi: bool| {
+        sim.xfers
+            .iter()
+            .filter(|x| x.fail_chunk.is_some() && x.spec.op == op && x.multi() == multi)
+            .count()
+    };
+    let (multi_writes, single_writes) = (failed(Op::Write, true), failed(Op::Write, false));
+    let chunk0_writes = sim
+        .xfers
+        .iter()
+        .filter(|x| x.spec.op == Op::Write && x.multi() && x.fail_chunk == Some(0))
+        .count();
+    // One FINISH per failed multi-chunk write, and nothing else; each leaves its join (which
+    // lacks the failed chunk) and, unless chunk 0 itself failed, chunk 0's wait behind.
+    assert_eq!(sim.finishes, multi_writes, "seed {seed}: FINISH frames");
+    assert_eq!(
+        sim.dropped_joins, multi_writes,
+        "seed {seed}: joins dropped"
+    );
+    assert_eq!(
+        sim.orphans,
+        multi_writes - chunk0_writes,
+        "seed {seed}: chunk 0 waits left"
+    );
+    [
+        multi_writes,
+        single_writes,
+        chunk0_writes,
+        failed(Op::Read, true),
+        failed(Op::Read, false),
+    ]
+}
+
+#[test]
+fn sim_local_failure_finishes_the_transfer() {
+    let mut n = [0usize; 5];
+    for seed in seeds(150) {
+        for (a, b) in n.iter_mut().zip(scenario_local_failure(seed)) {
+            *a += b;
+        }
+    }
+    if std::env::var("PROTO_SIM_SEED").is_err() {
+        let [mw, sw, c0, mr, sr] = n;
+        eprintln!(
+            "failed: {mw} multi-chunk writes ({c0} at chunk 0), {sw} one-chunk writes, \
+             {mr} multi-chunk reads, {sr} one-chunk reads"
+        );
+        assert!(mw > 50 && c0 > 5 && mr > 50, "{n:?}");
+        assert!(sw > 3 && sr > 3, "{n:?}");
     }
 }
