@@ -14,6 +14,11 @@
 #   scripts/h200-bench.sh trace   # there: small writes with MORIO_TRACE on, then the median
 #                                 # time between consecutive stages (scripts/trace-stages.py)
 #   scripts/h200-bench.sh tp      # there: only the 1 MiB x 256 write and read rows with ceilings
+#   scripts/h200-bench.sh cpus    # there: the host's CPU topology, then the 4 KiB x 256 row on
+#                                 # several CPU layouts (CPU_LAYOUTS), each traced and untraced,
+#                                 # with every CPU's time (user/system/softirq/steal) during it
+#   scripts/h200-bench.sh stripes # there: the 4 KiB x 256 and 1 MiB x 256 write rows with
+#                                 # shared stripes off (0) and at STRIPES per lane
 #
 # BIN (default ./.dev/morio) picks the binary, so two builds can be compared in one call;
 # LAT_VARIANTS / TRACE_VARIANTS are ';'-separated "SHARDS SPIN_US WAIT_SPIN_US [CONNS]".
@@ -31,7 +36,7 @@ OUT_DIR="${OUT:-/tmp/morio-bench}"
 ITERS="${ITERS:-128}"
 
 usage() {
-	echo "usage: $0 build|run|tp|gpu|lat|trace" >&2
+	echo "usage: $0 build|run|tp|gpu|lat|trace|cpus" >&2
 	exit 2
 }
 
@@ -226,7 +231,75 @@ trace() {
 	finish
 }
 
+# cpustat: /proc/stat's per-CPU lines (for a delta over one run).
+cpustat() {
+	grep '^cpu[0-9]' /proc/stat
+}
+
+# cpudelta BEFORE AFTER: per CPU, the share of the interval in user / system / softirq /
+# steal / idle (the host taking a vCPU away shows as steal).
+cpudelta() {
+	python3 - "$1" "$2" <<'PY'
+import sys
+def load(p):
+    return {l.split()[0]: [int(x) for x in l.split()[1:9]] for l in open(p)}
+a, b = load(sys.argv[1]), load(sys.argv[2])
+print("      cpu    user  system softirq   steal    idle   (% of the interval)")
+for c in sorted(a, key=lambda c: int(c[3:])):
+    d = [y - x for x, y in zip(a[c], b[c])]
+    t = sum(d) or 1
+    us, ni, sy, idle, io, irq, sirq, st = d
+    print(f"      {c:<6} {100*(us+ni)/t:6.1f} {100*sy/t:7.1f} {100*(irq+sirq)/t:7.1f} {100*st/t:7.1f} {100*(idle+io)/t:7.1f}")
+PY
+}
+
+cpus() {
+	begin
+	nproc
+	lscpu | grep -E 'Model name|Thread|Core|Socket|NUMA|MHz' || true
+	for c in /sys/devices/system/cpu/cpu[0-9]*; do
+		echo "$(basename "${c}") siblings $(cat "${c}/topology/thread_siblings_list" 2>/dev/null) core $(cat "${c}/topology/core_id" 2>/dev/null)"
+	done
+	local row=(--op-type write --buffer-size 4096 --transfer-batch-size 256 --enable-batch-transfer
+		--enable-sess --no-ceiling --shards 7 --num-data-conns 7 --spin-us 2000 --wait-spin-us 1000)
+	local layouts=()
+	IFS=';' read -ra layouts <<<"${CPU_LAYOUTS:-0-13;7-13,0-6;0-4,6-8,9-11,13-15}"
+	for l in "${layouts[@]}"; do
+		local tag="cpus-${l//,/_}"
+		cpustat >"${OUT_DIR}/stat0"
+		add "${tag}" "${row[@]}" --cpus "${l}"
+		cpustat >"${OUT_DIR}/stat1"
+		echo "=== CPU time during ${tag} (initiator = first 7 CPUs of --cpus ${l}, target = next 7)"
+		cpudelta "${OUT_DIR}/stat0" "${OUT_DIR}/stat1"
+		mkdir -p "${OUT_DIR}/trace/trace-${tag}"
+		MORIO_TRACE="${OUT_DIR}/trace/trace-${tag}" add "trace-${tag}" "${row[@]}" --cpus "${l}" --no-floor
+	done
+	echo
+	for d in "${OUT_DIR}"/trace/*/; do
+		python3 scripts/trace-stages.py "${d}" || true
+	done | tee "${OUT_DIR}/trace-stages.txt"
+	rm -rf "${OUT_DIR}/trace" "${OUT_DIR}/stat0" "${OUT_DIR}/stat1"
+	finish
+}
+
+stripes() {
+	begin
+	local small=(--op-type write --buffer-size 4096 --transfer-batch-size 256 --enable-batch-transfer
+		--enable-sess --shards 7 --num-data-conns 7 --spin-us 2000 --wait-spin-us 1000 --no-ceiling)
+	local big=(--op-type write --buffer-size 1048576 --transfer-batch-size 256 --enable-batch-transfer
+		--enable-sess --batch-contiguous)
+	for k in 0 ${STRIPES:-1 2 3 4}; do
+		add "stripes${k}-4k-b256" "${small[@]}" --stripes-per-lane "${k}"
+	done
+	for k in 0 ${STRIPES_BIG:-4}; do
+		ITERS=${ITERS_BIG:-64} add "stripes${k}-1m-b256" "${big[@]}" --stripes-per-lane "${k}"
+	done
+	finish
+}
+
 case "${1:-}" in
+stripes) stripes ;;
+cpus) cpus ;;
 build) build ;;
 trace) trace ;;
 run) run ;;

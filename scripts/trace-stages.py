@@ -16,7 +16,7 @@ NAMES = {1: "call", 2: "submit", 3: "owner", 4: "encode", 5: "pushed", 6: "sent"
          8: "t_placed", 9: "t_sent", 10: "resp", 11: "done", 12: "woke"}
 # Sub-stages (`morio::trace::stage`), printed in their places when a run recorded them.
 SUBS = {13: "resolved", 14: "normalized", 15: "planned", 16: "t_checked", 17: "finish",
-        18: "joined", 19: "completed"}
+        18: "joined", 19: "completed", 20: "t_answered"}
 # The order a write passes every stage (`morio::trace::stage::ORDER`).
 ORDER = [1, 13, 14, 2, 3, 15, 4, 5, 6, 7, 16, 8, 9, 10, 11, 12]
 
@@ -71,6 +71,8 @@ def main():
             print(f"      {NAMES[st]} spread {statistics.median(ds):.1f}/{pct(ds, 0.9):.1f}")
         ends = (
             ("last t_placed>joined", lambda s, e: e[8], lambda s, e: s.get(18)),
+            ("joined>t_answered", lambda s, e: s.get(18), lambda s, e: s.get(20)),
+            ("t_answered>completed", lambda s, e: s.get(20), lambda s, e: s.get(19)),
             ("joined>completed", lambda s, e: s.get(18), lambda s, e: s.get(19)),
             ("completed>done", lambda s, e: s.get(19), lambda s, e: s[11]),
         )

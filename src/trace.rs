@@ -58,6 +58,9 @@ pub mod stage {
     /// Initiator, lane shard: the COMPLETE of a multi-chunk transfer was decoded (a chunk's
     /// answer, or a one-chunk transfer's COMPLETE, is [`RESP`]).
     pub const COMPLETED: u8 = 19;
+    /// Target, join shard: the send that carried a multi-chunk transfer's COMPLETE returned
+    /// (between T_FINISH and COMPLETED).
+    pub const T_ANSWERED: u8 = 20;
 
     /// The stages a one-chunk write passes, in order (sub-stages in their places; FINISH,
     /// T_FINISH and COMPLETED belong to multi-chunk transfers only).

@@ -7,7 +7,9 @@
 
 use super::limits::{MAX_SEGS_PER_CHUNK, MIN_STRIPE_BYTES};
 
-pub use super::layout::{layout_chunks, layout_stripe, normalize_layout, Layout, Stride};
+pub use super::layout::{
+    layout_chunks, layout_stripe, normalize_layout, shared_stripe, Layout, Stride,
+};
 
 /// One contiguous piece of a transfer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -18,6 +18,7 @@ use super::io::{
     FrameReader, FrameWriter,
 };
 use super::owner::{LaneEvent, LaneEventKind};
+use super::stripes::SharedStripes;
 use super::{Peer, Shard, ShardMsg, TaskGuard};
 use crate::proto::codes;
 use crate::proto::frame::{Chunk, ChunkHead, Finish, Frame, Hello, Op};
@@ -64,6 +65,8 @@ pub(crate) enum ItemKind {
         code: u32,
         msg: String,
     },
+    /// Take stripes of a write from its shared list, one after another, until none is left.
+    Shared(Arc<SharedStripes>),
 }
 
 /// A sent frame waiting for its answer, keyed by its lane-local tag.
@@ -280,7 +283,7 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
     let mut last_uid = None;
     loop {
         let next = lane.queue.borrow_mut().pop_front();
-        let Some(item) = next else {
+        let Some(mut item) = next else {
             // Queue drained: what was pushed leaves now, in one syscall.
             if let Err(e) = writer.flush().await {
                 return die(&shard, &lane, &format!("send failed: {e}"));
@@ -295,6 +298,20 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
         };
         if lane.dead.get() {
             return;
+        }
+        if let ItemKind::Shared(stripes) = &item.kind {
+            let stripes = stripes.clone();
+            let Some(kind) = stripes.take() else {
+                continue;
+            };
+            // Back at the front: this lane keeps taking the write's stripes while any is left.
+            lane.queue.borrow_mut().push_front(LaneItem {
+                owner: item.owner,
+                uid: item.uid,
+                gen: item.gen,
+                kind: ItemKind::Shared(stripes),
+            });
+            item.kind = kind;
         }
         trace::mark(item.uid, trace::stage::ENCODE);
         last_uid = Some(item.uid);
@@ -530,6 +547,8 @@ async fn write_item(
             };
             writer.push(&Frame::Finish(f), &[]).await
         }
+        // The writer turns these into chunks before they get here.
+        ItemKind::Shared(_) => Ok(()),
     }
 }
 

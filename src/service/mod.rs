@@ -17,6 +17,7 @@ mod join;
 mod lane;
 mod owner;
 mod serve;
+mod stripes;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;

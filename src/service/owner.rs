@@ -5,6 +5,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use super::lane::{ItemKind, LaneItem, LaneWork};
+use super::stripes::SharedStripes;
 use super::{Peer, Shard, ShardMsg, Submission};
 use crate::proto::codes;
 use crate::proto::frame::Op;
@@ -45,6 +46,8 @@ struct Entry {
     n_chunks: u32,
     home_lane: u16,
     lanes: Vec<u16>,
+    /// The shared stripes of a write that shares them, to stop its lanes taking more.
+    stripes: Option<Arc<SharedStripes>>,
     submitted_ns: u64,
 }
 
@@ -84,7 +87,12 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
             "overlapping destination segments cannot be striped",
         );
     }
-    let chunk_bytes = if striped {
+    // A striped write may share its stripes between its lanes (see `SharedStripes`).
+    let shared = striped && s.op == Op::Write && cfg.stripes_per_lane > 0;
+    let chunk_bytes = if shared {
+        let per_lane = cfg.stripes_per_lane as u64;
+        plan::shared_stripe(&s.layout, n_lanes as u64, per_lane, cfg.chunk_bytes as u64)
+    } else if striped {
         plan::layout_stripe(&s.layout, n_lanes as u64, cfg.chunk_bytes as u64)
     } else {
         cfg.chunk_bytes as u64
@@ -131,13 +139,38 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
     let final_ = n_chunks == 1;
     // Items per lane, indexed by lane (a single-lane transfer fills only `home`).
     let mut per_lane: Vec<Vec<LaneItem>> = (0..n_lanes).map(|_| Vec::new()).collect();
+    let mut chunks = chunks;
+    let mut stripes = None;
+    if shared && !final_ {
+        // Chunk 0 rides the home lane as below; the rest go into one shared list, and the
+        // home lane and the lanes after it (as many as there are chunks) take from it.
+        let rest = chunks.split_off(1);
+        let list = Arc::new(SharedStripes::new(
+            1,
+            n_chunks,
+            s.remote_mem,
+            extent,
+            home,
+            rest,
+            s.local.clone(),
+        ));
+        for j in 0..(n_lanes as usize).min(n_chunks as usize) {
+            per_lane[(home as usize + j) % n_lanes as usize].push(LaneItem {
+                owner: shard.id,
+                uid: s.uid,
+                gen,
+                kind: ItemKind::Shared(list.clone()),
+            });
+        }
+        stripes = Some(list);
+    }
     for (i, pieces) in chunks.into_iter().enumerate() {
         let lane = if striped {
             (home as usize + i) % n_lanes as usize
         } else {
             home as usize
         };
-        per_lane[lane].push(LaneItem {
+        let item = LaneItem {
             owner: shard.id,
             uid: s.uid,
             gen,
@@ -153,7 +186,14 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
                 final_,
                 local: s.local.clone(),
             },
-        });
+        };
+        // Chunk 0 of a shared-stripe write goes ahead of the home lane's shared item.
+        let at = if stripes.is_some() {
+            0
+        } else {
+            per_lane[lane].len()
+        };
+        per_lane[lane].insert(at, item);
     }
     let lanes: Vec<u16> = (0..n_lanes)
         .filter(|&l| !per_lane[l as usize].is_empty())
@@ -178,6 +218,7 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
             n_chunks,
             home_lane: home,
             lanes,
+            stripes,
             submitted_ns: s
                 .deadline_ns
                 .saturating_sub(cfg.op_timeout.as_nanos() as u64),
@@ -260,6 +301,9 @@ fn finish(
     cancel: bool,
 ) {
     if cancel {
+        if let Some(s) = &e.stripes {
+            s.cancel();
+        }
         let mut shards: Vec<usize> = e.lanes.iter().map(|&l| shard.lane_shard(l)).collect();
         shards.sort_unstable();
         shards.dedup();

@@ -208,13 +208,17 @@ async fn step(
     writer: &mut FrameWriter,
     last_uid: &mut Option<u64>,
 ) -> Result<bool, ConnError> {
-    let mut answered = false;
+    let mut answered = None;
     while let Some(f) = conn.outbox.pop() {
         writer.push(&f, &[]).await?;
-        answered = true;
+        answered = Some(match &f {
+            Frame::Complete(r) => r.uid,
+            _ => 0,
+        });
     }
-    if answered && !reader.frame_ready() {
+    if let Some(uid) = answered.filter(|_| !reader.frame_ready()) {
         writer.flush().await?;
+        trace::mark(uid, trace::stage::T_ANSWERED);
     }
     // Waiting for a frame is cancel-safe: the reader keeps what it has buffered, and the
     // socket's readiness stays with the stream.

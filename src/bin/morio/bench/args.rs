@@ -175,6 +175,10 @@ pub struct Args {
     /// Largest chunk per frame (default 1 MiB).
     #[arg(long, value_parser = parse_size)]
     pub chunk_bytes: Option<usize>,
+    /// Cut striped writes into about this many stripes per lane, shared by the lanes (0:
+    /// one share dealt to each lane; see `TcpBackendConfig::stripes_per_lane`).
+    #[arg(long)]
+    pub stripes_per_lane: Option<usize>,
     /// Busy-poll shards this many microseconds before parking them.
     #[arg(long)]
     pub spin_us: Option<u64>,
@@ -266,11 +270,21 @@ impl Args {
             );
         }
         if let (Some(n), Some(c)) = (self.shards, &self.cpus) {
-            ensure!(
-                n == c.0.len(),
-                "--shards {n} disagrees with --cpus (which names {} CPUs)",
-                c.0.len()
-            );
+            if self.loopback {
+                // Both sides come from the list: the initiator takes the first n CPUs.
+                ensure!(
+                    2 * n <= c.0.len(),
+                    "--loopback --shards {n} needs {} CPUs in --cpus (which names {})",
+                    2 * n,
+                    c.0.len()
+                );
+            } else {
+                ensure!(
+                    n == c.0.len(),
+                    "--shards {n} disagrees with --cpus (which names {} CPUs)",
+                    c.0.len()
+                );
+            }
         }
         ensure!(
             !(self.no_pin && self.cpus.is_some()),
@@ -365,6 +379,7 @@ impl Args {
             cpus: self.cpus.as_ref().map(|c| c.0.clone()),
             pin_shards: !self.no_pin,
             chunk_bytes: self.chunk_bytes.unwrap_or(d.chunk_bytes),
+            stripes_per_lane: self.stripes_per_lane.unwrap_or(d.stripes_per_lane),
             spin_before_park: self.spin_us.map(Duration::from_micros),
             gpu_staging_bytes: self.gpu_staging_bytes.unwrap_or(d.gpu_staging_bytes),
             gpu_slot_bytes: self.gpu_slot_bytes.unwrap_or(d.gpu_slot_bytes),
@@ -495,6 +510,7 @@ mod tests {
             &["--loopback", "--transfer-batch-size", "0"],
             &["--loopback", "--shards", "0"],
             &["--loopback", "--shards", "2", "--cpus", "0"],
+            &["--loopback", "--shards", "2", "--cpus", "0-2"],
             &["--loopback", "--host", "localhost"],
             &[
                 "--loopback",

@@ -145,6 +145,9 @@ impl Args {
         if let Some(c) = self.chunk_bytes {
             opt("--chunk-bytes", c.to_string());
         }
+        if let Some(n) = self.stripes_per_lane {
+            opt("--stripes-per-lane", n.to_string());
+        }
         if let Some(s) = self.spin_us {
             opt("--spin-us", s.to_string());
         }
