@@ -17,6 +17,9 @@
 #   scripts/h200-bench.sh cpus    # there: the host's CPU topology, then the 4 KiB x 256 row on
 #                                 # several CPU layouts (CPU_LAYOUTS), each traced and untraced,
 #                                 # with every CPU's time (user/system/softirq/steal) during it
+#   scripts/h200-bench.sh ab      # there: the 4 KiB x 256 write row (7 spinning shards and
+#                                 # lanes) from each binary of BINS, interleaved ROUNDS times
+#                                 # (EXTRA_AB: options of every run)
 #   scripts/h200-bench.sh stripes # there: the 4 KiB x 256 and 1 MiB x 256 write rows with
 #                                 # shared stripes off (0) and at STRIPES per lane
 #
@@ -255,11 +258,13 @@ PY
 
 cpus() {
 	begin
-	nproc
-	lscpu | grep -E 'Model name|Thread|Core|Socket|NUMA|MHz' || true
-	for c in /sys/devices/system/cpu/cpu[0-9]*; do
-		echo "$(basename "${c}") siblings $(cat "${c}/topology/thread_siblings_list" 2>/dev/null) core $(cat "${c}/topology/core_id" 2>/dev/null)"
-	done
+	{
+		nproc
+		lscpu | grep -E 'Model name|Thread|Core|Socket|NUMA|MHz' || true
+		for c in /sys/devices/system/cpu/cpu[0-9]*; do
+			echo "$(basename "${c}") siblings $(cat "${c}/topology/thread_siblings_list" 2>/dev/null) core $(cat "${c}/topology/core_id" 2>/dev/null)"
+		done
+	} | tee "${OUT_DIR}/topology.txt"
 	local row=(--op-type write --buffer-size 4096 --transfer-batch-size 256 --enable-batch-transfer
 		--enable-sess --no-ceiling --shards 7 --num-data-conns 7 --spin-us 2000 --wait-spin-us 1000)
 	local layouts=()
@@ -269,8 +274,10 @@ cpus() {
 		cpustat >"${OUT_DIR}/stat0"
 		add "${tag}" "${row[@]}" --cpus "${l}"
 		cpustat >"${OUT_DIR}/stat1"
-		echo "=== CPU time during ${tag} (initiator = first 7 CPUs of --cpus ${l}, target = next 7)"
-		cpudelta "${OUT_DIR}/stat0" "${OUT_DIR}/stat1"
+		{
+			echo "=== CPU time during ${tag} (initiator = first 7 CPUs of --cpus ${l}, target = next 7)"
+			cpudelta "${OUT_DIR}/stat0" "${OUT_DIR}/stat1"
+		} | tee -a "${OUT_DIR}/cpu-time.txt"
 		mkdir -p "${OUT_DIR}/trace/trace-${tag}"
 		MORIO_TRACE="${OUT_DIR}/trace/trace-${tag}" add "trace-${tag}" "${row[@]}" --cpus "${l}" --no-floor
 	done
@@ -297,7 +304,23 @@ stripes() {
 	finish
 }
 
+ab() {
+	begin
+	local row=(--op-type write --buffer-size 4096 --transfer-batch-size 256 --enable-batch-transfer
+		--enable-sess --no-ceiling --shards 7 --num-data-conns 7 --spin-us 2000 --wait-spin-us 1000)
+	local extra=()
+	read -ra extra <<<"${EXTRA_AB:-}"
+	local r b
+	for ((r = 1; r <= ${ROUNDS:-2}; r++)); do
+		for b in ${BINS:-.dev/morio}; do
+			BIN=${b} add "ab${r}-$(basename "${b}")" "${row[@]}" "${extra[@]}"
+		done
+	done
+	finish
+}
+
 case "${1:-}" in
+ab) ab ;;
 stripes) stripes ;;
 cpus) cpus ;;
 build) build ;;

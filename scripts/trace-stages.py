@@ -44,6 +44,11 @@ def main():
                     k = (st, int(r["cpu"]))
                     c = oncpu.setdefault(uid, {})
                     c[k] = min(c.get(k, ns), ns)
+    # A multi-chunk write gets no answer per chunk (protocol v4): its chunk 0's COMPLETE
+    # (completed) stands in for the answer (resp).
+    for s in per.values():
+        if 10 not in s and 19 in s:
+            s[10] = s[19]
     full = [s for s in per.values() if all(k in s for k in NAMES)]
     if not full:
         print(f"{label}: no transfer passed every stage ({len(per)} traced)")

@@ -1,18 +1,19 @@
-//! Deterministic two-endpoint simulation of the morio wire protocol (version 3) with no
+//! Deterministic two-endpoint simulation of the morio wire protocol (version 4) with no
 //! sockets: an initiator and a target exchange frames built and parsed only with
 //! `morio::proto` over in-memory lanes, under seeded schedules that reorder traffic across
 //! lanes (and the target's chunk reports between its shards) and cut frames at arbitrary
 //! points. Checks final statuses, data placement, inbound bookkeeping, refusals, lane loss on
 //! a corrupt stream, deadlines, and chunks that fail on the initiator.
 //!
-//! Version 3 joins a multi-chunk transfer on the target. The initiator plans chunk 0 onto its
+//! Versions 3 and 4 join a multi-chunk transfer on the target. The initiator plans chunk 0 onto its
 //! home lane, and every chunk names that lane as its `join_lane`. The target reports every
 //! chunk's result to the transfer's `Join` there (at once from the join lane itself, by a
 //! message between shards from any other lane); once every chunk is in and chunk 0 has said
 //! where to answer, the target records the inbound status and only then sends COMPLETE on
-//! chunk 0's lane with chunk 0's tag. A write's other chunks are ACKed (a successful ACK only
-//! clears the initiator's lane entry, it never reaches `Outbound`), chunk 0 gets no ACK; every
-//! read chunk gets READ_DATA, and chunk 0's lane entry then waits for the COMPLETE. A write
+//! chunk 0's lane with chunk 0's tag. No chunk of a multi-chunk write gets an answer of its
+//! own (version 4 dropped the ACK of chunks other than 0): the initiator only remembers them
+//! on their lanes, so that losing a lane fails a transfer still running; every read chunk
+//! gets READ_DATA, and chunk 0's lane entry then waits for the COMPLETE. A write
 //! ends with that COMPLETE, a read with it and every chunk's data, in either order. FINISH is
 //! only an abort: sent on the home lane when a chunk fails on the initiator before it left,
 //! it records the inbound status, ends the target's join, and its COMPLETE ends the transfer.
@@ -124,9 +125,9 @@ impl Pipe {
 /// What the initiator waits for on a lane, by tag.
 #[derive(Debug)]
 enum Pending {
-    /// A chunk's answer: ACK for a write's chunk other than 0 of several; COMPLETE for a
-    /// one-chunk write and for chunk 0 of a multi-chunk write (the target's join answers the
-    /// whole write there, and chunk 0 gets no ACK); READ_DATA for a read's chunk.
+    /// A chunk's answer: COMPLETE for a one-chunk write and for chunk 0 of a multi-chunk
+    /// write (the target's join answers the whole write there; its other chunks wait for
+    /// nothing, see `Lane::unanswered`); READ_DATA for a read's chunk.
     Chunk {
         x: usize,
         chunk: u32,
@@ -159,6 +160,10 @@ struct Lane {
     lagging: bool,
     next_tag: u64,
     outstanding: BTreeMap<u64, Pending>,
+    /// Transfers with a WRITE chunk other than chunk 0 sent here: nothing answers those
+    /// chunks but the join's COMPLETE on the home lane (protocol v4), so they are only
+    /// remembered for when this lane is lost.
+    unanswered: Vec<usize>,
 }
 
 impl Lane {
@@ -256,8 +261,8 @@ enum Outcome {
     Lost,
     /// A lane that carried only chunks other than chunk 0 of a multi-chunk write was lost
     /// after the target may have placed them: ERR_BAD_STATE as [`Outcome::Lost`], or, when
-    /// the join's COMPLETE reached the home lane first (a write does not wait for its
-    /// ACKs), SUCCESS with every check of [`Outcome::Success`].
+    /// the join's COMPLETE reached the home lane first (nothing answers those chunks but
+    /// the join), SUCCESS with every check of [`Outcome::Success`].
     LostOrJoined,
     /// Its deadline passed: ERR_BAD_STATE "operation timeout"; destination unspecified.
     TimedOut,
@@ -354,9 +359,6 @@ struct Sim {
     decode_errors: Vec<(usize, bool, DecodeError)>,
     /// Responses the owner would be told of that arrived for transfers already ended.
     stale: usize,
-    /// Successful ACKs that arrived after their write had completed (a write does not wait
-    /// for them).
-    late_acks: usize,
     /// Reports that went between shards.
     relayed: usize,
     /// Joins that answered COMPLETE.
@@ -408,7 +410,6 @@ impl Sim {
             steps: 0,
             decode_errors: Vec::new(),
             stale: 0,
-            late_acks: 0,
             relayed: 0,
             joined: 0,
             finishes: 0,
@@ -605,6 +606,10 @@ impl Sim {
                 }
                 Op::Read => lane.to_target.send(&Frame::Read { chunk, final_ }, &[]),
             }
+            if spec.op == Op::Write && n > 1 && i != 0 {
+                lane.unanswered.push(x);
+                continue;
+            }
             let prev = lane.outstanding.insert(
                 tag,
                 Pending::Chunk {
@@ -757,35 +762,6 @@ impl Sim {
     fn on_init_frame(&mut self, lane: usize, frame: Frame, payload: Vec<u8>) {
         let seed = self.seed;
         match frame {
-            Frame::Ack(r) => {
-                let (x, chunk, _) = self.take_chunk(lane, &r);
-                let xf = &self.xfers[x];
-                assert_eq!(xf.spec.op, Op::Write, "seed {seed}: ACK for a read");
-                assert!(xf.multi(), "seed {seed}: ACK for a final chunk");
-                assert_ne!(
-                    chunk, 0,
-                    "seed {seed}: ACK for chunk 0 (the join's COMPLETE answers it)"
-                );
-                assert!(payload.is_empty(), "seed {seed}: ACK with payload");
-                if r.code == SUCCESS {
-                    // A placed chunk only clears its lane's entry: the owner learns of the
-                    // write from the join's COMPLETE, which may well have come first.
-                    if self.done(x) {
-                        self.late_acks += 1;
-                    }
-                    return;
-                }
-                if self.done(x) {
-                    self.stale += 1;
-                    return;
-                }
-                let act = self.xfers[x]
-                    .ob
-                    .on_chunk(chunk, r.code, &r.msg)
-                    .unwrap_or_else(|v| panic!("seed {seed}: on_chunk: {v}"));
-                // A write ends with COMPLETE (or FINISH's COMPLETE), never with a chunk.
-                assert!(act.is_none(), "seed {seed}: an ACK ended a write: {act:?}");
-            }
             Frame::ReadData { reply: r, final_ } => {
                 let (x, chunk, pieces) = self.take_chunk(lane, &r);
                 let xf = &self.xfers[x];
@@ -1049,18 +1025,8 @@ impl Sim {
                     self.lanes[lane].to_init.send(&Frame::Complete(reply), &[]);
                     return;
                 }
-                if chunk.chunk != 0 {
-                    // Chunk 0 gets no ACK: the join's COMPLETE answers it. The ACK goes on
-                    // the wire before any COMPLETE this report makes ready on this lane.
-                    let reply = Reply {
-                        tag: chunk.tag,
-                        uid: chunk.uid,
-                        chunk: chunk.chunk,
-                        code,
-                        msg: msg.clone(),
-                    };
-                    self.lanes[lane].to_init.send(&Frame::Ack(reply), &[]);
-                }
+                // No chunk of a multi-chunk write is answered on its own: the join's
+                // COMPLETE on chunk 0's lane answers for all of them.
                 self.report(lane, Op::Write, &chunk, code, msg);
             }
             Frame::Read { chunk, final_ } => {
@@ -1163,9 +1129,11 @@ impl Sim {
         l.failed = true;
         l.to_target = Pipe::default();
         l.to_init = Pipe::default();
+        let unanswered = std::mem::take(&mut l.unanswered);
         let mut xs: Vec<usize> = std::mem::take(&mut l.outstanding)
             .values()
             .map(Pending::xfer)
+            .chain(unanswered)
             .collect();
         xs.sort_unstable();
         xs.dedup();
@@ -1495,7 +1463,7 @@ fn scenario_success(seed: u64) -> Sim {
 #[test]
 fn sim_concurrent_transfers_succeed() {
     let (mut chunks, mut multi, mut single) = (0u64, 0, 0);
-    let (mut late_acks, mut relayed, mut by_data, mut by_complete) = (0, 0, 0, 0);
+    let (mut relayed, mut by_data, mut by_complete) = (0, 0, 0);
     for seed in seeds(200) {
         let sim = scenario_success(seed);
         for x in &sim.xfers {
@@ -1506,7 +1474,6 @@ fn sim_concurrent_transfers_succeed() {
                 multi += 1;
             }
         }
-        late_acks += sim.late_acks;
         relayed += sim.relayed;
         by_data += sim.reads_ended_by_data;
         by_complete += sim.reads_ended_by_complete;
@@ -1516,15 +1483,14 @@ fn sim_concurrent_transfers_succeed() {
         eprintln!("{single} single-chunk and {multi} multi-chunk transfers, {chunks} chunks");
         assert!(single > 20 && multi > 200, "single {single}, multi {multi}");
         assert!(chunks > 10_000, "{chunks} chunks");
-        // And the schedules the join allows: reports between the target's shards, writes
-        // that complete before some of their ACKs are in, and reads that end with COMPLETE
-        // after all their data as well as with their last data after COMPLETE.
+        // And the schedules the join allows: reports between the target's shards, and reads
+        // that end with COMPLETE after all their data as well as with their last data after
+        // COMPLETE.
         eprintln!(
-            "{relayed} relayed reports, {late_acks} ACKs after COMPLETE, reads ended by data \
-             {by_data} / by COMPLETE {by_complete}"
+            "{relayed} relayed reports, reads ended by data {by_data} / by COMPLETE \
+             {by_complete}"
         );
         assert!(relayed > 1_000, "{relayed} relayed reports");
-        assert!(late_acks > 20, "{late_acks} ACKs after COMPLETE");
         assert!(
             by_data > 20 && by_complete > 20,
             "reads ended by data {by_data}, by COMPLETE {by_complete}"
@@ -1628,7 +1594,7 @@ fn sim_out_of_range_and_unknown_region_are_refused() {
 /// refuses): that lane's decoder fails, its transfers end with ERR_BAD_STATE, transfers on
 /// other lanes succeed. Only a multi-chunk write whose chunk 0 rode another lane may still
 /// succeed when the garbage was towards the initiator: the target may have placed every chunk
-/// and its join's COMPLETE may reach the home lane before the lost ACKs are missed.
+/// and its join's COMPLETE may reach the home lane before the lane's loss is noticed.
 fn scenario_garbage(seed: u64) -> [usize; 3] {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x9a7b);
     let n_lanes = rng.gen_range(2..=4);

@@ -165,7 +165,6 @@ pub fn decode_body(h: &Header, body: &[u8]) -> Result<Frame, DecodeError> {
             chunk: r.chunk(final_, as_runs)?,
             final_,
         },
-        Kind::Ack => Frame::Ack(r.reply()?),
         Kind::ReadData => Frame::ReadData {
             reply: r.reply()?,
             final_,

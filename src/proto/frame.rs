@@ -14,8 +14,6 @@ pub enum Kind {
     Write = 3,
     /// A chunk of a read request (no payload).
     Read = 4,
-    /// Target → initiator: a non-final write chunk was placed (or refused).
-    Ack = 5,
     /// Target → initiator: the bytes of a read chunk (or why not).
     ReadData = 6,
     /// Initiator → target: every chunk is done; record the inbound status.
@@ -34,7 +32,7 @@ impl Kind {
             2 => Self::HelloAck,
             3 => Self::Write,
             4 => Self::Read,
-            5 => Self::Ack,
+            // 5 was ACK (a write chunk other than chunk 0 placed) up to protocol v3.
             6 => Self::ReadData,
             7 => Self::Finish,
             8 => Self::Complete,
@@ -192,8 +190,6 @@ pub enum Frame {
         /// Whole-transfer chunk.
         final_: bool,
     },
-    /// See [`Kind::Ack`].
-    Ack(Reply),
     /// See [`Kind::ReadData`]; the payload follows when `reply.code == SUCCESS`.
     ReadData {
         /// Status of the chunk.
@@ -222,7 +218,6 @@ impl Frame {
             Self::HelloAck(_) => Kind::HelloAck,
             Self::Write { .. } => Kind::Write,
             Self::Read { .. } => Kind::Read,
-            Self::Ack(_) => Kind::Ack,
             Self::ReadData { .. } => Kind::ReadData,
             Self::Finish(_) => Kind::Finish,
             Self::Complete(_) => Kind::Complete,
@@ -274,7 +269,7 @@ impl Frame {
                 put_msg(out, &a.msg);
             }
             Self::Write { .. } | Self::Read { .. } => unreachable!("encoded above"),
-            Self::Ack(r) | Self::Complete(r) | Self::ReadData { reply: r, .. } => {
+            Self::Complete(r) | Self::ReadData { reply: r, .. } => {
                 put_u64(out, r.tag);
                 put_u64(out, r.uid);
                 put_u32(out, r.chunk);

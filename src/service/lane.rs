@@ -26,6 +26,7 @@ use crate::proto::layout::remote_seg;
 use crate::proto::limits::VERSION;
 use crate::proto::plan::{total_bytes, Layout, Piece};
 use crate::region::SharedRegion;
+use crate::status::TransferStatus;
 use crate::trace;
 
 /// Work for one lane, sent by a transfer's owner to the lane's shard.
@@ -42,6 +43,9 @@ pub(crate) struct LaneItem {
     pub owner: ShardId,
     pub uid: u64,
     pub gen: u64,
+    /// The transfer's status: a chunk that gets no answer of its own is remembered while it
+    /// is in progress (see [`Unanswered`]).
+    pub status: Arc<TransferStatus>,
     pub kind: ItemKind,
 }
 
@@ -78,10 +82,23 @@ struct Outstanding {
     wait: Wait,
 }
 
+/// A sent WRITE chunk other than chunk 0 of a multi-chunk transfer: the target answers it
+/// only through the join's COMPLETE on the home lane, so nothing clears it here. It is kept
+/// while its transfer is in progress, so that losing this lane fails the transfer at once
+/// (a chunk may not have arrived) instead of at its deadline.
+#[derive(Debug)]
+struct Unanswered {
+    owner: ShardId,
+    uid: u64,
+    gen: u64,
+    status: Arc<TransferStatus>,
+}
+
 /// The answer a sent frame waits for. A write's chunk is answered by COMPLETE when it is the
 /// whole transfer (`final_`) or chunk 0 of several (the target joins the chunks on its lane
-/// and answers for all of them), by ACK otherwise; a read's chunk by READ_DATA, and chunk 0
-/// of several then also by COMPLETE (`Finish` takes that over); FINISH by COMPLETE.
+/// and answers for all of them); another chunk of a write by nothing ([`Unanswered`]); a
+/// read's chunk by READ_DATA, and chunk 0 of several then also by COMPLETE (`Finish` takes
+/// that over); FINISH by COMPLETE.
 #[derive(Debug)]
 enum Wait {
     Write {
@@ -108,10 +125,50 @@ pub(crate) struct Lane {
     queue: RefCell<VecDeque<LaneItem>>,
     bell: Bell,
     outstanding: RefCell<HashMap<u64, Outstanding>>,
+    unanswered: RefCell<Vec<Unanswered>>,
+    /// `unanswered` drops entries of ended transfers when it grows to this length.
+    prune_at: Cell<usize>,
     next_tag: Cell<u64>,
     writing: Cell<Option<(u64, u64)>>,
     fd: Cell<Option<RawFd>>,
     dead: Cell<bool>,
+}
+
+/// `Lane::unanswered` is pruned when it reaches at least this many entries.
+const MIN_PRUNE: usize = 64;
+
+/// Whether a transfer with this status may still need to hear that a lane was lost.
+fn running(status: &TransferStatus) -> bool {
+    !status.code().is_terminal()
+}
+
+impl Lane {
+    /// Remember a frame about to be sent until its answer, or, for a chunk answered only
+    /// through the join, while its transfer runs (pruned of ended transfers as it grows,
+    /// so it stays within about twice the chunks in flight).
+    fn expect(&self, tag: u64, o: Outstanding, status: Arc<TransferStatus>) {
+        if let Wait::Write {
+            chunk,
+            final_: false,
+        } = o.wait
+        {
+            if chunk != 0 {
+                let mut v = self.unanswered.borrow_mut();
+                if v.len() >= self.prune_at.get() {
+                    v.retain(|u| running(&u.status));
+                    self.prune_at.set((2 * v.len()).max(MIN_PRUNE));
+                }
+                v.push(Unanswered {
+                    owner: o.owner,
+                    uid: o.uid,
+                    gen: o.gen,
+                    status,
+                });
+                return;
+            }
+        }
+        self.outstanding.borrow_mut().insert(tag, o);
+    }
 }
 
 /// Queue work on a lane of this shard, dialing it first if needed.
@@ -141,6 +198,8 @@ fn lane_for(shard: &Rc<Shard>, peer: &Arc<Peer>, idx: u16) -> (Rc<Lane>, bool) {
         queue: RefCell::new(VecDeque::new()),
         bell: Bell::default(),
         outstanding: RefCell::new(HashMap::new()),
+        unanswered: RefCell::new(Vec::new()),
+        prune_at: Cell::new(MIN_PRUNE),
         next_tag: Cell::new(0),
         writing: Cell::new(None),
         fd: Cell::new(None),
@@ -159,6 +218,9 @@ pub(crate) fn cancel(shard: &Rc<Shard>, peer: &str, uid: u64, gen: u64) {
         l.outstanding
             .borrow_mut()
             .retain(|_, o| (o.uid, o.gen) != (uid, gen));
+        l.unanswered
+            .borrow_mut()
+            .retain(|u| (u.uid, u.gen) != (uid, gen));
         if l.writing.get() == Some((uid, gen)) {
             // Its bytes are half on the wire: the stream cannot be resynchronised.
             die(
@@ -228,6 +290,13 @@ fn die(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: &str) {
             .borrow_mut()
             .drain()
             .map(|(_, o)| (o.owner, o.uid, o.gen)),
+    );
+    hit.extend(
+        lane.unanswered
+            .borrow_mut()
+            .drain(..)
+            .filter(|u| running(&u.status))
+            .map(|u| (u.owner, u.uid, u.gen)),
     );
     let msg = format!("connection to {} lost: {msg}", lane.peer.key);
     for (owner, uid, gen) in hit {
@@ -309,6 +378,7 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
                 owner: item.owner,
                 uid: item.uid,
                 gen: item.gen,
+                status: item.status.clone(),
                 kind: ItemKind::Shared(stripes),
             });
             item.kind = kind;
@@ -390,6 +460,7 @@ async fn write_host_chunk(
     local: &SharedRegion,
     final_: bool,
     wait: Outstanding,
+    status: Arc<TransferStatus>,
 ) -> std::io::Result<()> {
     // SAFETY (every `slice` below): the ranges were checked against the region at
     // submission and the region lives while `local` does; reading it is the transfer.
@@ -413,7 +484,7 @@ async fn write_host_chunk(
         return Err(std::io::Error::other("local range out of bounds"));
     }
     let gen = wait.gen;
-    lane.outstanding.borrow_mut().insert(head.tag, wait);
+    lane.expect(head.tag, wait, status);
     lane.writing.set(Some((head.uid, gen)));
     shard.stats.borrow_mut().bytes_sent += bytes;
     if bytes as usize <= writer.inline_bytes() {
@@ -442,7 +513,7 @@ async fn write_item(
 ) -> std::io::Result<()> {
     let tag = lane.next_tag.get();
     lane.next_tag.set(tag + 1);
-    let (uid, gen, owner) = (item.uid, item.gen, item.owner);
+    let (uid, gen, owner, status) = (item.uid, item.gen, item.owner, item.status);
     let pending = |wait| Outstanding {
         owner,
         uid,
@@ -479,9 +550,7 @@ async fn write_item(
                     let c = framed(&pieces);
                     let spans: Vec<(u64, u64)> = pieces.iter().map(|p| (p.local, p.len)).collect();
                     let bytes = c.bytes();
-                    lane.outstanding
-                        .borrow_mut()
-                        .insert(tag, pending(Wait::Write { chunk, final_ }));
+                    lane.expect(tag, pending(Wait::Write { chunk, final_ }), status);
                     lane.writing.set(Some((uid, gen)));
                     let frame = Frame::Write { chunk: c, final_ };
                     match gpu_io::push_from_device(shard, writer, &frame, &local, &spans).await {
@@ -503,8 +572,10 @@ async fn write_item(
                 }
                 Op::Write => {
                     let wait = pending(Wait::Write { chunk, final_ });
-                    write_host_chunk(shard, lane, writer, &head, &pieces, &local, final_, wait)
-                        .await
+                    write_host_chunk(
+                        shard, lane, writer, &head, &pieces, &local, final_, wait, status,
+                    )
+                    .await
                 }
                 Op::Read => {
                     let bytes = pieces.total_bytes();
@@ -580,7 +651,7 @@ async fn on_frame(
 ) -> Result<(), ConnError> {
     let violation = |what: &str| Err(ConnError::Violation(what.to_string()));
     let (tag, uid) = match &frame {
-        Frame::Ack(r) | Frame::Complete(r) | Frame::ReadData { reply: r, .. } => (r.tag, r.uid),
+        Frame::Complete(r) | Frame::ReadData { reply: r, .. } => (r.tag, r.uid),
         Frame::GoAway { msg, .. } => {
             return Err(ConnError::Violation(format!("peer closed the lane: {msg}")))
         }
@@ -608,24 +679,6 @@ async fn on_frame(
     };
     trace::mark(uid, answer);
     let kind = match (frame, o.wait) {
-        (
-            Frame::Ack(r),
-            Wait::Write {
-                chunk,
-                final_: false,
-            },
-        ) if r.chunk == chunk && chunk != 0 => {
-            if r.code == codes::SUCCESS {
-                // The target's COMPLETE on chunk 0's lane answers for the whole write; a
-                // placed chunk only clears its entry here.
-                return Ok(());
-            }
-            LaneEventKind::Chunk {
-                chunk,
-                code: r.code,
-                msg: r.msg,
-            }
-        }
         (Frame::Complete(r), Wait::Write { final_: true, .. } | Wait::Finish)
         | (
             Frame::Complete(r),

@@ -159,6 +159,7 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
                 owner: shard.id,
                 uid: s.uid,
                 gen,
+                status: s.status.clone(),
                 kind: ItemKind::Shared(list.clone()),
             });
         }
@@ -174,6 +175,7 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
             owner: shard.id,
             uid: s.uid,
             gen,
+            status: s.status.clone(),
             kind: ItemKind::Chunk {
                 op: s.op,
                 chunk: i as u32,
@@ -266,6 +268,7 @@ pub(crate) fn on_event(shard: &Rc<Shard>, ev: LaneEvent) {
                     owner: shard.id,
                     uid: key.1,
                     gen: e.gen,
+                    status: e.status.clone(),
                     kind: ItemKind::Finish {
                         op: e.op,
                         n_chunks: e.n_chunks,

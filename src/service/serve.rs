@@ -266,18 +266,16 @@ fn check_join(conn: &Conn, chunk: &Chunk) -> Result<(), ConnError> {
 }
 
 /// A chunk of a multi-chunk transfer was handled here with `code`: report it to the
-/// transfer's join. Chunk 0 also says to answer on this connection; another chunk of a
-/// write is ACKed (its initiator lane only clears it), of a read already answered by its
-/// READ_DATA.
-async fn joined(
+/// transfer's join. Chunk 0 also says to answer on this connection; another chunk gets no
+/// answer of its own (a read's was its READ_DATA; a write's is the join's COMPLETE).
+fn joined(
     shard: &Rc<Shard>,
     conn: &Conn,
-    writer: &mut FrameWriter,
     op: Op,
     chunk: &Chunk,
     code: u32,
     msg: String,
-) -> Result<(), ConnError> {
+) {
     let r = JoinReport {
         peer: conn.peer.clone(),
         instance: conn.instance,
@@ -295,20 +293,9 @@ async fn joined(
             tag: chunk.tag,
         };
         join::on_report(shard, r, Some(answer));
-        return Ok(());
+        return;
     }
-    let ack = (op == Op::Write).then(|| Reply {
-        tag: chunk.tag,
-        uid: chunk.uid,
-        chunk: chunk.chunk,
-        code: r.code,
-        msg: r.msg.clone(),
-    });
     join::report(shard, chunk.join_lane, r);
-    if let Some(reply) = ack {
-        writer.push(&Frame::Ack(reply), &[]).await?;
-    }
-    Ok(())
 }
 
 /// The transfer a frame belongs to, when latency tracing is on.
@@ -344,7 +331,8 @@ async fn on_frame(
             }
             let (code, msg) = place(shard, reader, &chunk, payload).await?;
             if !final_ {
-                return joined(shard, conn, writer, Op::Write, &chunk, code, msg).await;
+                joined(shard, conn, Op::Write, &chunk, code, msg);
+                return Ok(());
             }
             let reply = Reply {
                 tag: chunk.tag,
@@ -364,7 +352,8 @@ async fn on_frame(
             }
             let (code, msg) = read(shard, peer, writer, &chunk, final_).await?;
             if !final_ {
-                return joined(shard, conn, writer, Op::Read, &chunk, code, msg).await;
+                joined(shard, conn, Op::Read, &chunk, code, msg);
+                return Ok(());
             }
         }
         Frame::Finish(f) => {
