@@ -20,8 +20,8 @@
 #   scripts/h200-bench.sh ab      # there: the 4 KiB x 256 write row (7 spinning shards and
 #                                 # lanes) from each binary of BINS, interleaved ROUNDS times
 #                                 # (EXTRA_AB: options of every run)
-#   scripts/h200-bench.sh stripes # there: the 4 KiB x 256 and 1 MiB x 256 write rows with
-#                                 # shared stripes off (0) and at STRIPES per lane
+#   scripts/h200-bench.sh stripes # there: the 1 MiB x 256 rows with shared stripes (the
+#                                 # default) and dealt ones (--deal-stripes), ROUNDS times
 #
 # BIN (default ./.dev/morio) picks the binary, so two builds can be compared in one call;
 # LAT_VARIANTS / TRACE_VARIANTS are ';'-separated "SHARDS SPIN_US WAIT_SPIN_US [CONNS]".
@@ -291,15 +291,14 @@ cpus() {
 
 stripes() {
 	begin
-	local small=(--op-type write --buffer-size 4096 --transfer-batch-size 256 --enable-batch-transfer
-		--enable-sess --shards 7 --num-data-conns 7 --spin-us 2000 --wait-spin-us 1000 --no-ceiling)
-	local big=(--op-type write --buffer-size 1048576 --transfer-batch-size 256 --enable-batch-transfer
+	local big=(--buffer-size 1048576 --transfer-batch-size 256 --enable-batch-transfer
 		--enable-sess --batch-contiguous)
-	for k in 0 ${STRIPES:-1 2 3 4}; do
-		add "stripes${k}-4k-b256" "${small[@]}" --stripes-per-lane "${k}"
-	done
-	for k in 0 ${STRIPES_BIG:-4}; do
-		ITERS=${ITERS_BIG:-64} add "stripes${k}-1m-b256" "${big[@]}" --stripes-per-lane "${k}"
+	local r op
+	for ((r = 1; r <= ${ROUNDS:-2}; r++)); do
+		for op in write; do
+			add "share${r}-${op}-1m-b256" --op-type "${op}" "${big[@]}"
+			add "deal${r}-${op}-1m-b256" --op-type "${op}" "${big[@]}" --deal-stripes
+		done
 	done
 	finish
 }

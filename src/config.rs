@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::proto::limits::{MAX_CHUNK_BYTES, MAX_KEY_BYTES, MAX_LANES, MAX_STRIPES_PER_LANE};
+use crate::proto::limits::{MAX_CHUNK_BYTES, MAX_KEY_BYTES, MAX_LANES};
 
 /// `IOEngineConfig`: where the engine listens and what it advertises.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -62,11 +62,11 @@ pub struct TcpBackendConfig {
     pub pin_shards: bool,
     /// Largest chunk one frame carries; striped transfers are cut into stripes of at most this.
     pub chunk_bytes: usize,
-    /// A striped write is cut into about this many stripes per lane (at least 16 KiB each),
-    /// which its lanes take from one shared list as they get to them: a lane that starts
-    /// late or runs slow takes fewer. 0 deals one share to each lane up front (as reads are
-    /// always striped). At most 16.
-    pub stripes_per_lane: usize,
+    /// A striped write of at least two full chunks per lane (`2 × num_data_conns ×
+    /// chunk_bytes` bytes) shares its stripes between its lanes: each lane takes the next
+    /// one as it gets to it, so a lane that runs slow carries fewer. Smaller striped writes,
+    /// and reads, deal their stripes round-robin (as all do when this is off).
+    pub share_stripes: bool,
     /// Payloads up to this size are copied next to their header and sent with one syscall;
     /// larger ones are sent straight from registered memory.
     pub inline_write_bytes: usize,
@@ -100,7 +100,7 @@ impl Default for TcpBackendConfig {
             cpus: None,
             pin_shards: true,
             chunk_bytes: 1 << 20,
-            stripes_per_lane: 0,
+            share_stripes: true,
             inline_write_bytes: 16 << 10,
             spin_before_park: None,
             handshake_timeout: Duration::from_secs(10),
@@ -119,9 +119,6 @@ pub enum ConfigError {
     /// `op_timeout` or `handshake_timeout` is zero.
     #[error("{0} must be greater than zero")]
     ZeroTimeout(&'static str),
-    /// `stripes_per_lane` above 16.
-    #[error("stripes_per_lane must be at most {MAX_STRIPES_PER_LANE}, got {0}")]
-    StripesPerLane(usize),
     /// `chunk_bytes` outside 4 KiB..=64 MiB.
     #[error("chunk_bytes must be in [4096, {MAX_CHUNK_BYTES}], got {0}")]
     ChunkBytes(usize),
@@ -173,9 +170,6 @@ impl TcpBackendConfig {
         }
         if self.chunk_bytes < 4096 || self.chunk_bytes as u64 > MAX_CHUNK_BYTES {
             return Err(ConfigError::ChunkBytes(self.chunk_bytes));
-        }
-        if self.stripes_per_lane > MAX_STRIPES_PER_LANE {
-            return Err(ConfigError::StripesPerLane(self.stripes_per_lane));
         }
         if self.num_shards == Some(0) {
             return Err(ConfigError::ZeroShards);

@@ -3,7 +3,7 @@
 //! when a batch is regular, so no per-segment list is built for it.
 
 use super::frame::{ChunkSegs, Seg};
-use super::limits::{MAX_SEGS_PER_CHUNK, MIN_SHARED_STRIPE_BYTES};
+use super::limits::MAX_SEGS_PER_CHUNK;
 use super::plan::{
     destination_overlaps, into_chunks, normalize, remote_extent, stripe_bytes, total_bytes, Piece,
     PlanError,
@@ -167,20 +167,6 @@ pub fn layout_stripe(layout: &Layout, n_lanes: u64, chunk_bytes: u64) -> u64 {
     whole_pieces(layout, stripe, chunk_bytes)
 }
 
-/// Stripe size for a write whose `n_lanes` lanes take its stripes from one shared list:
-/// about `per_lane` stripes per lane, at least [`MIN_SHARED_STRIPE_BYTES`] (unless the cap is
-/// smaller) and at most `chunk_bytes`, moved to whole pieces as [`layout_stripe`] does.
-pub fn shared_stripe(layout: &Layout, n_lanes: u64, per_lane: u64, chunk_bytes: u64) -> u64 {
-    let n = n_lanes.max(1).saturating_mul(per_lane.max(1));
-    let stripe = layout
-        .total_bytes()
-        .div_ceil(n)
-        .max(MIN_SHARED_STRIPE_BYTES)
-        .min(chunk_bytes)
-        .max(1);
-    whole_pieces(layout, stripe, chunk_bytes)
-}
-
 /// `stripe` moved to a whole number of a strided layout's pieces (see [`layout_stripe`]).
 fn whole_pieces(layout: &Layout, stripe: u64, chunk_bytes: u64) -> u64 {
     let Layout::Strided(s) = layout else {
@@ -326,31 +312,5 @@ mod tests {
             normalize_layout(&odd, &offs, &sizes, 1 << 20, 1 << 20).unwrap(),
             Layout::List(_)
         ));
-    }
-
-    #[test]
-    fn shared_stripes_are_finer_and_whole_pieces() {
-        let one = |len| {
-            Layout::List(vec![Piece {
-                local: 0,
-                remote: 0,
-                len,
-            }])
-        };
-        // 1 MiB over 8 lanes, 4 per lane: 32 KiB (dealt stripes would be 128 KiB).
-        assert_eq!(shared_stripe(&one(1 << 20), 8, 4, 1 << 20), 32 << 10);
-        assert_eq!(layout_stripe(&one(1 << 20), 8, 1 << 20), 128 << 10);
-        // Never below 16 KiB, never above the chunk cap, whatever per_lane says.
-        assert_eq!(shared_stripe(&one(100_000), 8, 16, 1 << 20), 16 << 10);
-        assert_eq!(shared_stripe(&one(1 << 30), 8, 4, 1 << 20), 1 << 20);
-        assert_eq!(shared_stripe(&one(1 << 20), 8, 4, 8192), 8192);
-        // 0 lanes or stripes per lane count as one.
-        assert_eq!(shared_stripe(&one(1 << 20), 0, 0, 1 << 20), 1 << 20);
-        // 4 KiB pieces at a stride: 7 lanes x 3 = 21 stripes of 1 MiB -> 49 932 B, up to 13
-        // whole pieces.
-        let offs: Vec<u64> = (0..256u64).map(|i| i * 8192).collect();
-        let l = normalize_layout(&offs, &offs, &[4096; 256], 4 << 20, 4 << 20).unwrap();
-        assert!(matches!(l, Layout::Strided(_)));
-        assert_eq!(shared_stripe(&l, 7, 3, 1 << 20), 13 * 4096);
     }
 }

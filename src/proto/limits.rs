@@ -31,8 +31,6 @@ pub const MAX_CHUNK_BYTES: u64 = 64 << 20;
 pub const MAX_LANES: u16 = 16;
 /// Smallest stripe a striped transfer is cut into (keeps per-frame overhead negligible).
 pub const MIN_STRIPE_BYTES: u64 = 64 << 10;
-/// Smallest stripe of a write whose lanes share its stripes (`stripes_per_lane` > 0): finer,
-/// so a lane that runs late can be relieved of a few tens of microseconds of work.
-pub const MIN_SHARED_STRIPE_BYTES: u64 = 16 << 10;
-/// Most stripes per lane a shared-stripe write is cut into.
-pub const MAX_STRIPES_PER_LANE: usize = 16;
+/// A striped write shares its stripes between its lanes (`share_stripes`) when it has at
+/// least this many full chunks per lane.
+pub const SHARE_MIN_CHUNKS_PER_LANE: u64 = 2;

@@ -5,11 +5,9 @@
 //! stream, cut at `chunk_bytes` and at [`MAX_SEGS_PER_CHUNK`] pieces, so every byte belongs to
 //! exactly one chunk (property-tested).
 
-use super::limits::{MAX_SEGS_PER_CHUNK, MIN_STRIPE_BYTES};
+use super::limits::{MAX_SEGS_PER_CHUNK, MIN_STRIPE_BYTES, SHARE_MIN_CHUNKS_PER_LANE};
 
-pub use super::layout::{
-    layout_chunks, layout_stripe, normalize_layout, shared_stripe, Layout, Stride,
-};
+pub use super::layout::{layout_chunks, layout_stripe, normalize_layout, Layout, Stride};
 
 /// One contiguous piece of a transfer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -129,6 +127,20 @@ pub fn remote_extent(pieces: &[Piece]) -> (u64, u64) {
 pub fn stripe_bytes(total: u64, n_lanes: u64, chunk_bytes: u64) -> u64 {
     let share = total.div_ceil(n_lanes.max(1));
     share.max(MIN_STRIPE_BYTES).min(chunk_bytes).max(1)
+}
+
+/// Whether a striped write of `total` bytes over `n_lanes` lanes shares its stripes (when
+/// `share_stripes` is on): when it has at least [`SHARE_MIN_CHUNKS_PER_LANE`] full chunks per
+/// lane. Only then does a lane that runs ahead see it (its socket fills, so it takes stripes
+/// at the pace the peer drains them); a smaller write would only trade its even shares for
+/// finer stripes, each a frame and a report more, and on the H200 that cost more than the
+/// balance won (ARCHITECTURE.md, "Shared stripes").
+pub fn shares_stripes(total: u64, n_lanes: u64, chunk_bytes: u64) -> bool {
+    n_lanes > 1
+        && total
+            >= SHARE_MIN_CHUNKS_PER_LANE
+                .saturating_mul(n_lanes)
+                .saturating_mul(chunk_bytes)
 }
 
 /// [`cut`], taking the pieces: a transfer that fits one chunk becomes that chunk without a
@@ -269,5 +281,12 @@ mod tests {
         assert_eq!(stripe_bytes(100, 8, 1 << 20), MIN_STRIPE_BYTES);
         assert_eq!(stripe_bytes(256 << 20, 8, 1 << 20), 1 << 20);
         assert_eq!(stripe_bytes(100, 8, 16), 16);
+        // Shared from two full chunks per lane on, never on one lane.
+        assert!(shares_stripes(16 << 20, 8, 1 << 20));
+        assert!(!shares_stripes((16 << 20) - 1, 8, 1 << 20));
+        assert!(!shares_stripes(1 << 30, 1, 1 << 20));
+        assert!(!shares_stripes(1 << 20, 8, 1 << 20));
+        assert!(!shares_stripes(u64::MAX, 0, 1 << 20));
+        assert!(shares_stripes(u64::MAX, 16, 64 << 20));
     }
 }

@@ -87,12 +87,12 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
             "overlapping destination segments cannot be striped",
         );
     }
-    // A striped write may share its stripes between its lanes (see `SharedStripes`).
-    let shared = striped && s.op == Op::Write && cfg.stripes_per_lane > 0;
-    let chunk_bytes = if shared {
-        let per_lane = cfg.stripes_per_lane as u64;
-        plan::shared_stripe(&s.layout, n_lanes as u64, per_lane, cfg.chunk_bytes as u64)
-    } else if striped {
+    // A large striped write shares its stripes between its lanes (see `SharedStripes`).
+    let shared = striped
+        && s.op == Op::Write
+        && cfg.share_stripes
+        && plan::shares_stripes(s.total, n_lanes as u64, cfg.chunk_bytes as u64);
+    let chunk_bytes = if striped {
         plan::layout_stripe(&s.layout, n_lanes as u64, cfg.chunk_bytes as u64)
     } else {
         cfg.chunk_bytes as u64

@@ -268,14 +268,7 @@ fn check_join(conn: &Conn, chunk: &Chunk) -> Result<(), ConnError> {
 /// A chunk of a multi-chunk transfer was handled here with `code`: report it to the
 /// transfer's join. Chunk 0 also says to answer on this connection; another chunk gets no
 /// answer of its own (a read's was its READ_DATA; a write's is the join's COMPLETE).
-fn joined(
-    shard: &Rc<Shard>,
-    conn: &Conn,
-    op: Op,
-    chunk: &Chunk,
-    code: u32,
-    msg: String,
-) {
+fn joined(shard: &Rc<Shard>, conn: &Conn, op: Op, chunk: &Chunk, code: u32, msg: String) {
     let r = JoinReport {
         peer: conn.peer.clone(),
         instance: conn.instance,

@@ -1,5 +1,5 @@
-//! Shared stripes: the stripes of one write that any of its lanes may take, so a lane that
-//! starts late or runs slow sends fewer of them and the transfer ends with its fastest lanes.
+//! Shared stripes: the stripes of one large write that any of its lanes may take, so a lane
+//! that runs slow sends fewer of them and the transfer ends with its fastest lanes.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 

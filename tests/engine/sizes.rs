@@ -468,29 +468,32 @@ fn overlapping_strided_destinations_are_refused_when_striped() {
     assert_bytes_eq(&remote.to_vec(), &remote_init, "nothing written");
 }
 
-/// Striped writes whose lanes share the stripes (`stripes_per_lane`), and the same with one
-/// share dealt to each lane, so both ways of striping stay covered whatever the default.
-fn striping_cfg(per_lane: usize) -> morio::TcpBackendConfig {
-    cfg_with(|c| c.stripes_per_lane = per_lane)
+/// Striped writes large enough to share their stripes between their lanes
+/// (`share_stripes`: at least two chunks per lane; small chunks make small writes qualify),
+/// and the same writes with their stripes dealt, so both ways stay covered.
+fn striping_cfg(share: bool, chunk_bytes: usize) -> morio::TcpBackendConfig {
+    cfg_with(|c| {
+        c.share_stripes = share;
+        c.chunk_bytes = chunk_bytes;
+    })
 }
 
 #[test]
 fn shared_stripes_strided_batch_in_whole_pieces() {
-    // 1 MiB in 4 KiB pieces, about 4 stripes per lane over 8 lanes: 32 KiB strided chunks.
-    strided_round_trip("sharedwhole", striping_cfg(4), 256, 4096);
+    // 1 MiB in 4 KiB pieces over 8 lanes, 16 KiB chunks: 64 strided chunks, shared.
+    strided_round_trip("sharedwhole", striping_cfg(true, 16 << 10), 256, 4096);
 }
 
 #[test]
 fn shared_stripes_strided_batch_across_piece_boundaries() {
-    strided_round_trip("sharedodd", striping_cfg(3), 300, 3000);
+    strided_round_trip("sharedodd", striping_cfg(true, 7000), 300, 3000);
 }
 
 #[test]
-fn shared_stripes_17_mib_and_odd_sizes() {
-    // 17 MiB is capped by chunk_bytes (17 chunks of 1 MiB over 8 lanes); the rest are cut
-    // into the finest shared stripes (16 KiB) or just above the striping threshold.
-    let (a, b) = pair("sharedsizes", striping_cfg(16));
-    for (i, n) in [17usize << 20, (1 << 20) + 3, 65536, 65537, 300_001]
+fn shared_stripes_sizes() {
+    // At the default 1 MiB chunks 17 MiB shares its stripes; the others are dealt.
+    let (a, b) = pair("sharedsizes", striping_cfg(true, 1 << 20));
+    for (i, n) in [17usize << 20, (16 << 20) + 3, (1 << 20) + 3, 65537]
         .into_iter()
         .enumerate()
     {
@@ -500,13 +503,13 @@ fn shared_stripes_17_mib_and_odd_sizes() {
 
 #[test]
 fn shared_stripes_ascending_batch() {
-    ascending_batch("sharedasc", striping_cfg(2), 310);
+    ascending_batch("sharedasc", striping_cfg(true, 4096), 310);
 }
 
 #[test]
 fn dealt_stripes_strided_batch_and_sizes() {
-    strided_round_trip("dealtwhole", striping_cfg(0), 256, 4096);
-    let (a, b) = pair("dealtsizes", striping_cfg(0));
+    strided_round_trip("dealtwhole", striping_cfg(false, 16 << 10), 256, 4096);
+    let (a, b) = pair("dealtsizes", striping_cfg(false, 1 << 20));
     for (i, n) in [17usize << 20, (1 << 20) + 3].into_iter().enumerate() {
         write_then_read_back(&a, &b, n, 3000 + i as u64);
     }

@@ -175,10 +175,10 @@ pub struct Args {
     /// Largest chunk per frame (default 1 MiB).
     #[arg(long, value_parser = parse_size)]
     pub chunk_bytes: Option<usize>,
-    /// Cut striped writes into about this many stripes per lane, shared by the lanes (0:
-    /// one share dealt to each lane; see `TcpBackendConfig::stripes_per_lane`).
+    /// Deal every striped write's stripes round-robin, even large ones (which otherwise
+    /// share them between their lanes; see `TcpBackendConfig::share_stripes`).
     #[arg(long)]
-    pub stripes_per_lane: Option<usize>,
+    pub deal_stripes: bool,
     /// Busy-poll shards this many microseconds before parking them.
     #[arg(long)]
     pub spin_us: Option<u64>,
@@ -379,7 +379,7 @@ impl Args {
             cpus: self.cpus.as_ref().map(|c| c.0.clone()),
             pin_shards: !self.no_pin,
             chunk_bytes: self.chunk_bytes.unwrap_or(d.chunk_bytes),
-            stripes_per_lane: self.stripes_per_lane.unwrap_or(d.stripes_per_lane),
+            share_stripes: d.share_stripes && !self.deal_stripes,
             spin_before_park: self.spin_us.map(Duration::from_micros),
             gpu_staging_bytes: self.gpu_staging_bytes.unwrap_or(d.gpu_staging_bytes),
             gpu_slot_bytes: self.gpu_slot_bytes.unwrap_or(d.gpu_slot_bytes),

@@ -145,9 +145,6 @@ impl Args {
         if let Some(c) = self.chunk_bytes {
             opt("--chunk-bytes", c.to_string());
         }
-        if let Some(n) = self.stripes_per_lane {
-            opt("--stripes-per-lane", n.to_string());
-        }
         if let Some(s) = self.spin_us {
             opt("--spin-us", s.to_string());
         }
@@ -170,6 +167,7 @@ impl Args {
             (self.no_ceiling, "--no-ceiling"),
             (self.no_floor, "--no-floor"),
             (self.no_validate, "--no-validate"),
+            (self.deal_stripes, "--deal-stripes"),
             (no_pin, "--no-pin"),
         ] {
             if on {
