@@ -16,9 +16,9 @@ NAMES = {1: "call", 2: "submit", 3: "owner", 4: "encode", 5: "pushed", 6: "sent"
          8: "t_placed", 9: "t_sent", 10: "resp", 11: "done", 12: "woke"}
 # Sub-stages (`morio::trace::stage`), printed in their places when a run recorded them.
 SUBS = {13: "resolved", 14: "normalized", 15: "planned", 16: "t_checked", 17: "finish",
-        18: "joined", 19: "completed", 20: "t_answered"}
+        18: "joined", 19: "completed", 20: "t_answered", 21: "handed"}
 # The order a write passes every stage (`morio::trace::stage::ORDER`).
-ORDER = [1, 13, 14, 2, 3, 15, 4, 5, 6, 7, 16, 8, 9, 10, 11, 12]
+ORDER = [1, 13, 14, 2, 3, 15, 21, 4, 5, 6, 7, 16, 8, 9, 10, 11, 12]
 
 
 def pct(xs, q):
@@ -46,9 +46,10 @@ def main():
                     c[k] = min(c.get(k, ns), ns)
     # A multi-chunk write gets no answer per chunk (protocol v4): its chunk 0's COMPLETE
     # (completed) stands in for the answer (resp).
-    for s in per.values():
+    for u, s in per.items():
         if 10 not in s and 19 in s:
             s[10] = s[19]
+            last[u].setdefault(10, last[u][19])
     full = [s for s in per.values() if all(k in s for k in NAMES)]
     if not full:
         print(f"{label}: no transfer passed every stage ({len(per)} traced)")

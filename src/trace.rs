@@ -61,6 +61,9 @@ pub mod stage {
     /// Target, join shard: the send that carried a multi-chunk transfer's COMPLETE returned
     /// (between T_FINISH and COMPLETED).
     pub const T_ANSWERED: u8 = 20;
+    /// Initiator, lane shard: the owner's work for this lane was taken from the shard's
+    /// inbox and queued on the lane (between PLANNED and ENCODE).
+    pub const HANDED: u8 = 21;
 
     /// The stages a one-chunk write passes, in order (sub-stages in their places; FINISH,
     /// T_FINISH and COMPLETED belong to multi-chunk transfers only).

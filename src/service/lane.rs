@@ -19,14 +19,13 @@ use super::io::{
 };
 use super::owner::{LaneEvent, LaneEventKind};
 use super::stripes::SharedStripes;
-use super::{Peer, Shard, ShardMsg, TaskGuard};
+use super::{Peer, Shard, ShardMsg, Shared, TaskGuard};
 use crate::proto::codes;
 use crate::proto::frame::{Chunk, ChunkHead, Finish, Frame, Hello, Op};
 use crate::proto::layout::remote_seg;
 use crate::proto::limits::VERSION;
 use crate::proto::plan::{total_bytes, Layout, Piece};
 use crate::region::SharedRegion;
-use crate::status::TransferStatus;
 use crate::trace;
 
 /// Work for one lane, sent by a transfer's owner to the lane's shard.
@@ -43,9 +42,6 @@ pub(crate) struct LaneItem {
     pub owner: ShardId,
     pub uid: u64,
     pub gen: u64,
-    /// The transfer's status: a chunk that gets no answer of its own is remembered while it
-    /// is in progress (see [`Unanswered`]).
-    pub status: Arc<TransferStatus>,
     pub kind: ItemKind,
 }
 
@@ -84,14 +80,14 @@ struct Outstanding {
 
 /// A sent WRITE chunk other than chunk 0 of a multi-chunk transfer: the target answers it
 /// only through the join's COMPLETE on the home lane, so nothing clears it here. It is kept
-/// while its transfer is in progress, so that losing this lane fails the transfer at once
-/// (a chunk may not have arrived) instead of at its deadline.
+/// while its transfer may still run ([`super::Shared::may_run`]: the owner's low-water
+/// mark, so nothing here keeps or frees what another thread allocated), so that losing this
+/// lane fails the transfer at once (a chunk may not have arrived) instead of at its deadline.
 #[derive(Debug)]
 struct Unanswered {
     owner: ShardId,
     uid: u64,
     gen: u64,
-    status: Arc<TransferStatus>,
 }
 
 /// The answer a sent frame waits for. A write's chunk is answered by COMPLETE when it is the
@@ -137,16 +133,11 @@ pub(crate) struct Lane {
 /// `Lane::unanswered` is pruned when it reaches at least this many entries.
 const MIN_PRUNE: usize = 64;
 
-/// Whether a transfer with this status may still need to hear that a lane was lost.
-fn running(status: &TransferStatus) -> bool {
-    !status.code().is_terminal()
-}
-
 impl Lane {
     /// Remember a frame about to be sent until its answer, or, for a chunk answered only
     /// through the join, while its transfer runs (pruned of ended transfers as it grows,
     /// so it stays within about twice the chunks in flight).
-    fn expect(&self, tag: u64, o: Outstanding, status: Arc<TransferStatus>) {
+    fn expect(&self, shared: &Shared, tag: u64, o: Outstanding) {
         if let Wait::Write {
             chunk,
             final_: false,
@@ -155,14 +146,13 @@ impl Lane {
             if chunk != 0 {
                 let mut v = self.unanswered.borrow_mut();
                 if v.len() >= self.prune_at.get() {
-                    v.retain(|u| running(&u.status));
+                    v.retain(|u| shared.may_run(u.owner, u.gen));
                     self.prune_at.set((2 * v.len()).max(MIN_PRUNE));
                 }
                 v.push(Unanswered {
                     owner: o.owner,
                     uid: o.uid,
                     gen: o.gen,
-                    status,
                 });
                 return;
             }
@@ -173,6 +163,9 @@ impl Lane {
 
 /// Queue work on a lane of this shard, dialing it first if needed.
 pub(crate) fn enqueue(shard: &Rc<Shard>, work: LaneWork) {
+    if let Some(first) = work.items.first() {
+        trace::mark(first.uid, trace::stage::HANDED);
+    }
     let (lane, fresh) = lane_for(shard, &work.peer, work.lane);
     lane.queue.borrow_mut().extend(work.items);
     if fresh {
@@ -295,7 +288,7 @@ fn die(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: &str) {
         lane.unanswered
             .borrow_mut()
             .drain(..)
-            .filter(|u| running(&u.status))
+            .filter(|u| shard.shared.may_run(u.owner, u.gen))
             .map(|u| (u.owner, u.uid, u.gen)),
     );
     let msg = format!("connection to {} lost: {msg}", lane.peer.key);
@@ -378,7 +371,6 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
                 owner: item.owner,
                 uid: item.uid,
                 gen: item.gen,
-                status: item.status.clone(),
                 kind: ItemKind::Shared(stripes),
             });
             item.kind = kind;
@@ -460,7 +452,6 @@ async fn write_host_chunk(
     local: &SharedRegion,
     final_: bool,
     wait: Outstanding,
-    status: Arc<TransferStatus>,
 ) -> std::io::Result<()> {
     // SAFETY (every `slice` below): the ranges were checked against the region at
     // submission and the region lives while `local` does; reading it is the transfer.
@@ -484,7 +475,7 @@ async fn write_host_chunk(
         return Err(std::io::Error::other("local range out of bounds"));
     }
     let gen = wait.gen;
-    lane.expect(head.tag, wait, status);
+    lane.expect(&shard.shared, head.tag, wait);
     lane.writing.set(Some((head.uid, gen)));
     shard.stats.borrow_mut().bytes_sent += bytes;
     if bytes as usize <= writer.inline_bytes() {
@@ -513,7 +504,7 @@ async fn write_item(
 ) -> std::io::Result<()> {
     let tag = lane.next_tag.get();
     lane.next_tag.set(tag + 1);
-    let (uid, gen, owner, status) = (item.uid, item.gen, item.owner, item.status);
+    let (uid, gen, owner) = (item.uid, item.gen, item.owner);
     let pending = |wait| Outstanding {
         owner,
         uid,
@@ -550,7 +541,8 @@ async fn write_item(
                     let c = framed(&pieces);
                     let spans: Vec<(u64, u64)> = pieces.iter().map(|p| (p.local, p.len)).collect();
                     let bytes = c.bytes();
-                    lane.expect(tag, pending(Wait::Write { chunk, final_ }), status);
+                    let wait = pending(Wait::Write { chunk, final_ });
+                    lane.expect(&shard.shared, tag, wait);
                     lane.writing.set(Some((uid, gen)));
                     let frame = Frame::Write { chunk: c, final_ };
                     match gpu_io::push_from_device(shard, writer, &frame, &local, &spans).await {
@@ -572,10 +564,8 @@ async fn write_item(
                 }
                 Op::Write => {
                     let wait = pending(Wait::Write { chunk, final_ });
-                    write_host_chunk(
-                        shard, lane, writer, &head, &pieces, &local, final_, wait, status,
-                    )
-                    .await
+                    write_host_chunk(shard, lane, writer, &head, &pieces, &local, final_, wait)
+                        .await
                 }
                 Op::Read => {
                     let bytes = pieces.total_bytes();

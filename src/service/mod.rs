@@ -24,6 +24,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::{OwnedFd, RawFd};
 use std::rc::Rc;
+use std::sync::atomic::AtomicU64;
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -106,9 +107,20 @@ pub(crate) struct Shared {
     pub inbound: Arc<InboundStatuses>,
     /// The listening socket, taken by shard 0 when it starts.
     pub listener: Mutex<Option<socket2::Socket>>,
+    /// Per owner shard, the lowest generation among the transfers it still owns (or its next
+    /// generation when it owns none): every transfer of that shard below it has ended. Lanes
+    /// read it to forget chunks that get no answer of their own without being told.
+    pub low_water: Box<[AtomicU64]>,
 }
 
 impl Shared {
+    /// Whether the transfer of generation `gen` owned by shard `owner` may still be running.
+    pub fn may_run(&self, owner: ShardId, gen: u64) -> bool {
+        self.low_water
+            .get(owner)
+            .is_none_or(|w| gen >= w.load(std::sync::atomic::Ordering::Acquire))
+    }
+
     /// Shards that own transfers: each of them also owns at least one lane per peer.
     pub fn n_owners(&self, n_shards: usize) -> usize {
         n_shards.min(self.cfg.num_data_conns).max(1)

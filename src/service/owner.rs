@@ -1,7 +1,8 @@
 //! Owner side of transfers: plan chunks onto lanes, collect lane reports, complete statuses.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::rc::Rc;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::lane::{ItemKind, LaneItem, LaneWork};
@@ -57,6 +58,34 @@ struct Entry {
 pub(crate) struct OwnerTable {
     map: HashMap<(Arc<str>, u64), Entry>,
     cursor: HashMap<Arc<str>, usize>,
+    /// Generations of the transfers in `map`, for [`super::Shared::low_water`].
+    in_flight: BTreeSet<u64>,
+}
+
+impl OwnerTable {
+    /// The transfer of generation `gen` ended: publish the new low-water mark if it was the
+    /// oldest.
+    fn ended(&mut self, shard: &Shard, gen: u64) {
+        if self.forget(gen) {
+            self.publish(shard);
+        }
+    }
+
+    /// Drop `gen` from the running generations; whether the low-water mark moved.
+    fn forget(&mut self, gen: u64) -> bool {
+        self.in_flight.remove(&gen) && self.in_flight.first().is_none_or(|&f| f > gen)
+    }
+
+    /// Every transfer below this generation has ended (`next_gen`: none runs).
+    fn low_water(&self, next_gen: u64) -> u64 {
+        self.in_flight.first().copied().unwrap_or(next_gen)
+    }
+
+    fn publish(&self, shard: &Shard) {
+        if let Some(slot) = shard.shared.low_water.get(shard.id) {
+            slot.store(self.low_water(shard.next_gen.get()), Ordering::Release);
+        }
+    }
 }
 
 fn fail_status(status: &TransferStatus, code: u32, msg: &str) {
@@ -159,7 +188,6 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
                 owner: shard.id,
                 uid: s.uid,
                 gen,
-                status: s.status.clone(),
                 kind: ItemKind::Shared(list.clone()),
             });
         }
@@ -175,7 +203,6 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
             owner: shard.id,
             uid: s.uid,
             gen,
-            status: s.status.clone(),
             kind: ItemKind::Chunk {
                 op: s.op,
                 chunk: i as u32,
@@ -200,14 +227,31 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
     let lanes: Vec<u16> = (0..n_lanes)
         .filter(|&l| !per_lane[l as usize].is_empty())
         .collect();
-    // Other shards' lanes first, so they start while this shard sends its own share.
-    let mine = |l: &u16| shard.lane_shard(*l) == shard.id;
-    let order: Vec<u16> = lanes
-        .iter()
-        .filter(|l| !mine(l))
-        .chain(lanes.iter().filter(|l| mine(l)))
-        .copied()
-        .collect();
+    {
+        // Before any lane has the work: the low-water mark must not pass this generation.
+        let mut t = shard.owner.borrow_mut();
+        t.in_flight.insert(gen);
+        if t.in_flight.len() == 1 {
+            t.publish(shard);
+        }
+    }
+    crate::trace::mark(s.uid, crate::trace::stage::PLANNED);
+    // Other shards' lanes first, so they start while this shard sends its own share; then
+    // the bookkeeping (nothing can answer before this handler returns: every report comes
+    // through this shard's inbox), then this shard's own lanes.
+    let hand_out = |lane: u16, items: Vec<LaneItem>| {
+        let work = LaneWork {
+            peer: s.peer.clone(),
+            lane,
+            items,
+        };
+        shard.send(shard.lane_shard(lane), ShardMsg::LaneWork(Box::new(work)));
+    };
+    let mine = |l: u16| shard.lane_shard(l) == shard.id;
+    for &lane in lanes.iter().filter(|&&l| !mine(l)) {
+        hand_out(lane, std::mem::take(&mut per_lane[lane as usize]));
+    }
+    let own: Vec<u16> = lanes.iter().copied().filter(|&l| mine(l)).collect();
     shard.owner.borrow_mut().map.insert(
         key,
         Entry {
@@ -226,14 +270,8 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
                 .saturating_sub(cfg.op_timeout.as_nanos() as u64),
         },
     );
-    crate::trace::mark(s.uid, crate::trace::stage::PLANNED);
-    for lane in order {
-        let work = LaneWork {
-            peer: s.peer.clone(),
-            lane,
-            items: std::mem::take(&mut per_lane[lane as usize]),
-        };
-        shard.send(shard.lane_shard(lane), ShardMsg::LaneWork(Box::new(work)));
+    for lane in own {
+        hand_out(lane, std::mem::take(&mut per_lane[lane as usize]));
     }
 }
 
@@ -268,7 +306,6 @@ pub(crate) fn on_event(shard: &Rc<Shard>, ev: LaneEvent) {
                     owner: shard.id,
                     uid: key.1,
                     gen: e.gen,
-                    status: e.status.clone(),
                     kind: ItemKind::Finish {
                         op: e.op,
                         n_chunks: e.n_chunks,
@@ -284,6 +321,7 @@ pub(crate) fn on_event(shard: &Rc<Shard>, ev: LaneEvent) {
         }
         Some(Action::Complete { code, msg }) => {
             let Some(e) = t.map.remove(&key) else { return };
+            t.ended(shard, e.gen);
             drop(t);
             // A failed multi-chunk transfer may leave answers its lanes still wait for (chunk
             // 0's COMPLETE after a FINISH): they are dropped there.
@@ -348,6 +386,7 @@ pub(crate) fn tick(shard: &Rc<Shard>, now: u64) {
         keys.into_iter()
             .filter_map(|k| {
                 let mut e = t.map.remove(&k)?;
+                t.ended(shard, e.gen);
                 match e.sm.on_tick(now) {
                     Some(Action::Complete { code, msg }) => Some((k, e, code, msg)),
                     _ => None,
@@ -362,8 +401,37 @@ pub(crate) fn tick(shard: &Rc<Shard>, now: u64) {
 
 /// Fail everything this shard owns (shutdown).
 pub(crate) fn fail_all(shard: &Rc<Shard>, msg: &str) {
-    let all: Vec<_> = shard.owner.borrow_mut().map.drain().collect();
+    let all: Vec<_> = {
+        let mut t = shard.owner.borrow_mut();
+        t.in_flight.clear();
+        t.publish(shard);
+        t.map.drain().collect()
+    };
     for (_, e) in all {
         fail_status(&e.status, codes::ERR_BAD_STATE, msg);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OwnerTable;
+
+    #[test]
+    fn the_low_water_mark_moves_only_past_ended_transfers() {
+        let mut t = OwnerTable::default();
+        assert_eq!(t.low_water(0), 0);
+        t.in_flight.extend([3, 5, 7]);
+        assert_eq!(t.low_water(8), 3);
+        // An ended transfer that was not the oldest leaves the mark where it was.
+        assert!(!t.forget(5));
+        assert_eq!(t.low_water(8), 3);
+        assert!(t.forget(3));
+        assert_eq!(t.low_water(8), 7);
+        // One never seen (or already forgotten) changes nothing.
+        assert!(!t.forget(3));
+        assert!(!t.forget(100));
+        // None left: every generation below the next one has ended.
+        assert!(t.forget(7));
+        assert_eq!(t.low_water(8), 8);
     }
 }
