@@ -38,7 +38,11 @@ impl InboundStatuses {
     pub fn record(&self, peer: &str, uid: u64, code: StatusCode, msg: &str) {
         let now = Instant::now();
         let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
-        let p = peers.entry(peer.to_string()).or_default();
+        if !peers.contains_key(peer) {
+            // The key is copied once per peer, not once per transfer.
+            peers.insert(peer.to_string(), PeerStatuses::default());
+        }
+        let Some(p) = peers.get_mut(peer) else { return };
         if let Some(e) = p.by_uid.get_mut(&uid) {
             if !e.0.is_error() {
                 *e = (code, msg.to_string(), e.2);

@@ -221,11 +221,15 @@ async fn step(
         trace::mark(uid, trace::stage::T_ANSWERED);
     }
     // Waiting for a frame is cancel-safe: the reader keeps what it has buffered, and the
-    // socket's readiness stays with the stream.
-    let next = futures_lite::future::or(async { Some(reader.next_frame().await) }, async {
-        conn.outbox.ready().await;
-        None
-    })
+    // socket's readiness stays with the stream. The outbox is polled first: woken by a
+    // join's answer, the task sends it without trying the socket once more.
+    let next = futures_lite::future::or(
+        async {
+            conn.outbox.ready().await;
+            None
+        },
+        async { Some(reader.next_frame().await) },
+    )
     .await;
     let Some(next) = next else {
         return Ok(true);
