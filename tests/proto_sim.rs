@@ -202,6 +202,9 @@ struct Spec {
     /// before the chunk leaves (at a random later point of the schedule), a read's data
     /// cannot be placed when it arrives.
     local_failure: bool,
+    /// Shared stripes (a write's chunks other than chunk 0 ride whichever of `lanes` takes
+    /// them, here a random one each) instead of round robin.
+    shared: bool,
 }
 
 #[derive(Debug)]
@@ -527,6 +530,7 @@ impl Sim {
             lanes,
             deadline: NO_DEADLINE,
             local_failure: false,
+            shared: op == Op::Write && self.rng.gen(),
         }
     }
 
@@ -563,15 +567,20 @@ impl Sim {
         let chunks = cut(&spec.pieces, stripe);
         let n = chunks.len() as u32;
         let extent = spec.extent.unwrap_or_else(|| remote_extent(&spec.pieces));
-        // Chunk i rides lanes[i % len], so chunk 0 rides the home lane, lanes[0]; every chunk
-        // of a multi-chunk transfer names it as the join lane (0, ignored, for one chunk).
+        // Chunk i rides lanes[i % len] (shared: any of them, but chunk 0), so chunk 0 rides
+        // the home lane, lanes[0]; every chunk of a multi-chunk transfer names it as the join
+        // lane (0, ignored, for one chunk).
         let join_lane = if n > 1 { spec.lanes[0] as u16 } else { 0 };
         let fail_chunk = spec.local_failure.then(|| self.rng.gen_range(0..n));
         let x = self.xfers.len();
         let mut chunk_lanes = BTreeSet::new();
         for (i, pieces) in chunks.iter().enumerate() {
             let i = i as u32;
-            let lane_ix = spec.lanes[i as usize % spec.lanes.len()];
+            let lane_ix = if spec.shared && i != 0 {
+                spec.lanes[self.rng.gen_range(0..spec.lanes.len())]
+            } else {
+                spec.lanes[i as usize % spec.lanes.len()]
+            };
             if spec.op == Op::Write && fail_chunk == Some(i) {
                 // Its staging copy is under way; it fails later and the chunk never leaves.
                 self.staging.push((x, i));
