@@ -336,7 +336,7 @@ impl FrameWriter {
             let mut parts: Vec<&[u8]> = Vec::with_capacity(payload.len() + 1);
             parts.push(&self.buf);
             parts.extend_from_slice(payload);
-            let r = self.w.send_all(&parts).await;
+            let r = send_head_first(&mut self.w, &parts).await;
             self.buf.clear();
             r
         }
@@ -407,7 +407,7 @@ impl FrameWriter {
         let mut parts: Vec<&[u8]> = Vec::with_capacity(payload.len() + 1);
         parts.push(&self.buf);
         parts.extend_from_slice(payload);
-        let r = self.w.send_all(&parts).await;
+        let r = send_head_first(&mut self.w, &parts).await;
         self.buf.clear();
         r
     }
@@ -448,6 +448,44 @@ impl FrameWriter {
     pub(crate) fn inner(&self) -> &rt::WriteHalf {
         &self.w
     }
+}
+
+/// A frame whose payload is larger than this leaves in two sends: its header with the first
+/// this many payload bytes, then the rest. TCP hands a send's bytes to the peer in segments
+/// of up to 64 KiB over loopback, so the peer's reader would otherwise see the header only
+/// once the sender has copied the first 64 KiB; with a short first send it starts placing
+/// the payload while the sender copies the rest.
+const HEAD_FIRST_BYTES: usize = 16 << 10;
+
+/// Send `parts` (a header, then payload slices) as [`HEAD_FIRST_BYTES`] describes.
+async fn send_head_first(w: &mut rt::WriteHalf, parts: &[&[u8]]) -> io::Result<()> {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let head = parts.first().map_or(0, |p| p.len());
+    if total <= head + 2 * HEAD_FIRST_BYTES {
+        return w.send_all(parts).await;
+    }
+    let (first, rest) = split_parts(parts, head + HEAD_FIRST_BYTES);
+    w.send_all(&first).await?;
+    w.send_all(&rest).await
+}
+
+/// `parts` cut after `n` bytes: the slices before, the slices after (one slice may be split).
+fn split_parts<'a>(parts: &[&'a [u8]], mut n: usize) -> (Vec<&'a [u8]>, Vec<&'a [u8]>) {
+    let mut first = Vec::new();
+    let mut rest = Vec::with_capacity(parts.len());
+    for &p in parts {
+        if n >= p.len() {
+            first.push(p);
+            n -= p.len();
+        } else if n > 0 {
+            first.push(&p[..n]);
+            rest.push(&p[n..]);
+            n = 0;
+        } else {
+            rest.push(p);
+        }
+    }
+    (first, rest)
 }
 
 /// Options every lane socket gets (both ends): nodelay, keepalive, and a user timeout so a
@@ -508,6 +546,18 @@ fn eof_is_closed(e: io::Error) -> ConnError {
 #[cfg(test)]
 mod tests {
     use super::ascending_disjoint;
+
+    #[test]
+    fn parts_split_at_any_byte() {
+        let (a, b, c) = (&[1u8, 2, 3][..], &[4u8][..], &[5u8, 6][..]);
+        let flat = |v: &[&[u8]]| v.concat();
+        for n in 0..=7 {
+            let (x, y) = super::split_parts(&[a, b, c], n);
+            assert_eq!(flat(&x), [1u8, 2, 3, 4, 5, 6][..n.min(6)].to_vec(), "n {n}");
+            assert_eq!(flat(&y), [1u8, 2, 3, 4, 5, 6][n.min(6)..].to_vec(), "n {n}");
+            assert!(x.iter().chain(&y).all(|p| !p.is_empty()), "n {n}");
+        }
+    }
 
     #[test]
     fn ascending_disjoint_ranges() {
