@@ -64,6 +64,13 @@ pub mod stage {
     /// Initiator, lane shard: the owner's work for this lane was taken from the shard's
     /// inbox and queued on the lane (between PLANNED and ENCODE).
     pub const HANDED: u8 = 21;
+    /// Initiator, lane shard: the first send of a large chunk (its header and first bytes,
+    /// `io::send_head_first`) returned (between ENCODE and PUSHED).
+    pub const HEAD_SENT: u8 = 22;
+    /// Target: the first bytes of the frame were read from the socket (between SENT and
+    /// T_RECV: how long the bytes waited to be noticed, against how long they took to
+    /// arrive).
+    pub const T_READABLE: u8 = 23;
 
     /// The stages a one-chunk write passes, in order (sub-stages in their places; FINISH,
     /// T_FINISH and COMPLETED belong to multi-chunk transfers only).
@@ -114,6 +121,48 @@ pub fn clock_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+thread_local! {
+    /// The transfer this thread is sending a frame of ([`set_current`]), for marks made by
+    /// code that does not know it.
+    static CURRENT: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// The calling thread now works on transfer `uid` (or on none): [`mark_current`] marks it.
+#[inline]
+pub fn set_current(uid: Option<u64>) {
+    if enabled() {
+        CURRENT.with(|c| c.set(uid));
+    }
+}
+
+/// Mark `stage` for the transfer [`set_current`] named, if any.
+#[inline]
+pub fn mark_current(stage: u8) {
+    if enabled() {
+        if let Some(uid) = CURRENT.with(|c| c.get()) {
+            record_at(uid, stage, clock_ns());
+        }
+    }
+}
+
+/// The time to give a later [`mark_at`] (0 when tracing is off).
+#[inline]
+pub fn now_if_enabled() -> u64 {
+    if enabled() {
+        clock_ns()
+    } else {
+        0
+    }
+}
+
+/// Record that transfer `uid` reached `stage` at `ns` ([`now_if_enabled`]), found out later.
+#[inline]
+pub fn mark_at(uid: u64, stage: u8, ns: u64) {
+    if enabled() && ns > 0 {
+        record_at(uid, stage, ns);
+    }
+}
+
 /// Record that transfer `uid` reached `stage` now (a no-op unless tracing is on).
 #[inline]
 pub fn mark(uid: u64, stage: u8) {
@@ -124,6 +173,11 @@ pub fn mark(uid: u64, stage: u8) {
 
 #[cold]
 fn record(uid: u64, stage: u8) {
+    record_at(uid, stage, clock_ns())
+}
+
+#[cold]
+fn record_at(uid: u64, stage: u8, ns: u64) {
     let Some(buf) = BUF.get() else { return };
     let i = NEXT.fetch_add(1, Ordering::Relaxed);
     if i >= CAPACITY {
@@ -134,7 +188,7 @@ fn record(uid: u64, stage: u8) {
     // SAFETY: sched_getcpu has no preconditions; it returns -1 on failure.
     let cpu = unsafe { libc::sched_getcpu() }.max(0) as u64 & 0xffff;
     buf[3 * i + 1].store(stage as u64 | cpu << 8, Ordering::Relaxed);
-    buf[3 * i + 2].store(clock_ns(), Ordering::Release);
+    buf[3 * i + 2].store(ns, Ordering::Release);
 }
 
 /// Write what was recorded to `$MORIO_TRACE/<label>-<pid>.csv` and

@@ -13,7 +13,7 @@
 //! socket has become readable for the spin window, and then hands every waiting reader back
 //! to the runtime by waking it (it re-polls, finds the shard idle, and arms readiness).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::os::fd::RawFd;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -34,6 +34,17 @@ const ROUND_TRIP_QUIET: Duration = Duration::from_micros(50);
 /// microseconds in which the poller is not polling, so it is put where it is least likely
 /// to delay a message: in a quiet stretch longer than a small transfer's round trip.
 const ROUND_TRIP_MAX: Duration = Duration::from_micros(200);
+
+/// The two bounds above while no short timer ([`SHORT_TIMER`]) is pending on the shard:
+/// then only long timers (deadline ticks, stall timeouts) and rare completions (accepts,
+/// dials) wait for a round trip, and being a few milliseconds late costs them nothing,
+/// while every round trip on a shard in the middle of a transfer delays it.
+const ROUND_TRIP_QUIET_UNTIMED: Duration = Duration::from_millis(1);
+const ROUND_TRIP_MAX_UNTIMED: Duration = Duration::from_millis(5);
+
+/// Sleeps shorter than this (a GPU fence's naps, say) are short timers: while one is
+/// pending the poller keeps the tight round-trip bounds, so it fires on time.
+pub(crate) const SHORT_TIMER: Duration = Duration::from_millis(1);
 
 struct Waiter {
     fd: RawFd,
@@ -60,6 +71,33 @@ struct Busy {
 
 thread_local! {
     static BUSY: RefCell<Option<Busy>> = const { RefCell::new(None) };
+    /// Short timers ([`SHORT_TIMER`]) pending on this thread.
+    static SHORT_SLEEPS: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Sleep for `d` on the calling shard; a short sleep keeps the busy poller's round trips
+/// frequent while it is pending (see [`ROUND_TRIP_MAX_UNTIMED`]).
+pub(crate) async fn sleep(d: Duration) {
+    struct Pending;
+    impl Drop for Pending {
+        fn drop(&mut self) {
+            SHORT_SLEEPS.with(|n| n.set(n.get().saturating_sub(1)));
+        }
+    }
+    let _pending = (d < SHORT_TIMER).then(|| {
+        SHORT_SLEEPS.with(|n| n.set(n.get() + 1));
+        Pending
+    });
+    glommio::timer::sleep(d).await;
+}
+
+/// The round-trip bounds (quiet, max) for the calling shard now.
+fn round_trip_bounds() -> (Duration, Duration) {
+    if SHORT_SLEEPS.with(Cell::get) > 0 {
+        (ROUND_TRIP_QUIET, ROUND_TRIP_MAX)
+    } else {
+        (ROUND_TRIP_QUIET_UNTIMED, ROUND_TRIP_MAX_UNTIMED)
+    }
 }
 
 /// Turn busy polling on for the calling shard's thread, with this spin window;
@@ -220,7 +258,8 @@ const SETTLE_ROUNDS: u32 = 3;
 ///
 /// Between turns it lets the tasks it woke run. Mostly it only re-queues itself behind
 /// them (so the next turn starts the moment they are done); now and then
-/// ([`ROUND_TRIP_QUIET`], [`ROUND_TRIP_MAX`]) it instead sleeps on a timer, which sends
+/// ([`ROUND_TRIP_QUIET`], [`ROUND_TRIP_MAX`], longer while no short timer is pending) it
+/// instead sleeps on a timer, which sends
 /// the executor round its whole loop: a task that only ever re-queued itself would keep
 /// glommio inside its task queue, and timers and the runtime's own completions would
 /// never be processed.
@@ -245,9 +284,8 @@ pub(crate) async fn poller() {
             Turn::Quiet => settled += 1,
         }
         let since = round_trip.elapsed();
-        if since >= ROUND_TRIP_MAX
-            || (since >= ROUND_TRIP_QUIET && last_woke.elapsed() >= ROUND_TRIP_QUIET)
-        {
+        let (quiet, max) = round_trip_bounds();
+        if since >= max || (since >= quiet && last_woke.elapsed() >= quiet) {
             glommio::timer::sleep(POLL_PERIOD).await;
             round_trip = Instant::now();
             settled = 0;

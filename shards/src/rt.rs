@@ -12,8 +12,13 @@ use std::time::Duration;
 use futures_lite::{AsyncRead, AsyncWrite};
 
 pub use glommio::net::{TcpListener, TcpStream};
-pub use glommio::timer::sleep;
 pub use glommio::{spawn_local, yield_if_needed, Task};
+
+/// Sleep for `d` on the calling shard (a sleep under a millisecond also keeps a busy-polling
+/// shard's runtime round trips frequent enough for it to fire on time).
+pub async fn sleep(d: Duration) {
+    crate::busy::sleep(d).await
+}
 
 /// How many socket reads the calling shard's busy poller has woken (0 unless the pool was
 /// started with `spin_before_park`).

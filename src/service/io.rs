@@ -43,6 +43,8 @@ pub(crate) struct FrameReader<R> {
     stall: Duration,
     /// Payload bytes of the current frame not yet consumed.
     payload_left: u64,
+    /// When the first bytes of the frame being read arrived (tracing only, else 0).
+    first_read_ns: u64,
 }
 
 const READ_BUF_BYTES: usize = 256 << 10;
@@ -65,7 +67,14 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             end: 0,
             stall,
             payload_left: 0,
+            first_read_ns: 0,
         }
+    }
+
+    /// When the first bytes of the last frame read from the socket arrived (0 if untraced,
+    /// or if that frame was already buffered with the one before).
+    pub(crate) fn take_first_read_ns(&mut self) -> u64 {
+        std::mem::take(&mut self.first_read_ns)
     }
 
     /// The next frame and its payload length; `Ok(None)` on a clean EOF between frames.
@@ -100,6 +109,9 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             } else {
                 self.r.read(&mut self.buf[self.end..upto]).await?
             };
+            if !partial && n > 0 {
+                self.first_read_ns = crate::trace::now_if_enabled();
+            }
             if n == 0 {
                 return if partial {
                     Err(ConnError::Closed)
@@ -342,6 +354,16 @@ impl FrameWriter {
         }
     }
 
+    /// Queue bytes already encoded (the rest of a frame a join began to send).
+    pub(crate) fn push_bytes(&mut self, b: &[u8]) {
+        self.buf.extend_from_slice(b);
+    }
+
+    /// Whether nothing is queued for sending.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
     /// Payloads up to this size are copied next to their header.
     pub(crate) fn inline_bytes(&self) -> usize {
         self.inline_bytes
@@ -466,6 +488,7 @@ async fn send_head_first(w: &mut rt::WriteHalf, parts: &[&[u8]]) -> io::Result<(
     }
     let (first, rest) = split_parts(parts, head + HEAD_FIRST_BYTES);
     w.send_all(&first).await?;
+    crate::trace::mark_current(crate::trace::stage::HEAD_SENT);
     w.send_all(&rest).await
 }
 

@@ -3,9 +3,10 @@
 //! all are in, records the inbound status and queues COMPLETE on chunk 0's connection
 //! ([`Outbox`]). Entries are bounded in number and age.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
+use std::os::fd::RawFd;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::task::{Poll, Waker};
@@ -21,17 +22,51 @@ use crate::trace;
 pub(crate) const MAX_JOINS: usize = 16384;
 
 /// Answers queued for one served connection by other tasks of its shard (the join of a
-/// transfer whose chunk 0 it carried), sent by the connection's own task between frames.
+/// transfer whose chunk 0 it carried), sent by the connection's own task between frames, or
+/// straight away when that task is waiting with nothing unsent ([`Outbox::idle`]).
 #[derive(Debug, Default)]
 pub(crate) struct Outbox {
-    frames: RefCell<VecDeque<Frame>>,
+    frames: RefCell<VecDeque<Queued>>,
     waker: RefCell<Option<Waker>>,
+    /// The connection's socket while its task waits for the next frame or answer with
+    /// nothing left unsent: the stream is between frames, so an answer may leave at once.
+    idle_fd: Cell<Option<RawFd>>,
+}
+
+/// What waits in an [`Outbox`].
+#[derive(Debug)]
+pub(crate) enum Queued {
+    Frame(Frame),
+    /// The rest of an encoded answer the socket took only part of (it goes first).
+    Bytes(Vec<u8>),
 }
 
 impl Outbox {
-    /// Queue `f` and wake the connection's task.
-    pub fn push(&self, f: Frame) {
-        self.frames.borrow_mut().push_back(f);
+    /// Send `f` now if the connection is idle, else queue it and wake the connection's task.
+    /// Whether it left now.
+    pub fn push(&self, f: Frame) -> bool {
+        if let Some(fd) = self
+            .idle_fd
+            .get()
+            .filter(|_| self.frames.borrow().is_empty())
+        {
+            let mut buf = Vec::new();
+            f.encode(0, &mut buf);
+            let sent = try_send(fd, &buf);
+            if sent == buf.len() {
+                return true;
+            }
+            // Partly taken (or not at all: full, or an error the task will meet itself).
+            buf.drain(..sent);
+            self.queue(Queued::Bytes(buf));
+            return false;
+        }
+        self.queue(Queued::Frame(f));
+        false
+    }
+
+    fn queue(&self, q: Queued) {
+        self.frames.borrow_mut().push_back(q);
         let w = self.waker.borrow_mut().take();
         if let Some(w) = w {
             w.wake();
@@ -39,7 +74,7 @@ impl Outbox {
     }
 
     /// The next queued answer.
-    pub fn pop(&self) -> Option<Frame> {
+    pub fn pop(&self) -> Option<Queued> {
         self.frames.borrow_mut().pop_front()
     }
 
@@ -54,6 +89,36 @@ impl Outbox {
             }
         })
     }
+
+    /// The connection's task waits on socket `fd` with nothing unsent, until the guard drops.
+    pub fn idle(&self, fd: RawFd) -> IdleGuard<'_> {
+        self.idle_fd.set(Some(fd));
+        IdleGuard(self)
+    }
+}
+
+/// Ends an [`Outbox::idle`] stretch (also when the waiting task is dropped).
+pub(crate) struct IdleGuard<'a>(&'a Outbox);
+
+impl Drop for IdleGuard<'_> {
+    fn drop(&mut self) {
+        self.0.idle_fd.set(None);
+    }
+}
+
+/// One non-blocking send of `buf` on `fd`: how many bytes the socket took (0 on any error).
+fn try_send(fd: RawFd, buf: &[u8]) -> usize {
+    // SAFETY: `fd` is the connection's open socket (its task is alive and waiting while it is
+    // idle); `buf` is a valid slice.
+    let r = unsafe {
+        libc::send(
+            fd,
+            buf.as_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    usize::try_from(r).unwrap_or(0)
 }
 
 /// Where chunk 0 says to answer: its connection's outbox and its tag.
@@ -130,13 +195,17 @@ pub(crate) fn on_report(shard: &Rc<Shard>, r: JoinReport, answer: Option<Answer>
             .inbound
             .record(&r.peer, r.uid, status_of(code), &msg);
         shard.stats.borrow_mut().inbound_transfers += 1;
-        a.outbox.push(Frame::Complete(Reply {
+        let now = a.outbox.push(Frame::Complete(Reply {
             tag: a.tag,
             uid: r.uid,
             chunk: 0,
             code,
             msg,
         }));
+        if now {
+            trace::mark(r.uid, trace::stage::T_ANSWERED);
+            shard.stats.borrow_mut().direct_answers += 1;
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! lane, and answer WRITE / READ / FINISH frames by placing into or sending from registered
 //! memory.
 
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -13,7 +13,7 @@ use super::gpu_io::{self, SendError};
 use super::io::{
     ascending_disjoint, configure_conn, read_frame_exact, ConnError, FrameReader, FrameWriter,
 };
-use super::join::{self, Answer, JoinReport, Outbox};
+use super::join::{self, Answer, JoinReport, Outbox, Queued};
 use super::{ServedConn, Shard, ShardMsg, TaskGuard};
 use crate::proto::codes;
 use crate::proto::frame::{Chunk, Frame, Hello, HelloAck, Op, Reply};
@@ -148,6 +148,7 @@ async fn serve(shard: Rc<Shard>, stream: rt::TcpStream, hello: Hello) {
     if let Err(e) = configure_conn(&socket2::SockRef::from(&fd), cfg) {
         log::debug!("socket options on an accepted connection: {e}");
     }
+    let raw_fd = stream.as_raw_fd();
     let (r, w) = rt::split(stream);
     let mut reader = FrameReader::new(r, cfg.op_timeout);
     let mut writer = FrameWriter::new(w, cfg.inline_write_bytes);
@@ -166,6 +167,7 @@ async fn serve(shard: Rc<Shard>, stream: rt::TcpStream, hello: Hello) {
         lane: hello.lane,
         n_lanes: hello.n_lanes,
         outbox: Rc::new(Outbox::default()),
+        fd: raw_fd,
     };
     let mut last_uid = None;
     loop {
@@ -196,6 +198,8 @@ struct Conn {
     lane: u16,
     n_lanes: u16,
     outbox: Rc<Outbox>,
+    /// The socket (open while the connection's task runs).
+    fd: RawFd,
 }
 
 /// One turn of a connection: send the answers joins queued for it, then serve the next
@@ -209,12 +213,20 @@ async fn step(
     last_uid: &mut Option<u64>,
 ) -> Result<bool, ConnError> {
     let mut answered = None;
-    while let Some(f) = conn.outbox.pop() {
-        writer.push(&f, &[]).await?;
-        answered = Some(match &f {
-            Frame::Complete(r) => r.uid,
-            _ => 0,
-        });
+    while let Some(q) = conn.outbox.pop() {
+        match q {
+            Queued::Frame(f) => {
+                writer.push(&f, &[]).await?;
+                answered = Some(match &f {
+                    Frame::Complete(r) => r.uid,
+                    _ => 0,
+                });
+            }
+            Queued::Bytes(b) => {
+                writer.push_bytes(&b);
+                answered = Some(0);
+            }
+        }
     }
     if let Some(uid) = answered.filter(|_| !reader.frame_ready()) {
         writer.flush().await?;
@@ -223,6 +235,8 @@ async fn step(
     // Waiting for a frame is cancel-safe: the reader keeps what it has buffered, and the
     // socket's readiness stays with the stream. The outbox is polled first: woken by a
     // join's answer, the task sends it without trying the socket once more.
+    // With nothing unsent, a join may send its answer itself while this task waits.
+    let idle = writer.is_empty().then(|| conn.outbox.idle(conn.fd));
     let next = futures_lite::future::or(
         async {
             conn.outbox.ready().await;
@@ -231,6 +245,7 @@ async fn step(
         async { Some(reader.next_frame().await) },
     )
     .await;
+    drop(idle);
     let Some(next) = next else {
         return Ok(true);
     };
@@ -238,7 +253,9 @@ async fn step(
         return Ok(false);
     };
     let uid = traced_uid(&frame);
+    let first_read = reader.take_first_read_ns();
     if let Some(uid) = uid {
+        trace::mark_at(uid, trace::stage::T_READABLE, first_read);
         trace::mark(uid, trace::stage::T_RECV);
     }
     on_frame(shard, conn, reader, writer, frame, payload).await?;

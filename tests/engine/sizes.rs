@@ -514,3 +514,28 @@ fn dealt_stripes_strided_batch_and_sizes() {
         write_then_read_back(&a, &b, n, 3000 + i as u64);
     }
 }
+
+#[test]
+fn striped_writes_answered_straight_from_idle_connections() {
+    // A join that completes while chunk 0's connection waits with nothing unsent sends the
+    // COMPLETE itself; the bytes and the inbound statuses must be the same either way.
+    let (a, b) = pair("direct", test_cfg());
+    let n = (1usize << 20) + 3;
+    let src = a.register_buffer(random_big(n, 77)).unwrap();
+    let dst = b.register_buffer(vec![0u8; n]).unwrap();
+    let rounds = 40;
+    for _ in 0..rounds {
+        let uid = a.allocate_transfer_uid();
+        let st = a.write(src.desc(), 0, dst.desc(), 0, n, uid);
+        assert_ok(&st, "striped write");
+        assert_eq!(inbound(&b, a.key(), uid), StatusCode::Success);
+    }
+    assert_bytes_eq(&dst.to_vec(), &src.to_vec(), "target after striped writes");
+    let t = b.stats().unwrap().total();
+    assert_eq!(t.inbound_transfers, rounds);
+    assert!(
+        t.direct_answers > 0 && t.direct_answers <= rounds,
+        "{} of {rounds} answers went straight out",
+        t.direct_answers
+    );
+}

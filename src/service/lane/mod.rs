@@ -376,8 +376,11 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
             item.kind = kind;
         }
         trace::mark(item.uid, trace::stage::ENCODE);
+        trace::set_current(Some(item.uid));
         last_uid = Some(item.uid);
-        if let Err(e) = write_item(&shard, &lane, &mut writer, item).await {
+        let sent = write_item(&shard, &lane, &mut writer, item).await;
+        trace::set_current(None);
+        if let Err(e) = sent {
             return die(&shard, &lane, &format!("send failed: {e}"));
         }
         if let Some(uid) = last_uid {
