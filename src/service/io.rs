@@ -479,11 +479,15 @@ impl FrameWriter {
 /// the payload while the sender copies the rest.
 const HEAD_FIRST_BYTES: usize = 16 << 10;
 
+/// Payloads below this leave in one send: a send costs about 5 µs of its own on the H200
+/// VM, more than a small chunk's pipelining gains (docs/results/h200-bench-657c8e3.txt).
+const HEAD_FIRST_MIN_BYTES: usize = 512 << 10;
+
 /// Send `parts` (a header, then payload slices) as [`HEAD_FIRST_BYTES`] describes.
 async fn send_head_first(w: &mut rt::WriteHalf, parts: &[&[u8]]) -> io::Result<()> {
     let total: usize = parts.iter().map(|p| p.len()).sum();
     let head = parts.first().map_or(0, |p| p.len());
-    if total <= head + 2 * HEAD_FIRST_BYTES {
+    if total <= head + 2 * HEAD_FIRST_BYTES || total < HEAD_FIRST_MIN_BYTES {
         return w.send_all(parts).await;
     }
     let (first, rest) = split_parts(parts, head + HEAD_FIRST_BYTES);
