@@ -35,6 +35,15 @@ const ROUND_TRIP_QUIET: Duration = Duration::from_micros(50);
 /// to delay a message: in a quiet stretch longer than a small transfer's round trip.
 const ROUND_TRIP_MAX: Duration = Duration::from_micros(200);
 
+/// The two bounds above while no short timer ([`SHORT_TIMER`]) is pending on the shard:
+/// then only long timers (deadline ticks, stall timeouts) and rare completions (accepts,
+/// dials) wait for a round trip, and being a few milliseconds late costs them nothing,
+/// while every round trip on a shard in the middle of a transfer delays it. (Sockets whose
+/// readiness poll the runtime armed while the shard was idle do not wait for it: the
+/// poller watches them too, see `Busy::armed`.)
+const ROUND_TRIP_QUIET_UNTIMED: Duration = Duration::from_millis(1);
+const ROUND_TRIP_MAX_UNTIMED: Duration = Duration::from_millis(5);
+
 /// Sleeps shorter than this (a GPU fence's naps, say) are short timers: while one is
 /// pending the poller keeps the tight round-trip bounds, so it fires on time.
 pub(crate) const SHORT_TIMER: Duration = Duration::from_millis(1);
@@ -51,6 +60,11 @@ struct Busy {
     /// `Some(last event)` while busy.
     busy_since_event: Option<Instant>,
     waiters: Vec<Waiter>,
+    /// Readers and writers waiting on a readiness poll armed in the runtime (the shard was
+    /// idle when they found their socket empty or full). That poll completes only when the
+    /// executor goes round its loop, which a busy shard does rarely, so while busy the
+    /// poller watches these sockets too and wakes them the moment they are ready.
+    armed: Vec<Waiter>,
     /// The poller task, parked while the shard is idle.
     poller: Option<Waker>,
     pollfds: Vec<libc::pollfd>,
@@ -69,7 +83,7 @@ thread_local! {
 }
 
 /// Sleep for `d` on the calling shard; a short sleep keeps the busy poller's round trips
-/// frequent while it is pending.
+/// frequent while it is pending (see [`ROUND_TRIP_MAX_UNTIMED`]).
 pub(crate) async fn sleep(d: Duration) {
     struct Pending;
     impl Drop for Pending {
@@ -85,12 +99,12 @@ pub(crate) async fn sleep(d: Duration) {
 }
 
 /// The round-trip bounds (quiet, max) for the calling shard now.
-// Longer bounds while no short timer is pending (1 / 5 ms) took 4 KiB x 256 batches from
-// 78-86 to 71-77 us avg but gave 2-shard 8 B rows millisecond tails (p99 2.2 ms): something
-// on that path waits for the runtime. Kept tight until that is found.
 fn round_trip_bounds() -> (Duration, Duration) {
-    let _short_timers = SHORT_SLEEPS.with(Cell::get);
-    (ROUND_TRIP_QUIET, ROUND_TRIP_MAX)
+    if SHORT_SLEEPS.with(Cell::get) > 0 {
+        (ROUND_TRIP_QUIET, ROUND_TRIP_MAX)
+    } else {
+        (ROUND_TRIP_QUIET_UNTIMED, ROUND_TRIP_MAX_UNTIMED)
+    }
 }
 
 /// Turn busy polling on for the calling shard's thread, with this spin window;
@@ -101,6 +115,7 @@ pub(crate) fn enable(window: Duration, inbox_probe: Box<dyn Fn() -> bool>) {
             window,
             busy_since_event: None,
             waiters: Vec::new(),
+            armed: Vec::new(),
             poller: None,
             pollfds: Vec::new(),
             wakes: 0,
@@ -164,20 +179,32 @@ fn register(fd: RawFd, events: i16, cx: &Context<'_>) -> bool {
         let Some(b) = b.as_mut().filter(|b| b.busy_since_event.is_some()) else {
             return false;
         };
-        match b
-            .waiters
-            .iter_mut()
-            .find(|w| w.fd == fd && w.events == events)
-        {
-            Some(w) => w.waker.clone_from(cx.waker()),
-            None => b.waiters.push(Waiter {
-                fd,
-                events,
-                waker: cx.waker().clone(),
-            }),
-        }
+        add(&mut b.waiters, fd, events, cx);
         true
     })
+}
+
+/// A reader (`POLLIN`) or writer (`POLLOUT`) of `fd` now waits on a readiness poll armed in
+/// the runtime: should the shard turn busy before that poll completes, the poller wakes it
+/// as soon as `fd` is ready instead of leaving it to the executor's next round trip.
+pub(crate) fn note_armed(fd: RawFd, events: i16, cx: &Context<'_>) {
+    BUSY.with(|b| {
+        if let Some(b) = b.borrow_mut().as_mut() {
+            add(&mut b.armed, fd, events, cx);
+        }
+    })
+}
+
+/// Add a waiter for `(fd, events)` to `list`, or give the existing one this waker.
+fn add(list: &mut Vec<Waiter>, fd: RawFd, events: i16, cx: &Context<'_>) {
+    match list.iter_mut().find(|w| w.fd == fd && w.events == events) {
+        Some(w) => w.waker.clone_from(cx.waker()),
+        None => list.push(Waiter {
+            fd,
+            events,
+            waker: cx.waker().clone(),
+        }),
+    }
 }
 
 /// Bytes were read: the shard is (still) busy.
@@ -309,36 +336,45 @@ fn hand_back() {
     }
 }
 
-/// Wake (and forget) every waiter whose socket is readable or failed; how many.
+/// Wake (and forget) every waiter, and every runtime-armed one, whose socket is ready or
+/// failed; how many.
 fn poll_waiters(b: &mut Busy) -> usize {
-    if b.waiters.is_empty() {
+    let parked = b.waiters.len();
+    if parked + b.armed.len() == 0 {
         return 0;
     }
     b.pollfds.clear();
-    b.pollfds.extend(b.waiters.iter().map(|w| libc::pollfd {
-        fd: w.fd,
-        events: w.events,
-        revents: 0,
-    }));
+    b.pollfds
+        .extend(b.waiters.iter().chain(&b.armed).map(|w| libc::pollfd {
+            fd: w.fd,
+            events: w.events,
+            revents: 0,
+        }));
     // SAFETY: pollfds is a valid array of `len` entries that poll(2) may write revents into;
     // a zero timeout never blocks. A closed fd reports POLLNVAL, which wakes its reader.
     let n = unsafe { libc::poll(b.pollfds.as_mut_ptr(), b.pollfds.len() as _, 0) };
     if n <= 0 {
         return 0;
     }
-    let mut i = 0;
-    let mut woke = 0;
-    while i < b.waiters.len() {
-        if b.pollfds[i].revents != 0 {
-            b.pollfds.swap_remove(i);
-            b.waiters.swap_remove(i).waker.wake();
-            woke += 1;
-            b.wakes += 1;
-        } else {
-            i += 1;
-        }
-    }
+    let (parked_fds, armed_fds) = b.pollfds.split_at(parked);
+    let woke = wake_ready(&mut b.waiters, parked_fds) + wake_ready(&mut b.armed, armed_fds);
+    b.wakes += woke as u64;
     woke
+}
+
+/// Wake and remove the waiters of `list` whose entry of `fds` (same order) reported an event.
+fn wake_ready(list: &mut Vec<Waiter>, fds: &[libc::pollfd]) -> usize {
+    let before = list.len();
+    let mut i = 0;
+    list.retain(|w| {
+        let ready = fds[i].revents != 0;
+        i += 1;
+        if ready {
+            w.waker.wake_by_ref();
+        }
+        !ready
+    });
+    before - list.len()
 }
 
 /// Wait until the busy poller sees `fd` writable; `false` (at once) if the shard is not busy,
@@ -373,4 +409,60 @@ fn sleep_until_busy() -> impl std::future::Future<Output = ()> {
             None => Poll::Pending,
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::Wake;
+
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A reader that armed the runtime's readiness poll while the shard was idle is woken by
+    /// the poller once the shard is busy and its socket has bytes, exactly once.
+    #[test]
+    fn runtime_armed_readers_are_woken_by_the_busy_poller() {
+        enable(Duration::from_secs(60), Box::new(|| false));
+        let (mut tx, rx) = UnixStream::pair().unwrap();
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let cx = Context::from_waker(&waker);
+        // Idle: the reader waits on the runtime, and only tells the poller so.
+        assert!(!wait_readable(rx.as_raw_fd(), &cx));
+        note_armed(rx.as_raw_fd(), libc::POLLIN, &cx);
+        assert!(matches!(turn(false), Turn::Idle));
+        // Another socket's bytes make the shard busy; this one is still empty.
+        note_activity();
+        assert!(matches!(turn(false), Turn::Quiet));
+        assert_eq!(count.0.load(Ordering::SeqCst), 0);
+        tx.write_all(b"x").unwrap();
+        assert!(matches!(turn(false), Turn::Woke));
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        assert_eq!(wakes(), 1);
+        // Woken once and forgotten: the bytes still queued wake nobody again.
+        assert!(matches!(turn(false), Turn::Quiet));
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+    }
+
+    /// Long round trips only while no short timer is pending.
+    #[test]
+    fn short_timers_keep_round_trips_tight() {
+        assert_eq!(
+            round_trip_bounds(),
+            (ROUND_TRIP_QUIET_UNTIMED, ROUND_TRIP_MAX_UNTIMED)
+        );
+        SHORT_SLEEPS.with(|n| n.set(1));
+        assert_eq!(round_trip_bounds(), (ROUND_TRIP_QUIET, ROUND_TRIP_MAX));
+        SHORT_SLEEPS.with(|n| n.set(0));
+    }
 }

@@ -208,6 +208,15 @@ fn received(r: isize, fd: std::os::fd::RawFd, cx: &Context<'_>) -> Option<Poll<i
     crate::busy::wait_readable(fd, cx).then_some(Poll::Pending)
 }
 
+/// The runtime's answer `p` for `fd`: when it is `Pending`, the runtime now waits on a
+/// readiness poll, which the busy poller also watches should the shard turn busy first.
+fn armed<T>(p: Poll<T>, fd: std::os::fd::RawFd, events: i16, cx: &Context<'_>) -> Poll<T> {
+    if p.is_pending() {
+        crate::busy::note_armed(fd, events, cx);
+    }
+    p
+}
+
 impl AsyncRead for ReadHalf {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -228,7 +237,12 @@ impl AsyncRead for ReadHalf {
         if let Some(p) = received(r, fd, cx) {
             return p;
         }
-        Pin::new(&mut *self.0.borrow_mut()).poll_read(cx, buf)
+        armed(
+            Pin::new(&mut *self.0.borrow_mut()).poll_read(cx, buf),
+            fd,
+            libc::POLLIN,
+            cx,
+        )
     }
 
     /// Scatter the socket's bytes over `bufs` in one `recvmsg` (a payload bound for many
@@ -258,7 +272,12 @@ impl AsyncRead for ReadHalf {
         }
         // Let the runtime wait for the socket, reading into the first buffer when it can.
         match bufs[..n].iter_mut().find(|b| !b.is_empty()) {
-            Some(first) => Pin::new(&mut *self.0.borrow_mut()).poll_read(cx, first),
+            Some(first) => armed(
+                Pin::new(&mut *self.0.borrow_mut()).poll_read(cx, first),
+                fd,
+                libc::POLLIN,
+                cx,
+            ),
             None => Poll::Ready(Ok(0)),
         }
     }
@@ -270,7 +289,14 @@ impl AsyncWrite for WriteHalf {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut *self.0.borrow_mut()).poll_write(cx, buf)
+        use std::os::fd::AsRawFd;
+        let fd = self.0.borrow().as_raw_fd();
+        armed(
+            Pin::new(&mut *self.0.borrow_mut()).poll_write(cx, buf),
+            fd,
+            libc::POLLOUT,
+            cx,
+        )
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut *self.0.borrow_mut()).poll_flush(cx)
