@@ -137,6 +137,7 @@ impl IoEngine {
             inbound: inbound.clone(),
             listener: Mutex::new(Some(listener)),
             low_water: (0..n_shards).map(|_| AtomicU64::new(0)).collect(),
+            joins: Default::default(),
         });
         let mut pool_cfg = match &cpus {
             Some(c) => PoolConfig::pinned(c, "morio-shard"),

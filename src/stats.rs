@@ -27,9 +27,9 @@ pub struct ShardStats {
     pub inbound_bytes_read: u64,
     /// Inbound transfers this shard finished (inbound statuses it recorded).
     pub inbound_transfers: u64,
-    /// Of those, striped ones whose COMPLETE the join sent straight away, its connection
-    /// being idle (the others were queued for the connection's task).
-    pub direct_answers: u64,
+    /// Of those, multi-chunk ones: this shard served the chunk that completed the join and
+    /// answered COMPLETE for the whole transfer.
+    pub joined_transfers: u64,
     /// Submission-to-completion latency of owned transfers, in µs.
     pub latency_us: Histogram<u64>,
     /// Pinned GPU staging memory this shard holds.
@@ -52,7 +52,7 @@ impl ShardStats {
             inbound_bytes_written: 0,
             inbound_bytes_read: 0,
             inbound_transfers: 0,
-            direct_answers: 0,
+            joined_transfers: 0,
             latency_us: new_histogram(),
             gpu_staging_bytes: 0,
             gpu_staging_peak_bytes: 0,
@@ -98,7 +98,7 @@ impl EngineStats {
             t.inbound_bytes_written += s.inbound_bytes_written;
             t.inbound_bytes_read += s.inbound_bytes_read;
             t.inbound_transfers += s.inbound_transfers;
-            t.direct_answers += s.direct_answers;
+            t.joined_transfers += s.joined_transfers;
             t.gpu_staging_bytes += s.gpu_staging_bytes;
             t.gpu_staging_peak_bytes += s.gpu_staging_peak_bytes;
             t.busy_poll_wakes += s.busy_poll_wakes;

@@ -2,7 +2,7 @@
 //! allocates or places a byte.
 
 /// Protocol version carried in HELLO; peers must match exactly.
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 /// Magic at the start of every frame header ("MO" little-endian).
 pub const FRAME_MAGIC: u16 = 0x4F4D;
 /// Size of the fixed frame header.

@@ -354,16 +354,6 @@ impl FrameWriter {
         }
     }
 
-    /// Queue bytes already encoded (the rest of a frame a join began to send).
-    pub(crate) fn push_bytes(&mut self, b: &[u8]) {
-        self.buf.extend_from_slice(b);
-    }
-
-    /// Whether nothing is queued for sending.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.buf.is_empty()
-    }
-
     /// Payloads up to this size are copied next to their header.
     pub(crate) fn inline_bytes(&self) -> usize {
         self.inline_bytes

@@ -81,8 +81,6 @@ pub(crate) enum ShardMsg {
     LaneWork(Box<LaneWork>),
     /// A lane's report about a transfer this shard owns.
     Owner(Box<LaneEvent>),
-    /// Target side: a chunk of a multi-chunk transfer this shard joins was handled.
-    Joined(Box<join::JoinReport>),
     /// A transfer ended early (timeout, lost lane): drop its queued and pending chunks.
     Cancel { peer: Arc<str>, uid: u64, gen: u64 },
     /// Replicate a registered region; answer on the channel once resolvable here.
@@ -111,6 +109,8 @@ pub(crate) struct Shared {
     /// generation when it owns none): every transfer of that shard below it has ended. Lanes
     /// read it to forget chunks that get no answer of their own without being told.
     pub low_water: Box<[AtomicU64]>,
+    /// Target side: the joins of multi-chunk transfers, whichever shards serve their chunks.
+    pub joins: join::Joins,
 }
 
 impl Shared {
@@ -134,8 +134,6 @@ pub(crate) struct Shard {
     pub shared: Arc<Shared>,
     pub regions: RefCell<HashMap<u32, SharedRegion>>,
     pub owner: RefCell<owner::OwnerTable>,
-    /// Target side: multi-chunk transfers whose chunk 0 this shard's connections carry.
-    pub joins: RefCell<join::JoinTable>,
     pub lanes: RefCell<lane::LaneMap>,
     pub next_gen: Cell<u64>,
     pub closing: Cell<bool>,
@@ -216,7 +214,6 @@ impl Shard {
             ShardMsg::Submit(s) => owner::submit(self, *s),
             ShardMsg::LaneWork(w) => lane::enqueue(self, *w),
             ShardMsg::Owner(ev) => owner::on_event(self, *ev),
-            ShardMsg::Joined(r) => join::on_report(self, *r, None),
             ShardMsg::Cancel { peer, uid, gen } => lane::cancel(self, &peer, uid, gen),
             ShardMsg::AddRegion(r, ack) => {
                 self.regions.borrow_mut().insert(r.id, r);
@@ -247,7 +244,6 @@ pub(crate) async fn run(ctx: ShardCtx<ShardMsg>, shared: Arc<Shared>) {
         shared,
         regions: RefCell::new(HashMap::new()),
         owner: RefCell::new(owner::OwnerTable::default()),
-        joins: RefCell::new(join::JoinTable::default()),
         lanes: RefCell::new(HashMap::new()),
         next_gen: Cell::new(0),
         closing: Cell::new(false),
@@ -304,8 +300,11 @@ async fn tick_loop(shard: Rc<Shard>) {
         rt::sleep(every).await;
         let now = now_ns();
         owner::tick(&shard, now);
-        // Joins outlive their initiator's deadline only when a chunk was lost.
-        let max_age = shard.shared.cfg.op_timeout.as_nanos() as u64;
-        join::prune(&shard, now, max_age.saturating_mul(2));
+        // Joins outlive their initiator's deadline only when a chunk was lost; one shard
+        // prunes the engine's table.
+        if shard.id == 0 {
+            let max_age = shard.shared.cfg.op_timeout.as_nanos() as u64;
+            shard.shared.joins.prune(now, max_age.saturating_mul(2));
+        }
     }
 }

@@ -2,7 +2,7 @@
 //! lane, and answer WRITE / READ / FINISH frames by placing into or sending from registered
 //! memory.
 
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -13,7 +13,7 @@ use super::gpu_io::{self, SendError};
 use super::io::{
     ascending_disjoint, configure_conn, read_frame_exact, ConnError, FrameReader, FrameWriter,
 };
-use super::join::{self, Answer, JoinReport, Outbox, Queued};
+use super::join::JoinReport;
 use super::{ServedConn, Shard, ShardMsg, TaskGuard};
 use crate::proto::codes;
 use crate::proto::frame::{Chunk, Frame, Hello, HelloAck, Op, Reply};
@@ -148,7 +148,6 @@ async fn serve(shard: Rc<Shard>, stream: rt::TcpStream, hello: Hello) {
     if let Err(e) = configure_conn(&socket2::SockRef::from(&fd), cfg) {
         log::debug!("socket options on an accepted connection: {e}");
     }
-    let raw_fd = stream.as_raw_fd();
     let (r, w) = rt::split(stream);
     let mut reader = FrameReader::new(r, cfg.op_timeout);
     let mut writer = FrameWriter::new(w, cfg.inline_write_bytes);
@@ -166,8 +165,6 @@ async fn serve(shard: Rc<Shard>, stream: rt::TcpStream, hello: Hello) {
         instance: hello.instance,
         lane: hello.lane,
         n_lanes: hello.n_lanes,
-        outbox: Rc::new(Outbox::default()),
-        fd: raw_fd,
     };
     let mut last_uid = None;
     loop {
@@ -190,66 +187,24 @@ async fn serve(shard: Rc<Shard>, stream: rt::TcpStream, hello: Hello) {
     }
 }
 
-/// A served connection: whose it is, which lane, and the answers its shard's joins queue
-/// for it.
+/// A served connection: whose it is and which lane.
 struct Conn {
     peer: Arc<str>,
     instance: u64,
     lane: u16,
     n_lanes: u16,
-    outbox: Rc<Outbox>,
-    /// The socket (open while the connection's task runs).
-    fd: RawFd,
 }
 
-/// One turn of a connection: send the answers joins queued for it, then serve the next
-/// frame, or wake for the next queued answer, whichever comes first. `Ok(false)`: the peer
-/// closed the connection between frames.
+/// One turn of a connection: serve the next frame. `Ok(false)`: the peer closed the
+/// connection between frames.
 async fn step(
     shard: &Rc<Shard>,
     conn: &Conn,
     reader: &mut FrameReader<rt::ReadHalf>,
     writer: &mut FrameWriter,
-    last_uid: &mut Option<u64>,
+    last_uid: &mut Option<(u64, bool)>,
 ) -> Result<bool, ConnError> {
-    let mut answered = None;
-    while let Some(q) = conn.outbox.pop() {
-        match q {
-            Queued::Frame(f) => {
-                writer.push(&f, &[]).await?;
-                answered = Some(match &f {
-                    Frame::Complete(r) => r.uid,
-                    _ => 0,
-                });
-            }
-            Queued::Bytes(b) => {
-                writer.push_bytes(&b);
-                answered = Some(0);
-            }
-        }
-    }
-    if let Some(uid) = answered.filter(|_| !reader.frame_ready()) {
-        writer.flush().await?;
-        trace::mark(uid, trace::stage::T_ANSWERED);
-    }
-    // Waiting for a frame is cancel-safe: the reader keeps what it has buffered, and the
-    // socket's readiness stays with the stream. The outbox is polled first: woken by a
-    // join's answer, the task sends it without trying the socket once more.
-    // With nothing unsent, a join may send its answer itself while this task waits.
-    let idle = writer.is_empty().then(|| conn.outbox.idle(conn.fd));
-    let next = futures_lite::future::or(
-        async {
-            conn.outbox.ready().await;
-            None
-        },
-        async { Some(reader.next_frame().await) },
-    )
-    .await;
-    drop(idle);
-    let Some(next) = next else {
-        return Ok(true);
-    };
-    let Some((frame, payload)) = next? else {
+    let Some((frame, payload)) = reader.next_frame().await? else {
         return Ok(false);
     };
     let uid = traced_uid(&frame);
@@ -258,24 +213,27 @@ async fn step(
         trace::mark_at(uid, trace::stage::T_READABLE, first_read);
         trace::mark(uid, trace::stage::T_RECV);
     }
-    on_frame(shard, conn, reader, writer, frame, payload).await?;
+    let joined = on_frame(shard, conn, reader, writer, frame, payload).await?;
     if let Some(uid) = uid {
         trace::mark(uid, trace::stage::T_PLACED);
-        *last_uid = Some(uid);
+        *last_uid = Some((uid, joined));
     }
     // Answers to a burst of requests leave together, once no further request is already
     // buffered.
     if !reader.frame_ready() {
         writer.flush().await?;
-        if let Some(uid) = last_uid.take() {
+        if let Some((uid, joined)) = last_uid.take() {
             trace::mark(uid, trace::stage::T_SENT);
+            if joined {
+                trace::mark(uid, trace::stage::T_ANSWERED);
+            }
         }
     }
     Ok(true)
 }
 
-/// A chunk of a multi-chunk transfer must name a lane of this peer as its join lane, and
-/// chunk 0 must ride it (its target shard joins the transfer).
+/// A chunk of a multi-chunk transfer must name a lane of this peer as its join lane (the
+/// initiator's home lane, which also carries FINISH), and chunk 0 must ride it.
 fn check_join(conn: &Conn, chunk: &Chunk) -> Result<(), ConnError> {
     if chunk.join_lane >= conn.n_lanes || (chunk.chunk == 0 && chunk.join_lane != conn.lane) {
         return Err(ConnError::Violation(format!(
@@ -287,11 +245,19 @@ fn check_join(conn: &Conn, chunk: &Chunk) -> Result<(), ConnError> {
 }
 
 /// A chunk of a multi-chunk transfer was handled here with `code`: report it to the
-/// transfer's join. Chunk 0 also says to answer on this connection; another chunk gets no
-/// answer of its own (a read's was its READ_DATA; a write's is the join's COMPLETE).
-fn joined(shard: &Rc<Shard>, conn: &Conn, op: Op, chunk: &Chunk, code: u32, msg: String) {
+/// engine's join. When its report completes the join, the inbound status is recorded and
+/// the COMPLETE for the whole transfer (this chunk's tag) is returned, to leave on this
+/// connection; another chunk gets no answer of its own (a read's was its READ_DATA).
+fn joined(
+    shard: &Rc<Shard>,
+    conn: &Conn,
+    op: Op,
+    chunk: &Chunk,
+    code: u32,
+    msg: &str,
+) -> Option<Frame> {
     let r = JoinReport {
-        peer: conn.peer.clone(),
+        peer: &conn.peer,
         instance: conn.instance,
         uid: chunk.uid,
         op,
@@ -300,16 +266,25 @@ fn joined(shard: &Rc<Shard>, conn: &Conn, op: Op, chunk: &Chunk, code: u32, msg:
         code,
         msg,
     };
-    if chunk.chunk == 0 {
-        // This connection is lane `join_lane` (checked), so its shard is the join shard.
-        let answer = Answer {
-            outbox: conn.outbox.clone(),
-            tag: chunk.tag,
-        };
-        join::on_report(shard, r, Some(answer));
-        return;
+    let (code, msg) = shard.shared.joins.report(&r)?;
+    trace::mark(chunk.uid, trace::stage::T_FINISH);
+    // The inbound status exists before the initiator can see the completion.
+    shard
+        .shared
+        .inbound
+        .record(&conn.peer, chunk.uid, status_of(code), &msg);
+    {
+        let mut st = shard.stats.borrow_mut();
+        st.inbound_transfers += 1;
+        st.joined_transfers += 1;
     }
-    join::report(shard, chunk.join_lane, r);
+    Some(Frame::Complete(Reply {
+        tag: chunk.tag,
+        uid: chunk.uid,
+        chunk: chunk.chunk,
+        code,
+        msg,
+    }))
 }
 
 /// The transfer a frame belongs to, when latency tracing is on.
@@ -335,7 +310,7 @@ async fn on_frame(
     writer: &mut FrameWriter,
     frame: Frame,
     payload: u64,
-) -> Result<(), ConnError> {
+) -> Result<bool, ConnError> {
     let inbound = &shard.shared.inbound;
     let peer = &*conn.peer;
     match frame {
@@ -345,8 +320,8 @@ async fn on_frame(
             }
             let (code, msg) = place(shard, reader, &chunk, payload).await?;
             if !final_ {
-                joined(shard, conn, Op::Write, &chunk, code, msg);
-                return Ok(());
+                return answer_join(writer, joined(shard, conn, Op::Write, &chunk, code, &msg))
+                    .await;
             }
             let reply = Reply {
                 tag: chunk.tag,
@@ -366,8 +341,9 @@ async fn on_frame(
             }
             let (code, msg) = read(shard, peer, writer, &chunk, final_).await?;
             if !final_ {
-                joined(shard, conn, Op::Read, &chunk, code, msg);
-                return Ok(());
+                // After this chunk's READ_DATA, on the same connection.
+                return answer_join(writer, joined(shard, conn, Op::Read, &chunk, code, &msg))
+                    .await;
             }
         }
         Frame::Finish(f) => {
@@ -375,7 +351,10 @@ async fn on_frame(
             // A chunk never left the initiator: its verdict ends the transfer here.
             inbound.record(peer, f.uid, status_of(f.code), &f.msg);
             shard.stats.borrow_mut().inbound_transfers += 1;
-            join::end(shard, (&conn.peer, conn.instance, f.uid), f.op, f.n_chunks);
+            shard
+                .shared
+                .joins
+                .end((&conn.peer, conn.instance, f.uid), f.op, f.n_chunks);
             let reply = Reply {
                 tag: f.tag,
                 uid: f.uid,
@@ -392,7 +371,18 @@ async fn on_frame(
             )));
         }
     }
-    Ok(())
+    Ok(false)
+}
+
+/// Send a join's COMPLETE (if this chunk completed it); whether one was sent.
+async fn answer_join(writer: &mut FrameWriter, complete: Option<Frame>) -> Result<bool, ConnError> {
+    match complete {
+        Some(f) => {
+            writer.push(&f, &[]).await?;
+            Ok(true)
+        }
+        None => Ok(false),
+    }
 }
 
 /// Answer a READ chunk with READ_DATA (its bytes, or its refusal); a FINAL one records the

@@ -516,26 +516,33 @@ fn dealt_stripes_strided_batch_and_sizes() {
 }
 
 #[test]
-fn striped_writes_answered_straight_from_idle_connections() {
-    // A join that completes while chunk 0's connection waits with nothing unsent sends the
-    // COMPLETE itself; the bytes and the inbound statuses must be the same either way.
-    let (a, b) = pair("direct", test_cfg());
+fn striped_transfers_are_answered_once_by_the_join() {
+    // Whichever shard serves the chunk that completes a join answers for the whole
+    // transfer: exactly one answer per transfer, the inbound status recorded before it, and
+    // the same bytes whichever lane it came back on.
+    let (a, b) = pair("joined", test_cfg());
     let n = (1usize << 20) + 3;
     let src = a.register_buffer(random_big(n, 77)).unwrap();
     let dst = b.register_buffer(vec![0u8; n]).unwrap();
+    let back = a.register_buffer(vec![0u8; n]).unwrap();
     let rounds = 40;
     for _ in 0..rounds {
         let uid = a.allocate_transfer_uid();
         let st = a.write(src.desc(), 0, dst.desc(), 0, n, uid);
         assert_ok(&st, "striped write");
         assert_eq!(inbound(&b, a.key(), uid), StatusCode::Success);
+        let uid = a.allocate_transfer_uid();
+        let st = a.read(back.desc(), 0, dst.desc(), 0, n, uid);
+        assert_ok(&st, "striped read");
+        assert_eq!(inbound(&b, a.key(), uid), StatusCode::Success);
     }
     assert_bytes_eq(&dst.to_vec(), &src.to_vec(), "target after striped writes");
+    assert_bytes_eq(&back.to_vec(), &src.to_vec(), "striped reads back");
     let t = b.stats().unwrap().total();
-    assert_eq!(t.inbound_transfers, rounds);
-    assert!(
-        t.direct_answers > 0 && t.direct_answers <= rounds,
-        "{} of {rounds} answers went straight out",
-        t.direct_answers
+    assert_eq!(t.inbound_transfers, 2 * rounds);
+    assert_eq!(
+        t.joined_transfers,
+        2 * rounds,
+        "one join answer per transfer"
     );
 }

@@ -78,11 +78,14 @@ struct Outstanding {
     wait: Wait,
 }
 
-/// A sent WRITE chunk other than chunk 0 of a multi-chunk transfer: the target answers it
-/// only through the join's COMPLETE on the home lane, so nothing clears it here. It is kept
-/// while its transfer may still run ([`super::Shared::may_run`]: the owner's low-water
-/// mark, so nothing here keeps or frees what another thread allocated), so that losing this
-/// lane fails the transfer at once (a chunk may not have arrived) instead of at its deadline.
+/// A chunk of a multi-chunk transfer that has nothing more of its own to wait for (a WRITE
+/// chunk once sent, a READ chunk once its data arrived), kept by tag: the target answers the
+/// whole transfer with COMPLETE on the lane of whichever chunk completed its join, with that
+/// chunk's tag, so any of them may get it. It is kept while its transfer may still run
+/// ([`super::Shared::may_run`]: the owner's low-water mark, so nothing here keeps or frees
+/// what another thread allocated), so that losing this lane fails the transfer at once (a
+/// chunk may not have arrived, or its COMPLETE may have been on the way) instead of at its
+/// deadline.
 #[derive(Debug)]
 struct Unanswered {
     owner: ShardId,
@@ -91,14 +94,12 @@ struct Unanswered {
 }
 
 /// The answer a sent frame waits for. A write's chunk is answered by COMPLETE when it is the
-/// whole transfer (`final_`) or chunk 0 of several (the target joins the chunks on its lane
-/// and answers for all of them); another chunk of a write by nothing ([`Unanswered`]); a
-/// read's chunk by READ_DATA, and chunk 0 of several then also by COMPLETE (`Finish` takes
-/// that over); FINISH by COMPLETE.
+/// whole transfer (`final_`); a chunk of several waits as [`Unanswered`] (the target's join
+/// answers the whole transfer on one of their lanes); a read's chunk by READ_DATA (then, of
+/// several, as [`Unanswered`]); FINISH by COMPLETE.
 #[derive(Debug)]
 enum Wait {
     Write {
-        chunk: u32,
         final_: bool,
     },
     Read {
@@ -121,7 +122,7 @@ pub(crate) struct Lane {
     queue: RefCell<VecDeque<LaneItem>>,
     bell: Bell,
     outstanding: RefCell<HashMap<u64, Outstanding>>,
-    unanswered: RefCell<Vec<Unanswered>>,
+    unanswered: RefCell<HashMap<u64, Unanswered>>,
     /// `unanswered` drops entries of ended transfers when it grows to this length.
     prune_at: Cell<usize>,
     next_tag: Cell<u64>,
@@ -134,30 +135,24 @@ pub(crate) struct Lane {
 const MIN_PRUNE: usize = 64;
 
 impl Lane {
-    /// Remember a frame about to be sent until its answer, or, for a chunk answered only
-    /// through the join, while its transfer runs (pruned of ended transfers as it grows,
-    /// so it stays within about twice the chunks in flight).
+    /// Remember a frame about to be sent until its answer, or, for a chunk of several, while
+    /// its transfer runs.
     fn expect(&self, shared: &Shared, tag: u64, o: Outstanding) {
-        if let Wait::Write {
-            chunk,
-            final_: false,
-        } = o.wait
-        {
-            if chunk != 0 {
-                let mut v = self.unanswered.borrow_mut();
-                if v.len() >= self.prune_at.get() {
-                    v.retain(|u| shared.may_run(u.owner, u.gen));
-                    self.prune_at.set((2 * v.len()).max(MIN_PRUNE));
-                }
-                v.push(Unanswered {
-                    owner: o.owner,
-                    uid: o.uid,
-                    gen: o.gen,
-                });
-                return;
-            }
+        if let Wait::Write { final_: false, .. } = o.wait {
+            return self.unanswered_until_done(shared, tag, o.owner, o.uid, o.gen);
         }
         self.outstanding.borrow_mut().insert(tag, o);
+    }
+
+    /// Keep a chunk of several by its tag while its transfer runs (pruned of ended transfers
+    /// as the table grows, so it stays within about twice the chunks in flight).
+    fn unanswered_until_done(&self, shared: &Shared, tag: u64, owner: ShardId, uid: u64, gen: u64) {
+        let mut v = self.unanswered.borrow_mut();
+        if v.len() >= self.prune_at.get() {
+            v.retain(|_, u| shared.may_run(u.owner, u.gen));
+            self.prune_at.set((2 * v.len()).max(MIN_PRUNE));
+        }
+        v.insert(tag, Unanswered { owner, uid, gen });
     }
 }
 
@@ -191,7 +186,7 @@ fn lane_for(shard: &Rc<Shard>, peer: &Arc<Peer>, idx: u16) -> (Rc<Lane>, bool) {
         queue: RefCell::new(VecDeque::new()),
         bell: Bell::default(),
         outstanding: RefCell::new(HashMap::new()),
-        unanswered: RefCell::new(Vec::new()),
+        unanswered: RefCell::new(HashMap::new()),
         prune_at: Cell::new(MIN_PRUNE),
         next_tag: Cell::new(0),
         writing: Cell::new(None),
@@ -213,7 +208,7 @@ pub(crate) fn cancel(shard: &Rc<Shard>, peer: &str, uid: u64, gen: u64) {
             .retain(|_, o| (o.uid, o.gen) != (uid, gen));
         l.unanswered
             .borrow_mut()
-            .retain(|u| (u.uid, u.gen) != (uid, gen));
+            .retain(|_, u| (u.uid, u.gen) != (uid, gen));
         if l.writing.get() == Some((uid, gen)) {
             // Its bytes are half on the wire: the stream cannot be resynchronised.
             die(
@@ -287,7 +282,8 @@ fn die(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: &str) {
     hit.extend(
         lane.unanswered
             .borrow_mut()
-            .drain(..)
+            .drain()
+            .map(|(_, u)| u)
             .filter(|u| shard.shared.may_run(u.owner, u.gen))
             .map(|u| (u.owner, u.uid, u.gen)),
     );
@@ -544,7 +540,7 @@ async fn write_item(
                     let c = framed(&pieces);
                     let spans: Vec<(u64, u64)> = pieces.iter().map(|p| (p.local, p.len)).collect();
                     let bytes = c.bytes();
-                    let wait = pending(Wait::Write { chunk, final_ });
+                    let wait = pending(Wait::Write { final_ });
                     lane.expect(&shard.shared, tag, wait);
                     lane.writing.set(Some((uid, gen)));
                     let frame = Frame::Write { chunk: c, final_ };
@@ -556,6 +552,7 @@ async fn write_item(
                         Err(SendError::Gpu(e)) => {
                             // Nothing of the frame left: fail this chunk, keep the lane.
                             lane.outstanding.borrow_mut().remove(&tag);
+                            lane.unanswered.borrow_mut().remove(&tag);
                             let msg = format!("staging copy from GPU memory failed: {e}");
                             let code = codes::ERR_GPU_OP;
                             let kind = LaneEventKind::Failed { code, msg };
@@ -566,7 +563,7 @@ async fn write_item(
                     }
                 }
                 Op::Write => {
-                    let wait = pending(Wait::Write { chunk, final_ });
+                    let wait = pending(Wait::Write { final_ });
                     write_host_chunk(shard, lane, writer, &head, &pieces, &local, final_, wait)
                         .await
                 }

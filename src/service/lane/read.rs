@@ -9,7 +9,7 @@ use super::super::gpu_io;
 use super::super::io::{ascending_disjoint, ConnError, FrameReader};
 use super::super::owner::LaneEventKind;
 use super::super::{Shard, TaskGuard};
-use super::{die, report, Lane, Outstanding, Wait};
+use super::{die, report, Lane, Wait};
 use crate::proto::codes;
 use crate::proto::frame::Frame;
 use crate::trace;
@@ -53,38 +53,41 @@ async fn on_frame(
         _ => return violation("unexpected frame kind from target"),
     };
     let Some(o) = lane.outstanding.borrow_mut().remove(&tag) else {
+        if let Frame::Complete(r) = frame {
+            let u = lane.unanswered.borrow_mut().remove(&tag);
+            if let Some(u) = u {
+                if u.uid != uid {
+                    return violation("answer names another transfer");
+                }
+                // A chunk of several completed the target's join: COMPLETE ends the transfer.
+                trace::mark(uid, trace::stage::COMPLETED);
+                let kind = LaneEventKind::Complete {
+                    code: r.code,
+                    msg: r.msg,
+                };
+                report(shard, u.owner, &lane.peer.key, u.uid, u.gen, kind);
+                return Ok(());
+            }
+        }
         // The transfer was cancelled (timeout): drop its answer.
         return reader.discard_payload(payload).await;
     };
     if o.uid != uid {
         return violation("answer names another transfer");
     }
-    let joined = matches!(
-        o.wait,
-        Wait::Finish
-            | Wait::Write {
-                chunk: 0,
-                final_: false
-            }
-    );
-    let answer = if joined && matches!(frame, Frame::Complete(_)) {
+    let answer = if matches!((&frame, &o.wait), (Frame::Complete(_), Wait::Finish)) {
         trace::stage::COMPLETED
     } else {
         trace::stage::RESP
     };
     trace::mark(uid, answer);
     let kind = match (frame, o.wait) {
-        (Frame::Complete(r), Wait::Write { final_: true, .. } | Wait::Finish)
-        | (
-            Frame::Complete(r),
-            Wait::Write {
-                chunk: 0,
-                final_: false,
-            },
-        ) => LaneEventKind::Complete {
-            code: r.code,
-            msg: r.msg,
-        },
+        (Frame::Complete(r), Wait::Write { final_: true, .. } | Wait::Finish) => {
+            LaneEventKind::Complete {
+                code: r.code,
+                msg: r.msg,
+            }
+        }
         (
             Frame::ReadData { reply, final_ },
             Wait::Read {
@@ -146,14 +149,8 @@ async fn on_frame(
             if final_ {
                 LaneEventKind::Complete { code, msg }
             } else {
-                if chunk == 0 {
-                    // The target's COMPLETE for the whole read follows on this lane.
-                    let next = Outstanding {
-                        wait: Wait::Finish,
-                        ..o
-                    };
-                    lane.outstanding.borrow_mut().insert(tag, next);
-                }
+                // The target's COMPLETE for the whole read may follow on this lane.
+                lane.unanswered_until_done(&shard.shared, tag, o.owner, o.uid, o.gen);
                 LaneEventKind::Chunk { chunk, code, msg }
             }
         }
