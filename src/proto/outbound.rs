@@ -53,8 +53,9 @@ pub enum Violation {
 /// One outbound transfer, as its owner shard tracks it.
 ///
 /// A transfer sent as a single FINAL chunk ends with [`Outbound::on_complete`]. A
-/// multi-chunk transfer is joined on the target, which answers COMPLETE on the lane of
-/// chunk 0 once every chunk is handled there and its inbound status is recorded; a write
+/// multi-chunk transfer is joined on the target, which answers COMPLETE once every chunk
+/// is handled there and its inbound status is recorded (on the lane of the chunk that
+/// completed the join, which can be any of the transfer's lanes); a write
 /// ends with that COMPLETE, a read with that COMPLETE and every chunk's data
 /// ([`Outbound::on_chunk`]), in either order. A chunk that fails on this side before it
 /// leaves ([`Outbound::on_local_failure`]) asks for FINISH, whose COMPLETE ends the
