@@ -65,6 +65,8 @@ pub struct Floor {
     pub rounds: usize,
     /// Median round (µs).
     pub p50_us: f64,
+    /// Mean round (µs): what a row's Avg Lat compares with.
+    pub avg_us: f64,
     /// Its p99 (µs).
     pub p99_us: f64,
     /// Fastest round (µs).
@@ -276,12 +278,14 @@ pub fn measure(
     if rtts.len() < timed {
         bail!("floor: stalled after {} of {timed} rounds", rtts.len());
     }
+    let avg_us = rtts.iter().sum::<f64>() / rtts.len() as f64;
     rtts.sort_by(f64::total_cmp);
     let at = |q: f64| rtts[((rtts.len() - 1) as f64 * q) as usize];
     Ok(Floor {
         shape,
         rounds: timed,
         p50_us: at(0.5),
+        avg_us,
         p99_us: at(0.99),
         min_us: rtts[0],
     })
@@ -328,6 +332,7 @@ mod tests {
             h.join().unwrap().unwrap();
             assert_eq!((f.shape, f.rounds), (shape, 45));
             assert!(f.min_us > 0.0 && f.min_us <= f.p50_us && f.p50_us <= f.p99_us);
+            assert!(f.min_us <= f.avg_us && f.avg_us.is_finite());
         }
     }
 }

@@ -274,6 +274,7 @@ pub fn table(rows: &[RowStats], ceiling: Option<&Ceiling>) -> String {
         "Ceiling (GB/s)",
         "Avg/Ceil",
         "Floor p50 (us)",
+        "Floor avg (us)",
         "p50/Floor",
     ]);
     for r in rows {
@@ -292,6 +293,7 @@ pub fn table(rows: &[RowStats], ceiling: Option<&Ceiling>) -> String {
             ceiling.map_or("-".into(), |c| f2(c.gbps)),
             r.avg_over_ceiling.map_or("-".into(), f2),
             r.floor.as_ref().map_or("-".into(), |f| f2(f.p50_us)),
+            r.floor.as_ref().map_or("-".into(), |f| f2(f.avg_us)),
             r.p50_over_floor.map_or("-".into(), f2),
         ]);
     }
@@ -321,6 +323,7 @@ pub fn summarize(files: &[PathBuf]) -> anyhow::Result<()> {
         "Ceiling (GB/s)",
         "Avg/Ceil",
         "Floor p50 (us)",
+        "Floor avg (us)",
         "p50/Floor",
     ]);
     for c in 0..3 {
@@ -375,6 +378,7 @@ pub fn summarize(files: &[PathBuf]) -> anyhow::Result<()> {
                 num(&v["ceiling"]["gbps"]),
                 num(&r["avg_over_ceiling"]),
                 num(&r["floor"]["p50_us"]),
+                num(&r["floor"]["avg_us"]),
                 num(&r["p50_over_floor"]),
             ]);
         }
