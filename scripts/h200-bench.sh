@@ -20,6 +20,9 @@
 #   scripts/h200-bench.sh ab      # there: the 4 KiB x 256 write row (7 spinning shards and
 #                                 # lanes) from each binary of BINS, interleaved ROUNDS times
 #                                 # (EXTRA_AB: options of every run)
+#   scripts/h200-bench.sh ftrace  # there (root): the single 8 B and 8 B x 256 write rows under
+#                                 # ftrace (send syscalls, IPIs, io_uring task work), then
+#                                 # scripts/kernel-sends.py on each buffer
 #   scripts/h200-bench.sh stripes # there: the 1 MiB x 256 rows with shared stripes (the
 #                                 # default) and dealt ones (--deal-stripes), ROUNDS times
 #
@@ -39,7 +42,7 @@ OUT_DIR="${OUT:-/tmp/morio-bench}"
 ITERS="${ITERS:-128}"
 
 usage() {
-	echo "usage: $0 build|run|tp|gpu|lat|trace|cpus" >&2
+	echo "usage: $0 build|run|tp|gpu|lat|trace|cpus|ab|stripes|ftrace" >&2
 	exit 2
 }
 
@@ -293,12 +296,10 @@ stripes() {
 	begin
 	local big=(--buffer-size 1048576 --transfer-batch-size 256 --enable-batch-transfer
 		--enable-sess --batch-contiguous)
-	local r op
+	local r
 	for ((r = 1; r <= ${ROUNDS:-2}; r++)); do
-		for op in write; do
-			add "share${r}-${op}-1m-b256" --op-type "${op}" "${big[@]}"
-			add "deal${r}-${op}-1m-b256" --op-type "${op}" "${big[@]}" --deal-stripes
-		done
+		add "share${r}-write-1m-b256" --op-type write "${big[@]}"
+		add "deal${r}-write-1m-b256" --op-type write "${big[@]}" --deal-stripes
 	done
 	finish
 }
@@ -318,8 +319,40 @@ ab() {
 	finish
 }
 
+# ftrace: the kernel's side of the small rows (is a send dearer for morio than for the floor?).
+ftrace() {
+	local t=/sys/kernel/tracing
+	mountpoint -q "${t}" || mount -t tracefs nodev "${t}"
+	mkdir -p "${OUT_DIR}"
+	local e batch
+	for batch in 1 256; do
+		echo 0 >"${t}/tracing_on"
+		echo >"${t}/trace"
+		echo 16384 >"${t}/buffer_size_kb"
+		echo >"${t}/set_event"
+		for e in syscalls/sys_enter_sendmsg syscalls/sys_exit_sendmsg syscalls/sys_enter_sendto \
+			syscalls/sys_exit_sendto ipi/ipi_send_cpu ipi/ipi_send_cpumask io_uring/io_uring_task_add; do
+			echo 1 >"${t}/events/${e}/enable"
+		done
+		local row=(--op-type write --buffer-size 8 --transfer-batch-size "${batch}" --no-ceiling
+			--shards 2 --spin-us 2000 --wait-spin-us 1000 --iters "${ITERS}")
+		((batch > 1)) && row+=(--enable-batch-transfer --enable-sess)
+		echo
+		echo "=== ftrace: morio bench --loopback ${row[*]}"
+		echo 1 >"${t}/tracing_on"
+		"${BIN}" bench --loopback "${row[@]}" --json "${OUT_DIR}/ftrace-b${batch}.json"
+		echo 0 >"${t}/tracing_on"
+		echo >"${t}/set_event"
+		cat "${t}/trace" >"${OUT_DIR}/ftrace-b${batch}.txt"
+		grep -h overrun "${t}"/per_cpu/cpu*/stats | awk '{n += $2} END {print "events lost:", n}'
+		python3 scripts/kernel-sends.py "${OUT_DIR}/ftrace-b${batch}.txt" | tee "${OUT_DIR}/ftrace-b${batch}-sends.txt"
+		rm "${OUT_DIR}/ftrace-b${batch}.txt"
+	done
+}
+
 case "${1:-}" in
 ab) ab ;;
+ftrace) ftrace ;;
 stripes) stripes ;;
 cpus) cpus ;;
 build) build ;;
