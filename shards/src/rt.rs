@@ -26,6 +26,13 @@ pub fn busy_poll_wakes() -> u64 {
     crate::busy::wakes()
 }
 
+/// Tell the calling shard's busy poller that a task here has just been woken by another, so
+/// that its next turn lets that task run before it polls the sockets (a no-op unless the
+/// shard busy-polls).
+pub fn note_runnable() {
+    crate::busy::note_runnable()
+}
+
 /// Wrap an already-listening socket (built with socket2 so options precede `listen`).
 pub fn listener_from_socket(sock: socket2::Socket) -> TcpListener {
     // SAFETY: we own the fd and hand its ownership to the glommio listener.

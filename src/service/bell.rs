@@ -23,6 +23,8 @@ impl Bell {
         self.rung.set(true);
         if let Some(w) = self.waiter.borrow_mut().take() {
             w.wake();
+            // The waiter runs before the busy poller's next poll.
+            morio_shards::rt::note_runnable();
         }
     }
 
