@@ -6,10 +6,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use morio_shards::{PoolConfig, ShardPool};
+use morio_shards::{Mesh, PoolConfig, ShardPool};
 
 use crate::config::{ConfigError, IoEngineConfig, TcpBackendConfig};
-use crate::desc::{EngineDesc, MemoryDesc, MemoryLocationType};
+use crate::desc::{BackendType, EngineDesc, MemoryDesc, MemoryLocationType};
 use crate::error::EngineError;
 use crate::gpu::{self, GpuRuntime};
 use crate::inbound_status::InboundStatuses;
@@ -23,16 +23,44 @@ use crate::session::IoEngineSession;
 use crate::stats::{EngineStats, ShardStats};
 use crate::status::{wait_all, StatusCode, TransferStatus};
 
+/// The TCP backend: its shards and what belongs to them. Application threads hold an `Arc`
+/// of it for the length of a call; stopping it does not wait for them (their messages fail).
 struct Backend {
-    pool: ShardPool<ShardMsg>,
+    /// Every shard's inbox; closed when the backend stops, so late messages fail at once.
+    mesh: Mesh<ShardMsg>,
     shared: Arc<Shared>,
     cpus: Vec<Option<usize>>,
+    /// The running pool and the backend's CPU claims, until [`Backend::stop`].
+    running: Mutex<Option<Running>>,
+}
+
+struct Running {
+    pool: ShardPool<ShardMsg>,
+}
+
+impl Backend {
+    fn n_shards(&self) -> usize {
+        self.mesh.n_shards()
+    }
+
+    /// Stop the shards (every transfer they own fails with `ERR_BAD_STATE`, their
+    /// connections and the listener close) and join their threads. Idempotent; returns once
+    /// the shards are gone.
+    fn stop(&self) {
+        let running = lock(&self.running).take();
+        if let Some(r) = running {
+            r.pool.shutdown();
+        }
+    }
 }
 
 pub(crate) struct Inner {
     key: String,
     cfg: IoEngineConfig,
     desc: Mutex<EngineDesc>,
+    /// Serialises `create_backend` and `remove_backend` (and the engine's drop): a backend
+    /// created right after a removal finds the old one's listener released.
+    lifecycle: Mutex<()>,
     backend: RwLock<Option<Arc<Backend>>>,
     next_mem_id: AtomicU32,
     next_uid: AtomicU64,
@@ -47,8 +75,9 @@ pub(crate) struct Inner {
 /// Create it, add the TCP backend, register memory, exchange [`EngineDesc`] and
 /// [`MemoryDesc`] with peers out of band, then read and write their memory. Every transfer
 /// call returns at once with a [`TransferStatus`] already `IN_PROGRESS` (or terminal, for
-/// argument errors); completion happens on the engine's shards. Dropping the engine fails
-/// everything in flight with `ERR_BAD_STATE` and joins every shard thread.
+/// argument errors); completion happens on the engine's shards. Dropping the engine (like
+/// [`Self::remove_backend`]) fails everything in flight with `ERR_BAD_STATE` and joins every
+/// shard thread.
 pub struct IoEngine {
     inner: Arc<Inner>,
 }
@@ -92,6 +121,7 @@ impl IoEngine {
                 key: key.to_string(),
                 cfg,
                 desc: Mutex::new(desc),
+                lifecycle: Mutex::new(()),
                 backend: RwLock::new(None),
                 next_mem_id: AtomicU32::new(0),
                 next_uid: AtomicU64::new(0),
@@ -109,10 +139,13 @@ impl IoEngine {
     }
 
     /// Create the TCP backend: bind the listener (port 0 picks an ephemeral port, which the
-    /// engine descriptor then carries), plan and start the shards. A second call is ignored
-    /// with a warning, as in MORI-IO. On error nothing is left running.
+    /// engine descriptor then carries), plan and start the shards and give them every
+    /// registered memory region. A second call
+    /// while a backend exists is ignored with a warning, as in MORI-IO; after
+    /// [`Self::remove_backend`] it creates a new one. On error nothing is left running.
     pub fn create_backend(&self, cfg: TcpBackendConfig) -> Result<(), EngineError> {
         cfg.validate()?;
+        let _life = lock(&self.inner.lifecycle);
         let mut slot = write(&self.inner.backend);
         if slot.is_some() {
             log::warn!(
@@ -141,20 +174,24 @@ impl IoEngine {
         });
         let mut pool_cfg = match &cpus {
             Some(c) => PoolConfig::pinned(c, "morio-shard"),
-            None => PoolConfig::unpinned(placement::default_shards(&cfg), "morio-shard"),
+            None => PoolConfig::unpinned(n_shards, "morio-shard"),
         };
         pool_cfg.spin_before_park = cfg.spin_before_park;
         let sh = shared.clone();
-        let shard_cpus = pool_cfg.cpus.clone();
+        let pool_cfg_cpus = pool_cfg.cpus.clone();
         let pool = ShardPool::start(pool_cfg, move |ctx| service::run(ctx, sh.clone()))?;
         let backend = Arc::new(Backend {
-            pool,
+            mesh: pool.mesh().clone(),
             shared,
-            cpus: shard_cpus,
+            cpus: pool_cfg_cpus,
+            running: Mutex::new(Some(Running { pool })),
         });
         let regions: Vec<SharedRegion> = read(&self.inner.regions).values().cloned().collect();
         for r in regions {
-            broadcast(&backend, |ack| ShardMsg::AddRegion(r.clone(), ack))?;
+            if let Err(e) = broadcast(&backend, |ack| ShardMsg::AddRegion(r.clone(), ack)) {
+                backend.stop();
+                return Err(e);
+            }
         }
         lock(&self.inner.desc).port = port;
         *lock(&self.inner.inbound) = Some(inbound);
@@ -163,14 +200,38 @@ impl IoEngine {
         Ok(())
     }
 
+    /// MORI-IO's `RemoveBackend`. For [`BackendType::Tcp`]: take the backend out of the
+    /// engine and stop it. Transfers in flight end with `ERR_BAD_STATE` (so do submissions
+    /// racing the removal), its shard threads are joined, its connections and listening
+    /// socket closed, and its inbound-status store is dropped with it
+    /// (as in MORI-IO: statuses not yet popped are gone). Returns once all of that is done.
+    ///
+    /// Afterwards transfers fail at once with `ERR_BAD_STATE` ("No available backend found,
+    /// create backend first"), [`Self::create_session`] returns `None`, [`Self::n_shards`] is
+    /// 0 and [`Self::engine_desc`] carries the configured port again; registered memory and
+    /// remote engines stay registered, and [`Self::create_backend`] makes a new backend (a new
+    /// listener: with port 0 a new ephemeral port, so peers need the new descriptor) that
+    /// gets every registered region. Sessions made before stay valid and work again once a
+    /// backend exists.
+    ///
+    /// Removing a backend that does not exist, or a type morio does not implement (RDMA,
+    /// XGMI, FABRIC, Unknown), does nothing and is `Ok`, as MORI-IO erases a map entry. Safe
+    /// to call while other threads submit transfers, wait on statuses or use sessions.
+    pub fn remove_backend(&self, ty: BackendType) -> Result<(), EngineError> {
+        if ty == BackendType::Tcp {
+            self.inner.stop_backend();
+        }
+        Ok(())
+    }
+
     /// The engine's descriptor, to hand to peers (fetch it after `create_backend`).
     pub fn engine_desc(&self) -> EngineDesc {
         lock(&self.inner.desc).clone()
     }
 
-    /// Number of shards the backend runs (0 before `create_backend`).
+    /// Number of shards the backend runs (0 without a backend).
     pub fn n_shards(&self) -> usize {
-        self.backend().map_or(0, |b| b.pool.n_shards())
+        self.backend().map_or(0, |b| b.n_shards())
     }
 
     /// Make a peer reachable by its descriptor (a later call with the same key replaces it;
@@ -197,11 +258,8 @@ impl IoEngine {
     pub fn deregister_remote_engine(&self, desc: &EngineDesc) {
         if write(&self.inner.remotes).remove(&desc.key).is_some() {
             if let Some(b) = self.backend() {
-                for s in 0..b.pool.n_shards() {
-                    let _ = b
-                        .pool
-                        .mesh()
-                        .send(s, ShardMsg::DropPeer(desc.key.as_str().into()));
+                for s in 0..b.n_shards() {
+                    let _ = b.mesh.send(s, ShardMsg::DropPeer(desc.key.as_str().into()));
                 }
             }
         }
@@ -335,9 +393,14 @@ impl IoEngine {
         }
         write(&self.inner.regions).insert(region.id, region.clone());
         if let Some(b) = self.backend() {
-            if let Err(e) = broadcast(&b, |ack| ShardMsg::AddRegion(region.clone(), ack)) {
-                write(&self.inner.regions).remove(&region.id);
-                return Err(e);
+            match broadcast(&b, |ack| ShardMsg::AddRegion(region.clone(), ack)) {
+                // The backend is being removed: the region stays in the engine's table, which
+                // the next backend's shards receive whole.
+                Ok(()) | Err(EngineError::ShuttingDown) => {}
+                Err(e) => {
+                    write(&self.inner.regions).remove(&region.id);
+                    return Err(e);
+                }
             }
         }
         Ok(desc)
@@ -355,7 +418,11 @@ impl IoEngine {
             .ok_or(EngineError::UnknownMemory(desc.id))?;
         let mut limit = Duration::from_secs(5);
         if let Some(b) = self.backend() {
-            broadcast(&b, |ack| ShardMsg::RemoveRegion(desc.id, ack))?;
+            match broadcast(&b, |ack| ShardMsg::RemoveRegion(desc.id, ack)) {
+                // A backend being removed drops every replica as its shards stop.
+                Ok(()) | Err(EngineError::ShuttingDown) => {}
+                Err(e) => return Err(e),
+            }
             limit = b.shared.cfg.op_timeout * 3;
         }
         let t0 = Instant::now();
@@ -450,7 +517,7 @@ impl IoEngine {
         )
     }
 
-    /// A session over a (local, remote) pair; `None` until the backend exists (MORI-IO).
+    /// A session over a (local, remote) pair; `None` without a backend (MORI-IO).
     pub fn create_session(
         &self,
         local: &MemoryDesc,
@@ -485,14 +552,16 @@ impl IoEngine {
     }
 
     /// Every shard's statistics (counters and latency histograms), collected by message;
-    /// `None` before `create_backend`.
+    /// `None` without a backend.
     pub fn stats(&self) -> Option<EngineStats> {
         let b = self.backend()?;
         let (tx, rx) = mpsc::channel();
-        let n = b.pool.n_shards();
+        let n = b.n_shards();
         for s in 0..n {
-            b.pool.mesh().send(s, ShardMsg::Stats(tx.clone())).ok()?;
+            b.mesh.send(s, ShardMsg::Stats(tx.clone())).ok()?;
         }
+        // Only the shards hold senders now: a backend stopping meanwhile ends the wait.
+        drop(tx);
         let mut shards: Vec<ShardStats> = (0..n)
             .map(|_| rx.recv_timeout(Duration::from_secs(10)).ok())
             .collect::<Option<_>>()?;
@@ -500,8 +569,8 @@ impl IoEngine {
         Some(EngineStats { shards })
     }
 
-    /// The CPU each shard is pinned to (`None` entries when unpinned); empty before
-    /// `create_backend`.
+    /// The CPU each shard is pinned to (`None` entries when unpinned); empty without a
+    /// backend.
     pub fn shard_cpus(&self) -> Vec<Option<usize>> {
         self.backend().map_or_else(Vec::new, |b| b.cpus.clone())
     }
@@ -513,31 +582,27 @@ impl IoEngine {
 
 impl Drop for IoEngine {
     fn drop(&mut self) {
-        let b = write(&self.inner.backend).take();
-        if let Some(b) = b {
-            // Sessions may hold the engine's inner state; the shards go now regardless.
-            match Arc::try_unwrap(b) {
-                Ok(b) => b.pool.shutdown(),
-                Err(b) => {
-                    // A submission is being prepared on another thread right now; it holds
-                    // a reference for microseconds. Wait for it, then stop the shards.
-                    let mut b = b;
-                    loop {
-                        match Arc::try_unwrap(b) {
-                            Ok(inner) => break inner.pool.shutdown(),
-                            Err(again) => {
-                                b = again;
-                                std::thread::sleep(Duration::from_micros(100));
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        // Sessions may hold the engine's inner state; the shards go now regardless.
+        self.inner.stop_backend();
     }
 }
 
 impl Inner {
+    /// Take the backend out of the engine and stop it (`remove_backend` and drop). New calls
+    /// find no backend from the moment it is taken out; calls that already hold it fail their
+    /// messages once its inboxes close, and nothing here waits for them.
+    fn stop_backend(&self) {
+        let _life = lock(&self.lifecycle);
+        let Some(b) = write(&self.backend).take() else {
+            return;
+        };
+        // MORI-IO drops the inbound statuses with the backend.
+        *lock(&self.inbound) = None;
+        lock(&self.desc).port = self.cfg.port;
+        b.stop();
+        log::info!("engine {}: TCP backend removed", self.key);
+    }
+
     pub(crate) fn allocate_uid(&self) -> u64 {
         self.next_uid.fetch_add(1, Ordering::Relaxed)
     }
@@ -665,7 +730,7 @@ impl Inner {
         }
         let status = Arc::new(TransferStatus::started());
         let shared = &backend.shared;
-        let owner = owner_of(uid, shared.n_owners(backend.pool.n_shards()));
+        let owner = owner_of(uid, shared.n_owners(backend.n_shards()));
         let sub = Submission {
             peer,
             op,
@@ -679,8 +744,7 @@ impl Inner {
         };
         crate::trace::mark(uid, crate::trace::stage::SUBMIT);
         if backend
-            .pool
-            .mesh()
+            .mesh
             .send(owner, ShardMsg::Submit(Box::new(sub)))
             .is_err()
         {
@@ -721,17 +785,23 @@ fn owner_of(uid: u64, n_owners: usize) -> usize {
 /// Send a registry change to every shard and wait until each has applied it.
 fn broadcast(b: &Backend, msg: impl Fn(mpsc::Sender<()>) -> ShardMsg) -> Result<(), EngineError> {
     let (tx, rx) = mpsc::channel();
-    let n = b.pool.n_shards();
+    let n = b.n_shards();
     for s in 0..n {
-        b.pool
-            .mesh()
+        b.mesh
             .send(s, msg(tx.clone()))
             .map_err(|_| EngineError::ShuttingDown)?;
     }
+    // Only the messages hold senders now: one dropped unanswered (the backend stopping)
+    // ends the wait at once.
+    drop(tx);
     for _ in 0..n {
-        rx.recv_timeout(Duration::from_secs(30)).map_err(|_| {
-            EngineError::Busy("a shard did not acknowledge a registry change".into())
-        })?;
+        rx.recv_timeout(Duration::from_secs(30))
+            .map_err(|e| match e {
+                mpsc::RecvTimeoutError::Disconnected => EngineError::ShuttingDown,
+                mpsc::RecvTimeoutError::Timeout => {
+                    EngineError::Busy("a shard did not acknowledge a registry change".into())
+                }
+            })?;
     }
     Ok(())
 }
