@@ -1,0 +1,255 @@
+"""Type stubs of morio's extension module (re-exported by ``morio``)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import Any, Optional, Protocol, Union
+
+__version__: str
+GPU_RUNTIMES: list[str]
+
+class _SupportsIndexArray(Protocol):
+    """A 1-D integer array (numpy int64/uint64/int32/uint32) read through the buffer protocol."""
+    def __len__(self) -> int: ...
+
+Offsets = Union[Sequence[int], _SupportsIndexArray]
+
+class StatusCode(enum.IntEnum):
+    """Transfer outcome codes (MORI-IO's values; errors are > 10)."""
+    SUCCESS = 0
+    INIT = 1
+    IN_PROGRESS = 2
+    ERR_INVALID_ARGS = 11
+    ERR_NOT_FOUND = 12
+    ERR_RDMA_OP = 13
+    ERR_BAD_STATE = 14
+    ERR_GPU_OP = 15
+
+class BackendType(enum.IntEnum):
+    """Backend kinds (morio implements TCP)."""
+    Unknown = 0
+    XGMI = 1
+    RDMA = 2
+    TCP = 3
+    FABRIC = 4
+
+class MemoryLocationType(enum.IntEnum):
+    """Where registered memory lives."""
+    Unknown = 0
+    CPU = 1
+    GPU = 2
+
+class PollCqMode(enum.IntEnum):
+    """RDMA completion polling (accepted, unused)."""
+    POLLING = 0
+    EVENT = 1
+
+class IOEngineConfig:
+    """Where an engine listens and what it advertises."""
+    host: str
+    port: int
+    def __init__(self, host: str = "", port: int = 0) -> None: ...
+
+class TcpBackendConfig:
+    """The TCP backend's settings: MORI-IO's keywords and defaults, then morio's (keyword-only).
+
+    Invalid values raise ValueError here and at ``create_backend``.
+    """
+    sock_sndbuf_bytes: int
+    sock_rcvbuf_bytes: int
+    op_timeout_ms: int
+    enable_keepalive: bool
+    keepalive_idle_sec: int
+    keepalive_intvl_sec: int
+    keepalive_cnt: int
+    enable_ctrl_nodelay: bool
+    num_data_conns: int
+    striping_threshold_bytes: int
+    num_shards: Optional[int]
+    cpus: Optional[list[int]]
+    pin_shards: bool
+    chunk_bytes: int
+    share_stripes: bool
+    inline_write_bytes: int
+    spin_us: int
+    handshake_timeout_ms: int
+    gpu_staging_bytes: int
+    gpu_slot_bytes: int
+    def __init__(
+        self,
+        sock_sndbuf_bytes: int = 33554432,
+        sock_rcvbuf_bytes: int = 33554432,
+        op_timeout_ms: int = 30000,
+        enable_keepalive: bool = True,
+        keepalive_idle_sec: int = 30,
+        keepalive_intvl_sec: int = 10,
+        keepalive_cnt: int = 3,
+        enable_ctrl_nodelay: bool = True,
+        num_data_conns: int = 8,
+        striping_threshold_bytes: int = 65536,
+        *,
+        num_shards: Optional[int] = None,
+        cpus: Optional[Sequence[int]] = None,
+        pin_shards: Optional[bool] = None,
+        chunk_bytes: Optional[int] = None,
+        share_stripes: Optional[bool] = None,
+        inline_write_bytes: Optional[int] = None,
+        spin_us: int = 0,
+        handshake_timeout_ms: Optional[int] = None,
+        gpu_staging_bytes: Optional[int] = None,
+        gpu_slot_bytes: Optional[int] = None,
+    ) -> None: ...
+
+class RdmaBackendConfig:
+    """MORI's RDMA settings; accepted, but morio implements TCP only."""
+    qp_per_transfer: int
+    post_batch_size: int
+    num_worker_threads: int
+    poll_cq_mode: PollCqMode
+    enable_notification: bool
+    notif_per_qp: int
+    enable_transfer_chunking: bool
+    chunk_bytes: int
+    max_chunks_per_transfer: int
+    num_nics_per_transfer: int
+    max_send_wr: int
+    max_cqe_num: int
+    max_msg_sge: int
+    def __init__(
+        self,
+        qp_per_transfer: int = 1,
+        post_batch_size: int = -1,
+        num_worker_threads: int = -1,
+        poll_cq_mode: Optional[PollCqMode] = None,
+        enable_notification: bool = True,
+        notif_per_qp: int = 1024,
+        enable_transfer_chunking: bool = False,
+        chunk_bytes: int = 65536,
+        max_chunks_per_transfer: int = 64,
+        num_nics_per_transfer: int = 1,
+    ) -> None: ...
+
+class XgmiBackendConfig:
+    """MORI's XGMI settings; accepted, but morio implements TCP only."""
+    num_streams: int
+    num_events: int
+    def __init__(self, num_streams: int = 64, num_events: int = 64) -> None: ...
+
+class FabricBackendConfig:
+    """MORI's FABRIC settings; accepted, but morio implements TCP only."""
+    num_streams: int
+    num_events: int
+    def __init__(self, num_streams: int = 64, num_events: int = 64) -> None: ...
+
+class EngineDesc:
+    """The identity of an engine: ``pack()`` it to peers, who ``register_remote_engine(EngineDesc.unpack(b))``."""
+    @property
+    def key(self) -> str: ...
+    @property
+    def node_id(self) -> str: ...
+    @property
+    def hostname(self) -> str: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def pid(self) -> int: ...
+    def pack(self) -> bytes: ...
+    @classmethod
+    def unpack(cls, data: bytes) -> EngineDesc: ...
+    def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+
+class MemoryDesc:
+    """A registered memory region: what a peer needs to read or write it."""
+    def __init__(self) -> None: ...
+    @property
+    def engine_key(self) -> str: ...
+    @property
+    def id(self) -> int: ...
+    @property
+    def device_id(self) -> int: ...
+    @property
+    def device_bus_id(self) -> str: ...
+    @property
+    def data(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def loc(self) -> MemoryLocationType: ...
+    @property
+    def ipc_handle(self) -> bytes: ...
+    @property
+    def numa_node(self) -> int: ...
+    def pack(self) -> bytes: ...
+    @classmethod
+    def unpack(cls, data: bytes) -> MemoryDesc: ...
+    def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+
+class TransferStatus:
+    """Completion object of one transfer (``TransferStatus()`` makes one in INIT)."""
+    def __init__(self) -> None: ...
+    def Code(self) -> StatusCode: ...
+    def Message(self) -> str: ...
+    def Update(self, code: int, message: str) -> None:
+        """Set code and message unless the status already holds an error (first error wins)."""
+    def Init(self) -> bool: ...
+    def InProgress(self) -> bool: ...
+    def Succeeded(self) -> bool: ...
+    def Failed(self) -> bool: ...
+    def SetCode(self, code: int) -> None: ...
+    def SetMessage(self, message: str) -> None: ...
+    def Wait(self) -> StatusCode:
+        """Block (GIL released, Ctrl-C honoured) until not IN_PROGRESS."""
+    def WaitFor(self, timeout_ms: int = -1) -> StatusCode:
+        """< 0 blocks, 0 polls, > 0 waits at most that long (may return IN_PROGRESS)."""
+
+class IOEngineSession:
+    """Transfers over one (local, remote) memory pair, by offsets only."""
+    def allocate_transfer_uid(self) -> int: ...
+    def read(self, local_offset: int, remote_offset: int, size: int, transfer_uid: int) -> TransferStatus: ...
+    def write(self, local_offset: int, remote_offset: int, size: int, transfer_uid: int) -> TransferStatus: ...
+    def batch_read(self, local_offsets: Offsets, remote_offsets: Offsets, sizes: Offsets, transfer_uid: int) -> TransferStatus: ...
+    def batch_write(self, local_offsets: Offsets, remote_offsets: Offsets, sizes: Offsets, transfer_uid: int) -> TransferStatus: ...
+    def alive(self) -> bool: ...
+
+class IOEngine:
+    """One engine per process endpoint, named by a unique key (MORI-IO's IOEngine)."""
+    def __init__(self, key: str, config: IOEngineConfig) -> None: ...
+    def get_engine_desc(self) -> EngineDesc: ...
+    def create_backend(self, type: BackendType, config: Optional[TcpBackendConfig] = None) -> None:
+        """TCP only: other types raise NotImplementedError."""
+    def remove_backend(self, type: BackendType) -> None: ...
+    def register_remote_engine(self, engine_desc: EngineDesc) -> None: ...
+    def deregister_remote_engine(self, engine_desc: EngineDesc) -> None: ...
+    def register_memory(self, ptr: int, size: int, device_id: int, mem_loc: MemoryLocationType) -> MemoryDesc:
+        """Register raw memory; the caller keeps it valid until deregister_memory."""
+    def register_torch_tensor(self, tensor: Any) -> MemoryDesc:
+        """A contiguous CPU or CUDA torch.Tensor; the registration keeps it alive."""
+    def register_array(self, array: Any) -> MemoryDesc:
+        """A torch tensor, a DLPack producer (numpy, cupy) or a writable buffer; kept alive."""
+    def deregister_memory(self, mem_desc: MemoryDesc) -> None: ...
+    def allocate_transfer_uid(self) -> int: ...
+    def read(self, local_dest_mem_desc: MemoryDesc, local_offset: int, remote_src_mem_desc: MemoryDesc, remote_offset: int, size: int, transfer_uid: int) -> TransferStatus: ...
+    def write(self, local_src_mem_desc: MemoryDesc, local_offset: int, remote_dest_mem_desc: MemoryDesc, remote_offset: int, size: int, transfer_uid: int) -> TransferStatus: ...
+    def batch_read(self, local_mem_descs: Sequence[MemoryDesc], local_offsets: Sequence[Offsets], remote_mem_descs: Sequence[MemoryDesc], remote_offsets: Sequence[Offsets], sizes: Sequence[Offsets], transfer_uids: Offsets) -> list[TransferStatus]: ...
+    def batch_write(self, local_mem_descs: Sequence[MemoryDesc], local_offsets: Sequence[Offsets], remote_mem_descs: Sequence[MemoryDesc], remote_offsets: Sequence[Offsets], sizes: Sequence[Offsets], transfer_uids: Offsets) -> list[TransferStatus]: ...
+    def create_session(self, local_mem_desc: MemoryDesc, remote_mem_desc: MemoryDesc) -> Optional[IOEngineSession]: ...
+    def pop_inbound_transfer_status(self, remote_key: str, transfer_uid: int) -> Optional[TransferStatus]: ...
+    def wait_all(self, statuses: Sequence[Optional[TransferStatus]], timeout_ms: int = -1) -> StatusCode: ...
+    def close(self) -> None:
+        """Stop the engine now; transfers in flight end with ERR_BAD_STATE."""
+    def __enter__(self) -> IOEngine: ...
+    def __exit__(self, *exc: object) -> bool: ...
+    def num_shards(self) -> int: ...
+    def shard_cpus(self) -> list[Optional[int]]: ...
+    def stats(self) -> list[dict[str, int]]: ...
+
+def set_log_level(level: str) -> None:
+    """trace, debug, info, warning, error, critical or off (env MORIO_LOG_LEVEL sets it at import)."""
+def set_wait_spin_us(us: int) -> None:
+    """How long waits spin before sleeping, process-wide (default 50 µs)."""
+def _shutdown_all() -> None: ...

@@ -1,0 +1,67 @@
+//! morio's Python extension (`morio._morio`): MORI-IO's Python API over the Rust engine.
+//!
+//! The pure-Python package `morio` re-exports these names; see `python/README.md`.
+
+// pyclasses are Python-facing: their repr is what users see, not Debug.
+#![allow(missing_debug_implementations)]
+
+mod config;
+mod desc;
+mod engine;
+mod enums;
+mod log;
+mod memory;
+mod seq;
+mod session;
+mod status;
+
+use std::time::Duration;
+
+use pyo3::prelude::*;
+
+/// How long `Wait`, `WaitFor` and `wait_all` spin on a status before sleeping on it, in
+/// µs (process-wide; default 50). Longer spins catch small transfers without a thread
+/// wake-up at the cost of the waiting core.
+#[pyfunction]
+fn set_wait_spin_us(us: u64) {
+    morio::status::set_wait_spin(Duration::from_micros(us));
+}
+
+#[pymodule]
+fn _morio(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    log::init(py)?;
+    let e = enums::get(py)?;
+    m.add("StatusCode", e.status_code.clone_ref(py))?;
+    m.add("BackendType", e.backend_type.clone_ref(py))?;
+    m.add("MemoryLocationType", e.memory_location_type.clone_ref(py))?;
+    m.add("PollCqMode", e.poll_cq_mode.clone_ref(py))?;
+    m.add_class::<config::PyIoEngineConfig>()?;
+    m.add_class::<config::PyTcpBackendConfig>()?;
+    m.add_class::<config::PyRdmaBackendConfig>()?;
+    m.add_class::<config::PyXgmiBackendConfig>()?;
+    m.add_class::<config::PyFabricBackendConfig>()?;
+    m.add_class::<desc::PyEngineDesc>()?;
+    m.add_class::<desc::PyMemoryDesc>()?;
+    m.add_class::<status::PyTransferStatus>()?;
+    m.add_class::<engine::PyIoEngine>()?;
+    m.add_class::<session::PyIoEngineSession>()?;
+    m.add_function(wrap_pyfunction!(log::set_log_level, m)?)?;
+    m.add_function(wrap_pyfunction!(set_wait_spin_us, m)?)?;
+    m.add_function(wrap_pyfunction!(engine::_shutdown_all, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("GPU_RUNTIMES", gpu_runtimes())?;
+    Ok(())
+}
+
+/// The GPU runtimes this build can load ("cuda", "hip").
+fn gpu_runtimes() -> Vec<&'static str> {
+    let mut v = Vec::new();
+    if cfg!(feature = "cuda") {
+        v.push("cuda");
+    }
+    if cfg!(feature = "hip") {
+        v.push("hip");
+    }
+    v
+}

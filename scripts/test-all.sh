@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Every test of the repository: the Rust workspace, then the Python package (built from
+# python/ into a virtual environment, then its pytest suite). This is the README's test
+# command; .ci/run calls exactly it. Needs no GPU.
+#   MORIO_VENV  virtual environment to use or create (default .venv)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+HIP_PATH="${HIP_PATH:-/usr}" cargo test --workspace --all-targets --all-features --locked
+
+venv="${MORIO_VENV:-.venv}"
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+fi
+venv="$(cd "$venv" && pwd)"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check -r python/requirements-test.txt
+# Build the extension the way a user's `pip install ./python` does, without re-downloading
+# the build backend (it is in the venv already).
+PATH="$venv/bin:$PATH" "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+  --no-build-isolation ./python
+"$venv/bin/python" -m pytest -q python/tests
