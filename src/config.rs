@@ -53,13 +53,26 @@ pub struct TcpBackendConfig {
     /// Transfers of at least this many bytes are striped over all lanes (MORI default 64 KiB).
     pub striping_threshold_bytes: usize,
 
-    /// Number of shards (pinned executors). `None`: one per allowed CPU, at most
-    /// `num_data_conns`.
+    /// Number of shards (executor threads). `None`: one per CPU this process may run on (its
+    /// affinity mask), at most `num_data_conns`; pinned, at most one per CPU no other pinned
+    /// engine on the host holds (see [`crate::placement`]).
     pub num_shards: Option<usize>,
-    /// Explicit CPUs to pin shards to (overrides `num_shards` and the topology plan).
+    /// Explicit CPUs to pin shards to, one per shard (overrides `num_shards` and the topology
+    /// plan; implies pinning). Used exactly as given: each is also claimed host-wide where
+    /// free, and one already claimed by another engine gets a warning, not an error.
     pub cpus: Option<Vec<usize>>,
-    /// Pin shards to CPUs (turn off when several engines share a small machine).
+    /// Pin shards to CPUs. Off by default: an engine made inside an application shares the
+    /// host with other processes (one per GPU is the usual layout), so its shard threads float
+    /// and the kernel places them. On, and without `cpus`, the engine plans its shards over
+    /// the allowed CPUs that no other pinned morio engine on the host has claimed, claims them
+    /// for the backend's lifetime, and runs fewer shards (or, with none free, unpinned) when
+    /// too few are free (see [`crate::placement`]). `morio serve`, `morio bench` and
+    /// `morio loopback` turn it on: they own the host.
     pub pin_shards: bool,
+    /// Directory of the host-wide CPU claims of pinned engines. `None`: the environment
+    /// variable `MORIO_CPU_CLAIM_DIR` when set, else `/dev/shm/morio-cpus`. Engines share
+    /// CPUs safely only when they use the same directory; tests give each run its own.
+    pub cpu_claim_dir: Option<std::path::PathBuf>,
     /// Largest chunk one frame carries; striped transfers are cut into stripes of at most this.
     pub chunk_bytes: usize,
     /// A striped write of at least two full chunks per lane (`2 × num_data_conns ×
@@ -98,7 +111,8 @@ impl Default for TcpBackendConfig {
             striping_threshold_bytes: 64 << 10,
             num_shards: None,
             cpus: None,
-            pin_shards: true,
+            pin_shards: false,
+            cpu_claim_dir: None,
             chunk_bytes: 1 << 20,
             share_stripes: true,
             inline_write_bytes: 16 << 10,
@@ -232,6 +246,9 @@ mod tests {
         );
         assert_eq!(c.keepalive_cnt, 3);
         assert!(c.enable_keepalive && c.enable_ctrl_nodelay);
+        // Library engines float (the embedding policy, `crate::placement`).
+        assert!(!c.pin_shards && c.cpus.is_none() && c.num_shards.is_none());
+        assert_eq!(c.cpu_claim_dir, None);
         c.validate().unwrap();
     }
 

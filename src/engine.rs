@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use morio_shards::{Mesh, PoolConfig, ShardPool};
 
 use crate::config::{ConfigError, IoEngineConfig, TcpBackendConfig};
+use crate::cpu_claim::CpuClaim;
 use crate::desc::{BackendType, EngineDesc, MemoryDesc, MemoryLocationType};
 use crate::error::EngineError;
 use crate::gpu::{self, GpuRuntime};
@@ -36,6 +37,8 @@ struct Backend {
 
 struct Running {
     pool: ShardPool<ShardMsg>,
+    /// Released after the pool has stopped: no shard runs on a CPU it no longer claims.
+    claims: Vec<CpuClaim>,
 }
 
 impl Backend {
@@ -44,12 +47,14 @@ impl Backend {
     }
 
     /// Stop the shards (every transfer they own fails with `ERR_BAD_STATE`, their
-    /// connections and the listener close) and join their threads. Idempotent; returns once
-    /// the shards are gone.
+    /// connections and the listener close), join their threads, then release the CPU claims.
+    /// Idempotent; returns once the shards are gone.
     fn stop(&self) {
         let running = lock(&self.running).take();
         if let Some(r) = running {
-            r.pool.shutdown();
+            let Running { pool, claims } = r;
+            pool.shutdown();
+            drop(claims);
         }
     }
 }
@@ -59,7 +64,7 @@ pub(crate) struct Inner {
     cfg: IoEngineConfig,
     desc: Mutex<EngineDesc>,
     /// Serialises `create_backend` and `remove_backend` (and the engine's drop): a backend
-    /// created right after a removal finds the old one's listener released.
+    /// created right after a removal finds the old one's listener and claims released.
     lifecycle: Mutex<()>,
     backend: RwLock<Option<Arc<Backend>>>,
     next_mem_id: AtomicU32,
@@ -139,8 +144,8 @@ impl IoEngine {
     }
 
     /// Create the TCP backend: bind the listener (port 0 picks an ephemeral port, which the
-    /// engine descriptor then carries), plan and start the shards and give them every
-    /// registered memory region. A second call
+    /// engine descriptor then carries), place and start the shards (pinned or not, see
+    /// [`crate::placement`]) and give them every registered memory region. A second call
     /// while a backend exists is ignored with a warning, as in MORI-IO; after
     /// [`Self::remove_backend`] it creates a new one. On error nothing is left running.
     pub fn create_backend(&self, cfg: TcpBackendConfig) -> Result<(), EngineError> {
@@ -155,10 +160,8 @@ impl IoEngine {
             return Ok(());
         }
         let (listener, port) = listen(&self.inner.cfg, &cfg)?;
-        let cpus = placement::shard_cpus(&cfg)?;
-        let n_shards = cpus
-            .as_ref()
-            .map_or_else(|| placement::default_shards(&cfg), Vec::len);
+        let placed = placement::place_shards(&cfg)?;
+        let n_shards = placed.cpus.len();
         cfg.check_staging(n_shards)?;
         let inbound = Arc::new(InboundStatuses::new(
             (cfg.op_timeout * 4).max(Duration::from_secs(60)),
@@ -172,19 +175,19 @@ impl IoEngine {
             low_water: (0..n_shards).map(|_| AtomicU64::new(0)).collect(),
             joins: Default::default(),
         });
-        let mut pool_cfg = match &cpus {
-            Some(c) => PoolConfig::pinned(c, "morio-shard"),
-            None => PoolConfig::unpinned(n_shards, "morio-shard"),
-        };
+        let mut pool_cfg = PoolConfig::unpinned(0, "morio-shard");
+        pool_cfg.cpus = placed.cpus.clone();
         pool_cfg.spin_before_park = cfg.spin_before_park;
         let sh = shared.clone();
-        let pool_cfg_cpus = pool_cfg.cpus.clone();
         let pool = ShardPool::start(pool_cfg, move |ctx| service::run(ctx, sh.clone()))?;
         let backend = Arc::new(Backend {
             mesh: pool.mesh().clone(),
             shared,
-            cpus: pool_cfg_cpus,
-            running: Mutex::new(Some(Running { pool })),
+            cpus: placed.cpus,
+            running: Mutex::new(Some(Running {
+                pool,
+                claims: placed.claims,
+            })),
         });
         let regions: Vec<SharedRegion> = read(&self.inner.regions).values().cloned().collect();
         for r in regions {
@@ -203,7 +206,7 @@ impl IoEngine {
     /// MORI-IO's `RemoveBackend`. For [`BackendType::Tcp`]: take the backend out of the
     /// engine and stop it. Transfers in flight end with `ERR_BAD_STATE` (so do submissions
     /// racing the removal), its shard threads are joined, its connections and listening
-    /// socket closed, and its inbound-status store is dropped with it
+    /// socket closed, its CPU claims released, and its inbound-status store is dropped with it
     /// (as in MORI-IO: statuses not yet popped are gone). Returns once all of that is done.
     ///
     /// Afterwards transfers fail at once with `ERR_BAD_STATE` ("No available backend found,
@@ -569,8 +572,8 @@ impl IoEngine {
         Some(EngineStats { shards })
     }
 
-    /// The CPU each shard is pinned to (`None` entries when unpinned); empty without a
-    /// backend.
+    /// The CPU each shard actually runs pinned to (`None` entries when unpinned: by default,
+    /// or when every allowed CPU was claimed by another engine); empty without a backend.
     pub fn shard_cpus(&self) -> Vec<Option<usize>> {
         self.backend().map_or_else(Vec::new, |b| b.cpus.clone())
     }

@@ -21,6 +21,7 @@
 //! See `ARCHITECTURE.md` for the code map and invariants, `PROTOCOL.md` for the wire format.
 
 pub mod config;
+mod cpu_claim;
 pub mod desc;
 mod engine;
 pub mod error;

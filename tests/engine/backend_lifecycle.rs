@@ -1,12 +1,14 @@
 //! Backend lifecycle: `remove_backend` (MORI-IO's `RemoveBackend`) with and without transfers
-//! in flight, and re-creating a backend.
+//! in flight, re-creating a backend, and the CPU policy of pinned engines (host-wide claims).
 
+use std::collections::BTreeSet;
 use std::net::TcpStream;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use morio::{BackendType, IoEngine, MemoryDesc, StatusCode, TransferStatus};
+use morio::{BackendType, IoEngine, MemoryDesc, StatusCode, TcpBackendConfig, TransferStatus};
 
 use crate::common::*;
 
@@ -335,4 +337,127 @@ fn submitters_waiters_and_registrations_race_a_removal_cleanly() {
         "after",
     );
     assert_bytes_eq(&bytes_at(&dst, 0, size), &src.to_vec(), "after the race");
+}
+
+// --- the CPU policy of pinned engines --------------------------------------------------------
+
+/// A claim directory of this test's own (so tests never see each other's claims).
+struct ClaimDir(PathBuf);
+
+impl ClaimDir {
+    fn new(tag: &str) -> Self {
+        Self(std::env::temp_dir().join(format!(
+            "morio-test-claims-{tag}-{}-{:x}",
+            std::process::id(),
+            rand::random::<u64>()
+        )))
+    }
+
+    fn cfg(&self, f: impl FnOnce(&mut TcpBackendConfig)) -> TcpBackendConfig {
+        cfg_with(|c| {
+            c.pin_shards = true;
+            c.num_shards = None;
+            c.cpu_claim_dir = Some(self.0.clone());
+            f(c)
+        })
+    }
+}
+
+impl Drop for ClaimDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn pinned(e: &IoEngine) -> Vec<usize> {
+    e.shard_cpus().into_iter().flatten().collect()
+}
+
+#[test]
+fn library_engines_float_by_default() {
+    let e = engine("cpu_default", TcpBackendConfig::default());
+    let cpus = e.shard_cpus();
+    assert!(!cpus.is_empty());
+    assert!(cpus.iter().all(Option::is_none), "{cpus:?}");
+    let allowed = morio::placement::allowed_cpus().len();
+    assert_eq!(e.n_shards(), allowed.clamp(1, 8));
+}
+
+#[test]
+fn pinned_engines_claim_disjoint_cpus_and_release_them_on_removal() {
+    let dir = ClaimDir::new("engines");
+    let allowed: Vec<usize> = morio::placement::allowed_cpus().iter().collect();
+    let one = |c: &mut TcpBackendConfig| c.num_shards = Some(1);
+    let a = engine("cpu_claim_a", dir.cfg(one));
+    let b = engine("cpu_claim_b", dir.cfg(one));
+    let (pa, pb) = (pinned(&a), pinned(&b));
+    assert_eq!(pa.len(), 1, "{:?}", a.shard_cpus());
+    assert!(allowed.contains(&pa[0]));
+    if allowed.len() >= 2 {
+        assert_eq!(pb.len(), 1, "{:?}", b.shard_cpus());
+        assert_ne!(pa, pb, "two pinned engines share a CPU");
+    }
+    // Pinned engines move bytes like any others.
+    a.register_remote_engine(&b.engine_desc()).unwrap();
+    let src = random_buffer(&a, 2 * MIB, 9);
+    let dst = b.alloc_buffer(2 * MIB).unwrap();
+    assert_ok(
+        &a.write(
+            src.desc(),
+            0,
+            dst.desc(),
+            0,
+            2 * MIB,
+            a.allocate_transfer_uid(),
+        ),
+        "pinned",
+    );
+    assert_bytes_eq(&dst.to_vec(), &src.to_vec(), "pinned engines");
+
+    // An engine wanting every CPU gets the ones left: none of a's or b's (unpinned if none).
+    let c = engine("cpu_claim_c", dir.cfg(|_| {}));
+    let pc = pinned(&c);
+    let taken: BTreeSet<usize> = pa.iter().chain(&pb).copied().collect();
+    assert!(pc.iter().all(|x| !taken.contains(x)), "{pc:?} vs {taken:?}");
+    let want = allowed
+        .len()
+        .min(TcpBackendConfig::default().num_data_conns);
+    assert_eq!(pc.len(), want.min(allowed.len() - taken.len()), "{pc:?}");
+    assert!(c.n_shards() >= 1);
+    if pc.is_empty() {
+        assert!(c.shard_cpus().iter().all(Option::is_none));
+    }
+    // Removing a's backend releases its CPU for the next claimer.
+    a.remove_backend(BackendType::Tcp).unwrap();
+    let d = engine("cpu_claim_d", dir.cfg(one));
+    assert_eq!(pinned(&d), pa, "a's CPU was not released");
+    // And a's new backend finds it taken: a CPU no one holds, or none.
+    a.create_backend(dir.cfg(one)).unwrap();
+    let now: BTreeSet<usize> = [&b, &c, &d].iter().flat_map(|e| pinned(e)).collect();
+    assert!(pinned(&a).iter().all(|x| !now.contains(x)));
+    // Dropping an engine releases its claims too.
+    drop(d);
+    a.remove_backend(BackendType::Tcp).unwrap();
+    a.create_backend(dir.cfg(one)).unwrap();
+    assert_eq!(pinned(&a), pa, "d's drop did not release its CPU");
+}
+
+#[test]
+fn explicit_cpus_are_used_as_given_even_when_claimed() {
+    let dir = ClaimDir::new("explicit");
+    let first = morio::placement::allowed_cpus().iter().next().unwrap();
+    let a = engine("cpu_explicit_a", dir.cfg(|c| c.num_shards = Some(1)));
+    let pa = pinned(&a);
+    assert_eq!(pa.len(), 1);
+    // Explicit CPUs pin even with pin_shards off, exactly as listed.
+    let b = engine(
+        "cpu_explicit_b",
+        dir.cfg(|c| {
+            c.pin_shards = false;
+            c.cpus = Some(vec![pa[0]]);
+        }),
+    );
+    assert_eq!(b.shard_cpus(), vec![Some(pa[0])]);
+    let e = engine("cpu_explicit_e", dir.cfg(|c| c.cpus = Some(vec![first])));
+    assert_eq!(e.shard_cpus(), vec![Some(first)]);
 }

@@ -59,8 +59,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let eb = IoEngine::new("loopback-target", IoEngineConfig::new("127.0.0.1", 0))?;
     // Two engines share this machine: give each its own half of the allowed CPUs, as two
     // processes on two hosts would have, when there are enough.
-    let (cfg_a, cfg_b) = split_cpus(&cfg, a.shards);
+    let (cfg_a, mut cfg_b) = split_cpus(&cfg, a.shards);
     ea.create_backend(cfg_a).context("initiator backend")?;
+    if cfg_b.pin_shards && cfg_b.cpus.is_none() {
+        // Too few CPUs for two halves: both engines run on the same CPUs, as they always
+        // have here. The initiator claimed its CPUs host-wide, so the target names them
+        // explicitly (a claiming engine would find them taken and float).
+        let pinned: Option<Vec<usize>> = ea.shard_cpus().into_iter().collect();
+        cfg_b.cpus = pinned;
+        cfg_b.num_shards = None;
+    }
     eb.create_backend(cfg_b).context("target backend")?;
     // Descriptors cross "out of band" as packed bytes, as they would between processes.
     ea.register_remote_engine(&morio::EngineDesc::unpack(&eb.engine_desc().pack())?)?;

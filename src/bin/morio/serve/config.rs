@@ -178,8 +178,11 @@ impl ServeConfig {
             striping_threshold_bytes: t.striping_threshold_bytes,
             op_timeout: Duration::from_millis(t.op_timeout_ms),
             chunk_bytes: t.chunk_bytes.0,
-            num_shards: t.shards,
-            cpus: t.cpus.clone(),
+            // Unpinned, `cpus` only counts shards (the engine would pin to explicit CPUs).
+            num_shards: t
+                .shards
+                .or_else(|| t.cpus.as_ref().filter(|_| !t.pin_shards).map(Vec::len)),
+            cpus: t.cpus.clone().filter(|_| t.pin_shards),
             pin_shards: t.pin_shards,
             spin_before_park: (t.spin_us > 0).then(|| Duration::from_micros(t.spin_us)),
             ..Default::default()
@@ -206,6 +209,19 @@ mod tests {
             (t.num_data_conns, t.chunk_bytes, t.op_timeout),
             (d.num_data_conns, d.chunk_bytes, d.op_timeout)
         );
+    }
+
+    #[test]
+    fn serve_pins_by_default_and_unpinned_cpus_only_count_shards() {
+        let c = ServeConfig::parse(DEFAULT_TOML).unwrap().tcp_config();
+        assert!(c.pin_shards && c.cpus.is_none() && c.num_shards.is_none());
+        let cpus = DEFAULT_TOML.replace("# cpus = [2, 3, 4, 5]", "cpus = [2, 3]");
+        let c = ServeConfig::parse(&cpus).unwrap().tcp_config();
+        assert_eq!((c.cpus, c.num_shards), (Some(vec![2, 3]), None));
+        // Unpinned as before: two floating shards (explicit CPUs would pin them).
+        let floating = cpus.replace("pin_shards = true", "pin_shards = false");
+        let c = ServeConfig::parse(&floating).unwrap().tcp_config();
+        assert_eq!((c.pin_shards, c.cpus, c.num_shards), (false, None, Some(2)));
     }
 
     #[test]
