@@ -351,7 +351,9 @@ impl PyTcpBackendConfig {
     /// morio: busy-poll each shard this many µs before it parks (0 = off, the default).
     #[getter]
     fn spin_us(&self) -> u64 {
-        self.cfg.spin_before_park.map_or(0, |d| d.as_micros() as u64)
+        self.cfg
+            .spin_before_park
+            .map_or(0, |d| d.as_micros() as u64)
     }
     #[setter]
     fn set_spin_us(&mut self, v: u64) {

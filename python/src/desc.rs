@@ -75,7 +75,9 @@ impl PyEngineDesc {
             .map_err(|e| unpack_err("EngineDesc", e))
     }
 
-    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyBytes>,))> {
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyBytes>,))> {
         let py = slf.py();
         let unpack = py.get_type::<Self>().getattr("unpack")?;
         Ok((unpack, (slf.get().pack(py),)))
@@ -188,7 +190,9 @@ impl PyMemoryDesc {
         ))
     }
 
-    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyBytes>,))> {
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyBytes>,))> {
         let py = slf.py();
         let unpack = py.get_type::<Self>().getattr("unpack")?;
         Ok((unpack, (slf.get().pack(py),)))

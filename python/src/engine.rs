@@ -51,7 +51,11 @@ impl EngineCell {
     /// Stop the engine (its shards, connections and transfers) with the GIL released, then
     /// drop what its registrations kept alive.
     fn shutdown(&self, py: Python<'_>) {
-        let engine = self.engine.write().unwrap_or_else(|e| e.into_inner()).take();
+        let engine = self
+            .engine
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         if let Some(engine) = engine {
             py.detach(move || drop(engine));
         }
@@ -101,7 +105,10 @@ fn desc_ref<'a>(obj: &'a Bound<'_, PyAny>, what: &str) -> PyResult<&'a MemoryDes
         .map_err(|_| {
             PyTypeError::new_err(format!(
                 "{what} must be a MemoryDesc, got {}",
-                obj.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+                obj.get_type()
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_default()
             ))
         })
 }
@@ -114,7 +121,9 @@ fn statuses(py: Python<'_>, v: Vec<Arc<TransferStatus>>) -> PyResult<Vec<Py<PyTr
 
 fn list_of<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Vec<Bound<'py, PyAny>>> {
     if obj.is_instance_of::<pyo3::types::PyString>() {
-        return Err(PyTypeError::new_err(format!("{what} must be a sequence, got str")));
+        return Err(PyTypeError::new_err(format!(
+            "{what} must be a sequence, got str"
+        )));
     }
     obj.try_iter()
         .map_err(|_| PyTypeError::new_err(format!("{what} must be a sequence")))?
@@ -146,18 +155,15 @@ impl PyIoEngine {
         Ok(PyMemoryDesc { inner: desc })
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// `args`: MORI's six batch arguments in order (local descs, local offsets, remote
+    /// descs, remote offsets, sizes, uids).
     fn batch(
         &self,
         py: Python<'_>,
         write: bool,
-        local: &Bound<'_, PyAny>,
-        local_offsets: &Bound<'_, PyAny>,
-        remote: &Bound<'_, PyAny>,
-        remote_offsets: &Bound<'_, PyAny>,
-        sizes: &Bound<'_, PyAny>,
-        transfer_uids: &Bound<'_, PyAny>,
+        args: [&Bound<'_, PyAny>; 6],
     ) -> PyResult<Vec<Py<PyTransferStatus>>> {
+        let [local, local_offsets, remote, remote_offsets, sizes, transfer_uids] = args;
         let engine = self.engine()?;
         let uids: Vec<u64> = usizes(transfer_uids, "transfer_uids")?
             .into_iter()
@@ -183,7 +189,11 @@ impl PyIoEngine {
         let [(_, lm), (_, lo), (_, rm), (_, ro), (_, sz)] = &lists;
         let mut ld = Vec::with_capacity(n);
         let mut rd = Vec::with_capacity(n);
-        let (mut los, mut ros, mut szs) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut los, mut ros, mut szs) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
         for i in 0..n {
             ld.push(desc_ref(&lm[i], "local_mem_descs[i]")?.clone());
             rd.push(desc_ref(&rm[i], "remote_mem_descs[i]")?.clone());
@@ -202,6 +212,9 @@ impl PyIoEngine {
     }
 }
 
+// The transfer methods take MORI's Python signatures (six arguments), plus `self` and the
+// GIL token.
+#[allow(clippy::too_many_arguments)]
 #[pymethods]
 impl PyIoEngine {
     /// A new engine named `key` that will listen on `config.host:config.port`.
@@ -256,7 +269,10 @@ impl PyIoEngine {
                     } else {
                         format!(
                             "config must be a TcpBackendConfig or None, got {}",
-                            c.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+                            c.get_type()
+                                .name()
+                                .map(|n| n.to_string())
+                                .unwrap_or_default()
                         )
                     }));
                 }
@@ -281,7 +297,11 @@ impl PyIoEngine {
     }
 
     /// Forget a peer and close its connections; its transfers in flight fail.
-    fn deregister_remote_engine(&self, py: Python<'_>, engine_desc: PyRef<'_, PyEngineDesc>) -> PyResult<()> {
+    fn deregister_remote_engine(
+        &self,
+        py: Python<'_>,
+        engine_desc: PyRef<'_, PyEngineDesc>,
+    ) -> PyResult<()> {
         let engine = self.engine()?;
         let d = engine_desc.inner.clone();
         py.detach(|| engine.deregister_remote_engine(&d));
@@ -318,12 +338,20 @@ impl PyIoEngine {
     }
 
     /// Register a contiguous torch tensor (CPU or CUDA); the registration keeps it alive.
-    fn register_torch_tensor(&self, py: Python<'_>, tensor: &Bound<'_, PyAny>) -> PyResult<PyMemoryDesc> {
+    fn register_torch_tensor(
+        &self,
+        py: Python<'_>,
+        tensor: &Bound<'_, PyAny>,
+    ) -> PyResult<PyMemoryDesc> {
         if !memory::is_torch_tensor(tensor) {
             return Err(PyTypeError::new_err(format!(
                 "register_torch_tensor takes a torch.Tensor, got {} (use register_array for \
                  numpy, DLPack or buffer objects)",
-                tensor.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+                tensor
+                    .get_type()
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_default()
             )));
         }
         let m = memory::from_torch(tensor)?;
@@ -343,7 +371,8 @@ impl PyIoEngine {
     fn deregister_memory(&self, py: Python<'_>, mem_desc: PyRef<'_, PyMemoryDesc>) -> PyResult<()> {
         let engine = self.engine()?;
         let d = mem_desc.inner.clone();
-        py.detach(|| engine.deregister_memory(&d)).map_err(engine_err)?;
+        py.detach(|| engine.deregister_memory(&d))
+            .map_err(engine_err)?;
         let keep = self
             .cell
             .keep
@@ -410,7 +439,18 @@ impl PyIoEngine {
         sizes: &Bound<'_, PyAny>,
         transfer_uids: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<Py<PyTransferStatus>>> {
-        self.batch(py, false, local_mem_descs, local_offsets, remote_mem_descs, remote_offsets, sizes, transfer_uids)
+        self.batch(
+            py,
+            false,
+            [
+                local_mem_descs,
+                local_offsets,
+                remote_mem_descs,
+                remote_offsets,
+                sizes,
+                transfer_uids,
+            ],
+        )
     }
 
     /// MORI's `batch_write`, shaped as `batch_read`.
@@ -424,7 +464,18 @@ impl PyIoEngine {
         sizes: &Bound<'_, PyAny>,
         transfer_uids: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<Py<PyTransferStatus>>> {
-        self.batch(py, true, local_mem_descs, local_offsets, remote_mem_descs, remote_offsets, sizes, transfer_uids)
+        self.batch(
+            py,
+            true,
+            [
+                local_mem_descs,
+                local_offsets,
+                remote_mem_descs,
+                remote_offsets,
+                sizes,
+                transfer_uids,
+            ],
+        )
     }
 
     /// A session over a (local, remote) pair, or None when no backend exists (MORI-IO).
@@ -458,7 +509,12 @@ impl PyIoEngine {
     /// list order, else SUCCESS; with `timeout_ms >= 0`, IN_PROGRESS if the time ran out
     /// with a transfer pending and no error seen. None entries are skipped.
     #[pyo3(signature = (statuses, timeout_ms = -1))]
-    fn wait_all(&self, py: Python<'_>, statuses: &Bound<'_, PyAny>, timeout_ms: i64) -> PyResult<Py<PyAny>> {
+    fn wait_all(
+        &self,
+        py: Python<'_>,
+        statuses: &Bound<'_, PyAny>,
+        timeout_ms: i64,
+    ) -> PyResult<Py<PyAny>> {
         let mut v = Vec::new();
         for (i, s) in list_of(statuses, "statuses")?.iter().enumerate() {
             if s.is_none() {

@@ -42,7 +42,13 @@ fn int_enum(py: Python<'_>, name: &str, doc: &str, members: &[(&str, u32)]) -> P
     let int_enum = py.import("enum")?.getattr("IntEnum")?;
     let items = PyList::empty(py);
     for (n, v) in members {
-        items.append(PyTuple::new(py, [n.into_pyobject(py)?.into_any(), v.into_pyobject(py)?.into_any()])?)?;
+        items.append(PyTuple::new(
+            py,
+            [
+                n.into_pyobject(py)?.into_any(),
+                v.into_pyobject(py)?.into_any(),
+            ],
+        )?)?;
     }
     let kw = PyDict::new(py);
     kw.set_item("module", "morio")?;
@@ -52,7 +58,11 @@ fn int_enum(py: Python<'_>, name: &str, doc: &str, members: &[(&str, u32)]) -> P
     Ok(cls.unbind())
 }
 
-fn members(py: Python<'_>, cls: &Py<PyAny>, table: &[(&str, u32)]) -> PyResult<Vec<Option<Py<PyAny>>>> {
+fn members(
+    py: Python<'_>,
+    cls: &Py<PyAny>,
+    table: &[(&str, u32)],
+) -> PyResult<Vec<Option<Py<PyAny>>>> {
     let max = table.iter().map(|t| t.1).max().unwrap_or(0) as usize;
     let mut v: Vec<Option<Py<PyAny>>> = (0..=max).map(|_| None).collect();
     for (n, val) in table {
@@ -69,10 +79,24 @@ impl Enums {
             "Transfer outcome codes (MORI-IO's values; errors are > 10).",
             STATUS,
         )?;
-        let backend_type = int_enum(py, "BackendType", "Backend kinds (morio implements TCP).", BACKEND)?;
-        let memory_location_type =
-            int_enum(py, "MemoryLocationType", "Where registered memory lives.", LOCATION)?;
-        let poll_cq_mode = int_enum(py, "PollCqMode", "RDMA completion polling (accepted, unused).", POLL_CQ)?;
+        let backend_type = int_enum(
+            py,
+            "BackendType",
+            "Backend kinds (morio implements TCP).",
+            BACKEND,
+        )?;
+        let memory_location_type = int_enum(
+            py,
+            "MemoryLocationType",
+            "Where registered memory lives.",
+            LOCATION,
+        )?;
+        let poll_cq_mode = int_enum(
+            py,
+            "PollCqMode",
+            "RDMA completion polling (accepted, unused).",
+            POLL_CQ,
+        )?;
         let status_members = members(py, &status_code, STATUS)?;
         let loc_members = members(py, &memory_location_type, LOCATION)?
             .into_iter()

@@ -10,7 +10,11 @@ use pyo3::prelude::*;
 static RESET: OnceLock<pyo3_log::ResetHandle> = OnceLock::new();
 
 /// Environment variables read at import, first set wins (MORI's names after morio's own).
-pub const LEVEL_ENV: [&str; 3] = ["MORIO_LOG_LEVEL", "MORI_IO_LOG_LEVEL", "MORI_GLOBAL_LOG_LEVEL"];
+pub const LEVEL_ENV: [&str; 3] = [
+    "MORIO_LOG_LEVEL",
+    "MORI_IO_LOG_LEVEL",
+    "MORI_GLOBAL_LOG_LEVEL",
+];
 
 /// The Python loggers of morio's crates (Rust targets `morio::…`, `morio_shards::…`,
 /// `morio_topology::…` arrive as `morio.…` and so on).
@@ -45,7 +49,12 @@ pub fn set_log_level(py: Python<'_>, level: &str) -> PyResult<()> {
         ))
     })?;
     let logging = py.import("logging")?;
-    if pylevel == 5 && logging.call_method1("getLevelName", (5,))?.extract::<String>()? != "TRACE" {
+    if pylevel == 5
+        && logging
+            .call_method1("getLevelName", (5,))?
+            .extract::<String>()?
+            != "TRACE"
+    {
         logging.call_method1("addLevelName", (5, "TRACE"))?;
     }
     let root = logging.call_method0("getLogger")?;

@@ -133,7 +133,11 @@ fn dlpack_bytes(t: &DlTensor) -> PyResult<usize> {
     }
     // SAFETY: DLPack guarantees `shape` (and `strides` when not null) hold `ndim` entries,
     // valid while the capsule lives (the caller holds it).
-    let shape = if ndim == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(t.shape, ndim) } };
+    let shape = if ndim == 0 {
+        &[][..]
+    } else {
+        unsafe { std::slice::from_raw_parts(t.shape, ndim) }
+    };
     let strides = (!t.strides.is_null() && ndim > 0)
         .then(|| unsafe { std::slice::from_raw_parts(t.strides, ndim) });
     let mut count: usize = 1;
@@ -213,7 +217,10 @@ pub fn from_buffer(obj: &Bound<'_, PyAny>) -> PyResult<Memory> {
         let e = PyTypeError::new_err(format!(
             "cannot register a {}: it is not a torch tensor, has no __dlpack__, and gives no \
              writable contiguous buffer (peers may write registered memory)",
-            obj.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+            obj.get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
         ));
         e.set_cause(obj.py(), cause);
         return Err(e);

@@ -61,13 +61,13 @@ pub fn usizes(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<usize>> {
         return r;
     }
     match obj.try_iter() {
-        Ok(it) => it
-            .enumerate()
-            .map(|(i, x)| item(&x?, what, i))
-            .collect(),
+        Ok(it) => it.enumerate().map(|(i, x)| item(&x?, what, i)).collect(),
         Err(_) => Err(PyTypeError::new_err(format!(
             "{what} must be a list or tuple of ints or a 1-D integer array, got {}",
-            obj.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+            obj.get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
         ))),
     }
 }
@@ -78,7 +78,10 @@ fn item(x: &Bound<'_, PyAny>, what: &str, i: usize) -> PyResult<usize> {
         Err(_) => x.extract::<usize>().map_err(|_| {
             PyTypeError::new_err(format!(
                 "{what}[{i}] must be an int, got {}",
-                x.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+                x.get_type()
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_default()
             ))
         }),
     }

@@ -39,7 +39,9 @@ impl PyIoEngineSession {
         transfer_uid: u64,
     ) -> PyTransferStatus {
         let s = &self.inner;
-        PyTransferStatus::wrap(py.detach(|| s.read(local_offset, remote_offset, size, transfer_uid)))
+        PyTransferStatus::wrap(
+            py.detach(|| s.read(local_offset, remote_offset, size, transfer_uid)),
+        )
     }
 
     /// Write `size` bytes at `local_offset` to `remote_offset`.
@@ -52,7 +54,9 @@ impl PyIoEngineSession {
         transfer_uid: u64,
     ) -> PyTransferStatus {
         let s = &self.inner;
-        PyTransferStatus::wrap(py.detach(|| s.write(local_offset, remote_offset, size, transfer_uid)))
+        PyTransferStatus::wrap(
+            py.detach(|| s.write(local_offset, remote_offset, size, transfer_uid)),
+        )
     }
 
     /// One transfer (one status) of many segments read from the remote side. Offsets and
@@ -71,7 +75,9 @@ impl PyIoEngineSession {
             usizes(sizes, "sizes")?,
         );
         let s = &self.inner;
-        Ok(PyTransferStatus::wrap(py.detach(|| s.batch_read(&lo, &ro, &sz, transfer_uid))))
+        Ok(PyTransferStatus::wrap(
+            py.detach(|| s.batch_read(&lo, &ro, &sz, transfer_uid)),
+        ))
     }
 
     /// One transfer (one status) of many segments written to the remote side.
@@ -89,7 +95,9 @@ impl PyIoEngineSession {
             usizes(sizes, "sizes")?,
         );
         let s = &self.inner;
-        Ok(PyTransferStatus::wrap(py.detach(|| s.batch_write(&lo, &ro, &sz, transfer_uid))))
+        Ok(PyTransferStatus::wrap(
+            py.detach(|| s.batch_write(&lo, &ro, &sz, transfer_uid)),
+        ))
     }
 
     /// Always True for TCP sessions (MORI-IO).

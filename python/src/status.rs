@@ -31,14 +31,20 @@ impl PyTransferStatus {
 
 /// Wait until `st` is not `IN_PROGRESS` or `deadline` passes, without the GIL, taking it
 /// back every [`SIGNAL_SLICE`] to let a signal handler (KeyboardInterrupt) raise.
-pub fn wait_status(py: Python<'_>, st: &Arc<TransferStatus>, deadline: Option<Instant>) -> PyResult<StatusCode> {
+pub fn wait_status(
+    py: Python<'_>,
+    st: &Arc<TransferStatus>,
+    deadline: Option<Instant>,
+) -> PyResult<StatusCode> {
     let c = st.code();
     if c != StatusCode::InProgress {
         return Ok(c);
     }
     loop {
         let now = Instant::now();
-        let slice = deadline.map_or(SIGNAL_SLICE, |d| d.saturating_duration_since(now).min(SIGNAL_SLICE));
+        let slice = deadline.map_or(SIGNAL_SLICE, |d| {
+            d.saturating_duration_since(now).min(SIGNAL_SLICE)
+        });
         let c = py.detach(|| st.wait_for(slice));
         if c != StatusCode::InProgress || deadline.is_some_and(|d| Instant::now() >= d) {
             return Ok(c);
@@ -50,7 +56,11 @@ pub fn wait_status(py: Python<'_>, st: &Arc<TransferStatus>, deadline: Option<In
 /// Wait for every status in order against one deadline (`None` = no deadline), GIL released
 /// and signals honoured as in [`wait_status`]. Returns when all are done or the deadline
 /// has passed.
-pub fn wait_many(py: Python<'_>, sts: &[Arc<TransferStatus>], deadline: Option<Instant>) -> PyResult<()> {
+pub fn wait_many(
+    py: Python<'_>,
+    sts: &[Arc<TransferStatus>],
+    deadline: Option<Instant>,
+) -> PyResult<()> {
     let mut next = 0;
     while next < sts.len() {
         if !sts[next].in_progress() {
