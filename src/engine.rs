@@ -239,14 +239,23 @@ impl IoEngine {
 
     /// Make a peer reachable by its descriptor (a later call with the same key replaces it;
     /// open connections to an old address are closed on next use).
+    ///
+    /// As in MORI-IO, the descriptor of a peer that has no backend yet (port 0) is accepted:
+    /// transfers to it fail with an error status naming the cause until its descriptor is
+    /// registered again after its `create_backend`. An empty host (an engine listening on
+    /// all interfaces) is reached at 127.0.0.1.
     pub fn register_remote_engine(&self, desc: &EngineDesc) -> Result<(), EngineError> {
         let bad = || EngineError::BadRemoteAddress {
             key: desc.key.clone(),
             host: desc.host.clone(),
             port: desc.port,
         };
-        let ip: IpAddr = desc.host.parse().map_err(|_| bad())?;
-        if desc.key.is_empty() || desc.port == 0 {
+        let ip: IpAddr = if desc.host.is_empty() {
+            IpAddr::from([127, 0, 0, 1])
+        } else {
+            desc.host.parse().map_err(|_| bad())?
+        };
+        if desc.key.is_empty() {
             return Err(bad());
         }
         let peer = Arc::new(Peer {
@@ -612,6 +621,10 @@ impl Inner {
 
     fn backend(&self) -> Option<Arc<Backend>> {
         read(&self.backend).clone()
+    }
+
+    pub(crate) fn has_backend(&self) -> bool {
+        read(&self.backend).is_some()
     }
 
     #[allow(clippy::too_many_arguments)]

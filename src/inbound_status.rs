@@ -60,7 +60,20 @@ impl InboundStatuses {
         let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
         let p = peers.get_mut(peer)?;
         Self::prune(p, now, self.max_age);
-        p.by_uid.remove(&uid).map(|(c, m, _)| (c, m))
+        let out = p.by_uid.remove(&uid).map(|(c, m, _)| (c, m));
+        Self::compact(p);
+        out
+    }
+
+    /// Drop the order records of popped entries once they outnumber the live ones: an
+    /// entry that nobody pops holds the front of `order` until it expires, and the records
+    /// of every transfer popped meanwhile would otherwise pile up behind it.
+    fn compact(p: &mut PeerStatuses) {
+        if p.order.len() > 2 * p.by_uid.len() + 64 {
+            let live = &p.by_uid;
+            p.order
+                .retain(|(uid, at)| live.get(uid).is_some_and(|e| e.2 == *at));
+        }
     }
 
     fn prune(p: &mut PeerStatuses, now: Instant, max_age: Duration) {
@@ -106,6 +119,26 @@ mod tests {
         }
         assert_eq!(s.pop("a", 0), None, "oldest evicted");
         assert!(s.pop("a", MAX_INBOUND_PER_PEER as u64 + 9).is_some());
+    }
+
+    #[test]
+    fn records_of_popped_transfers_do_not_pile_up_behind_an_unpopped_one() {
+        let s = InboundStatuses::new(Duration::from_secs(3600));
+        s.record("a", 0, StatusCode::Success, "");
+        for uid in 1..100_000u64 {
+            s.record("a", uid, StatusCode::Success, "");
+            assert!(s.pop("a", uid).is_some());
+        }
+        let peers = s.peers.lock().unwrap();
+        let p = &peers["a"];
+        assert_eq!(p.by_uid.len(), 1);
+        assert!(
+            p.order.len() <= 2 * p.by_uid.len() + 65,
+            "{}",
+            p.order.len()
+        );
+        drop(peers);
+        assert!(s.pop("a", 0).is_some(), "the unpopped entry is still there");
     }
 
     #[test]

@@ -117,8 +117,9 @@ impl IoEngineSession {
         )
     }
 
-    /// Always true for TCP sessions (MORI-IO).
+    /// Whether the engine's backend still runs (MORI-IO's TCP sessions answer true always;
+    /// morio's answer false once the backend is removed or the engine dropped).
     pub fn alive(&self) -> bool {
-        true
+        self.inner.has_backend()
     }
 }

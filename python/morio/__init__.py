@@ -29,6 +29,8 @@ from ._morio import (
     TransferStatus,
     XgmiBackendConfig,
     __version__,
+    fabric_alloc,
+    fabric_free,
     set_log_level,
     set_wait_spin_us,
 )
@@ -54,6 +56,8 @@ __all__ = [
     "TransferStatus",
     "XgmiBackendConfig",
     "__version__",
+    "fabric_alloc",
+    "fabric_free",
     "set_log_level",
     "set_wait_spin_us",
 ]

@@ -252,4 +252,8 @@ def set_log_level(level: str) -> None:
     """trace, debug, info, warning, error, critical or off (env MORIO_LOG_LEVEL sets it at import)."""
 def set_wait_spin_us(us: int) -> None:
     """How long waits spin before sleeping, process-wide (default 50 µs)."""
+def fabric_alloc(size: int, device: int) -> int:
+    """MORI's FABRIC allocator: raises NotImplementedError (morio implements TCP only)."""
+def fabric_free(ptr: int) -> None:
+    """MORI's FABRIC allocator: raises NotImplementedError (morio implements TCP only)."""
 def _shutdown_all() -> None: ...

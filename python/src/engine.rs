@@ -486,6 +486,10 @@ impl PyIoEngine {
     ) -> PyResult<Option<PyIoEngineSession>> {
         let l = desc_ref(local_mem_desc, "local_mem_desc")?;
         let r = desc_ref(remote_mem_desc, "remote_mem_desc")?;
+        if r.engine_key.is_empty() {
+            // MORI's TCP backend cannot handle a remote without an engine: no session.
+            return Ok(None);
+        }
         Ok(self
             .engine()?
             .create_session(l, r)

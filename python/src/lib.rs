@@ -27,6 +27,26 @@ fn set_wait_spin_us(us: u64) {
     morio::status::set_wait_spin(Duration::from_micros(us));
 }
 
+/// MORI's FABRIC allocator: morio implements TCP only, so this raises NotImplementedError.
+#[pyfunction]
+#[pyo3(signature = (size, device))]
+fn fabric_alloc(size: usize, device: i32) -> PyResult<u64> {
+    let _ = (size, device);
+    Err(pyo3::exceptions::PyNotImplementedError::new_err(
+        "fabric_alloc: morio implements the TCP backend only (no FABRIC memory); allocate with \
+         torch or numpy and register the array",
+    ))
+}
+
+/// MORI's FABRIC allocator: morio implements TCP only, so this raises NotImplementedError.
+#[pyfunction]
+fn fabric_free(ptr: u64) -> PyResult<()> {
+    let _ = ptr;
+    Err(pyo3::exceptions::PyNotImplementedError::new_err(
+        "fabric_free: morio implements the TCP backend only (no FABRIC memory)",
+    ))
+}
+
 #[pymodule]
 fn _morio(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -48,6 +68,8 @@ fn _morio(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<session::PyIoEngineSession>()?;
     m.add_function(wrap_pyfunction!(log::set_log_level, m)?)?;
     m.add_function(wrap_pyfunction!(set_wait_spin_us, m)?)?;
+    m.add_function(wrap_pyfunction!(fabric_alloc, m)?)?;
+    m.add_function(wrap_pyfunction!(fabric_free, m)?)?;
     m.add_function(wrap_pyfunction!(engine::_shutdown_all, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("GPU_RUNTIMES", gpu_runtimes())?;

@@ -236,13 +236,22 @@ pub fn from_buffer(obj: &Bound<'_, PyAny>) -> PyResult<Memory> {
     })
 }
 
-/// Any registrable object: a torch tensor, then `__dlpack__`, then the buffer protocol.
+/// Any registrable object: a torch tensor, then `__dlpack__`, then the buffer protocol
+/// (also when DLPack cannot describe the object, e.g. numpy's structured dtypes).
 pub fn from_object(obj: &Bound<'_, PyAny>) -> PyResult<Memory> {
     if is_torch_tensor(obj) {
         return from_torch(obj);
     }
     if obj.hasattr("__dlpack__")? && obj.hasattr("__dlpack_device__")? {
-        return from_dlpack(obj);
+        return match from_dlpack(obj) {
+            Ok(m) => Ok(m),
+            // morio's own refusal (not contiguous, odd element size, device): final.
+            Err(e) if e.is_instance_of::<PyValueError>(obj.py()) => Err(e),
+            Err(dl) => from_buffer(obj).map_err(|e| {
+                e.set_cause(obj.py(), Some(dl));
+                e
+            }),
+        };
     }
     from_buffer(obj)
 }

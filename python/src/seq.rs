@@ -2,15 +2,29 @@
 //! arrays through the buffer protocol (numpy) without a Python object per entry.
 
 use pyo3::buffer::{Element, PyBuffer};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::{PyInt, PyList, PyTuple};
+
+/// Byte-order reversal of the integer types read from buffers.
+trait Swap {
+    fn swap(self) -> Self;
+}
+
+macro_rules! swap_impl {
+    ($($t:ty),*) => {$(impl Swap for $t {
+        fn swap(self) -> Self {
+            self.swap_bytes()
+        }
+    })*};
+}
+swap_impl!(i64, u64, i32, u32);
 
 fn negative(what: &str, i: usize, v: i64) -> PyErr {
     PyValueError::new_err(format!("{what}[{i}] is negative ({v})"))
 }
 
-fn from_buffer<T: Element + Copy>(
+fn from_buffer<T: Element + Copy + Swap>(
     obj: &Bound<'_, PyAny>,
     what: &str,
     conv: impl Fn(T) -> Result<usize, i64>,
@@ -23,10 +37,17 @@ fn from_buffer<T: Element + Copy>(
         ))));
     }
     let py = obj.py();
+    // The buffer's byte order: `>` and `!` are big-endian (`<`, `=`, `@` and none native on
+    // the little-endian machines morio runs on).
+    let swap = cfg!(target_endian = "little")
+        && matches!(buf.format().to_bytes().first(), Some(b'>') | Some(b'!'));
     let out = buf.to_vec(py).and_then(|v| {
         v.into_iter()
             .enumerate()
-            .map(|(i, x)| conv(x).map_err(|v| negative(what, i, v)))
+            .map(|(i, x)| {
+                let x = if swap { x.swap() } else { x };
+                conv(x).map_err(|v| negative(what, i, v))
+            })
             .collect()
     });
     Some(out)
@@ -76,13 +97,17 @@ fn item(x: &Bound<'_, PyAny>, what: &str, i: usize) -> PyResult<usize> {
     match x.extract::<i64>() {
         Ok(v) => usize::try_from(v).map_err(|_| negative(what, i, v)),
         Err(_) => x.extract::<usize>().map_err(|_| {
-            PyTypeError::new_err(format!(
-                "{what}[{i}] must be an int, got {}",
-                x.get_type()
-                    .name()
-                    .map(|n| n.to_string())
-                    .unwrap_or_default()
-            ))
+            if x.is_instance_of::<PyInt>() {
+                PyOverflowError::new_err(format!("{what}[{i}] is out of range: {x}"))
+            } else {
+                PyTypeError::new_err(format!(
+                    "{what}[{i}] must be an int, got {}",
+                    x.get_type()
+                        .name()
+                        .map(|n| n.to_string())
+                        .unwrap_or_default()
+                ))
+            }
         }),
     }
 }

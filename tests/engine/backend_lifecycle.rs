@@ -461,3 +461,51 @@ fn explicit_cpus_are_used_as_given_even_when_claimed() {
     let e = engine("cpu_explicit_e", dir.cfg(|c| c.cpus = Some(vec![first])));
     assert_eq!(e.shard_cpus(), vec![Some(first)]);
 }
+
+#[test]
+fn a_peer_registered_before_its_backend_fails_clearly_until_registered_again() {
+    // MORI-IO accepts the descriptor of an engine that has no backend yet (port 0).
+    let a = engine("early_a", test_cfg());
+    let b = IoEngine::new("early_b", morio::IoEngineConfig::new("127.0.0.1", 0)).unwrap();
+    a.register_remote_engine(&b.engine_desc()).unwrap();
+    b.create_backend(test_cfg()).unwrap();
+    let src = random_buffer(&a, 4096, 7);
+    let dst = b.alloc_buffer(4096).unwrap();
+    let st = a.write(
+        src.desc(),
+        0,
+        dst.desc(),
+        0,
+        4096,
+        a.allocate_transfer_uid(),
+    );
+    assert_eq!(
+        wait_within(&st, Duration::from_secs(10)),
+        StatusCode::ErrBadState
+    );
+    assert!(st.message().contains("port 0"), "{}", st.message());
+    a.register_remote_engine(&b.engine_desc()).unwrap();
+    let st = a.write(
+        src.desc(),
+        0,
+        dst.desc(),
+        0,
+        4096,
+        a.allocate_transfer_uid(),
+    );
+    assert_ok(&st, "after registering the real port");
+    assert_eq!(dst.to_vec(), src.to_vec());
+}
+
+#[test]
+fn sessions_report_whether_the_backend_runs() {
+    let (a, b) = pair("alive", test_cfg());
+    let src = a.alloc_buffer(64).unwrap();
+    let dst = b.alloc_buffer(64).unwrap();
+    let sess = a.create_session(src.desc(), dst.desc()).unwrap();
+    assert!(sess.alive());
+    a.remove_backend(BackendType::Tcp).unwrap();
+    assert!(!sess.alive());
+    a.create_backend(test_cfg()).unwrap();
+    assert!(sess.alive());
+}

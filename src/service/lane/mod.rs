@@ -390,6 +390,13 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
 async fn connect(shard: &Rc<Shard>, lane: &Rc<Lane>) -> Result<rt::TcpStream, String> {
     let cfg = &shard.shared.cfg;
     let addr = lane.peer.addr;
+    if addr.port() == 0 {
+        return Err(format!(
+            "engine {:?} advertised port 0 (its descriptor was taken before its backend \
+             existed): register its descriptor again after its create_backend",
+            lane.peer.key
+        ));
+    }
     let sock = socket2::Socket::new(
         socket2::Domain::for_address(addr),
         socket2::Type::STREAM,

@@ -1,0 +1,58 @@
+"""The target side of test_two_process.py, run in a spawned process."""
+
+import time
+import traceback
+
+import numpy as np
+
+N = 8192
+
+
+def data(seed: int) -> np.ndarray:
+    return ((np.arange(N, dtype=np.int64) * (2 * seed + 1) + seed) % 251 + 1).astype(np.uint8)
+
+
+def target_main(conn, as_objects: bool) -> None:
+    """Serve one initiator over `conn` (a multiprocessing Connection).
+
+    Sends its EngineDesc and two MemoryDescs (packed bytes, or the objects themselves so that
+    the pipe pickles them), waits for the initiator's desc, then for the uids of its write
+    and read; checks the written bytes and pops both inbound statuses; reports back."""
+    try:
+        from morio import BackendType, EngineDesc, IOEngine, IOEngineConfig, TcpBackendConfig
+
+        engine = IOEngine("two_proc_target", IOEngineConfig("127.0.0.1", 0))
+        engine.create_backend(BackendType.TCP, TcpBackendConfig(num_data_conns=2))
+        readable = data(11)  # the initiator reads this
+        landing = np.zeros(N, np.uint8)  # the initiator writes here
+        r_md, w_md = engine.register_array(readable), engine.register_array(landing)
+        desc = engine.get_engine_desc()
+        if as_objects:
+            conn.send((desc, r_md, w_md))
+        else:
+            conn.send_bytes(desc.pack())
+            conn.send_bytes(r_md.pack())
+            conn.send_bytes(w_md.pack())
+        peer = conn.recv() if as_objects else EngineDesc.unpack(conn.recv_bytes())
+        engine.register_remote_engine(peer)
+        write_uid, read_uid = conn.recv()
+        inbound = {}
+        deadline = time.monotonic() + 10
+        while len(inbound) < 2 and time.monotonic() < deadline:
+            for name, uid in (("write", write_uid), ("read", read_uid)):
+                if name not in inbound:
+                    st = engine.pop_inbound_transfer_status(peer.key, uid)
+                    if st is not None:
+                        inbound[name] = (int(st.Code()), st.Message())
+            time.sleep(0.001)
+        conn.send({
+            "inbound": inbound,
+            "landing_ok": bool(np.array_equal(landing, data(22))),
+            "readable_unchanged": bool(np.array_equal(readable, data(11))),
+            "again": engine.pop_inbound_transfer_status(peer.key, write_uid) is None,
+            "peer_key": peer.key,
+        })
+        conn.recv()  # the initiator is done: tear down
+        engine.close()
+    except BaseException:  # report instead of leaving the parent waiting
+        conn.send({"error": traceback.format_exc()})
