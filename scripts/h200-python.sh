@@ -11,7 +11,9 @@
 #                                 # interleaved; a summary table last
 #
 # Rows (the goals): 1 MiB x 256 batch write and read through a session, host memory
-# and CUDA memory (8+8 shards, pinned, as `morio bench --loopback` places them); a single 8 B
+# and CUDA memory (8+8 shards, pinned, as `morio bench --loopback` places them), from Python
+# with both engines in one process and with the target in a child process (as `morio bench
+# --loopback` runs its two roles); a single 8 B
 # write (2 spinning shards per side, wait spin 1000 us); the submission cost of a
 # 65,536-entry batch from numpy int64 arrays.
 #   ROUNDS (default 2), ITERS (default 64: 1 MiB rows), LAT_ITERS (default 4000),
@@ -63,6 +65,9 @@ run() {
 					--json "${OUT_DIR}/json/rust-${op}-${mem}-${r}.json" | tail -4 || failed+=("rust-${op}-${mem}-${r}")
 				python3 python/bench/pybench.py --rows a --ops "${op}" --mem-type "${mem}" "${big[@]}" \
 					--json "${OUT_DIR}/json/py-${op}-${mem}-${r}.json" | tail -4 || failed+=("py-${op}-${mem}-${r}")
+				python3 python/bench/pybench.py --rows a --ops "${op}" --mem-type "${mem}" "${big[@]}" \
+					--target-process --json "${OUT_DIR}/json/pyt-${op}-${mem}-${r}.json" | tail -4 ||
+					failed+=("pyt-${op}-${mem}-${r}")
 			done
 		done
 		echo "=== round ${r}: single 8 B write, 2 spinning shards"
@@ -75,8 +80,8 @@ run() {
 		python3 python/bench/pybench.py --rows c --sub-list \
 			--json "${OUT_DIR}/json/py-sub-${r}.json" | tail -6 || failed+=("py-sub-${r}")
 	done
-	(cd "${OUT_DIR}" && tar czf python-json.tar.gz json)
 	python3 scripts/python-goals.py "${OUT_DIR}/json" | tee "${OUT_DIR}/summary.txt"
+	(cd "${OUT_DIR}" && tar czf python-json.tar.gz json && rm -rf json)
 	if ((${#failed[@]})); then
 		echo "FAILED: ${failed[*]}"
 		return 1

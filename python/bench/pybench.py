@@ -133,6 +133,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     g.add_argument("--initiator-cpus", type=parse_cpus, help="the initiator's shard CPUs (overrides the split)")
     g.add_argument("--target-cpus", type=parse_cpus, help="the target's shard CPUs (overrides the split)")
     g.add_argument("--no-pin", action="store_true", help="do not pin shards")
+    g.add_argument("--target-process", action="store_true",
+                   help="run the target engine in a child process (as morio bench --loopback does), "
+                        "not beside the initiator in this one")
     g.add_argument("--app-cpu", type=int, help="pin this (the submitting) Python thread to one CPU")
     g.add_argument("--chunk-bytes", type=parse_size, help="largest chunk per frame (default 1 MiB)")
     g.add_argument("--deal-stripes", action="store_true", help="deal striped writes' stripes round-robin")
@@ -269,7 +272,12 @@ class Bench:
         icpus, tcpus, unpin = self.split()
         self.cpus = (icpus, tcpus)
         self.initiator = self.engine("pybench-initiator", icpus, unpin)
-        self.target = self.engine("pybench-target", tcpus, unpin)
+        self.blen = self.buffer_len()
+        self.child: Any = None
+        if a.target_process:
+            self.target, self.tbuf = self.spawn_target(tcpus, unpin)
+        else:
+            self.target = self.engine("pybench-target", tcpus, unpin)
         # Descriptors cross as bytes, as they would between processes.
         tdesc = EngineDesc.unpack(self.target.get_engine_desc().pack())
         self.initiator.register_remote_engine(tdesc)
@@ -277,9 +285,9 @@ class Bench:
         if a.app_cpu is not None:
             os.sched_setaffinity(0, {a.app_cpu})
 
-        self.blen = self.buffer_len()
         self.ibuf = Buffer(self.initiator, self.blen, a.initiator_mem_type, a.cpu_array, a.gpu_device)
-        self.tbuf = Buffer(self.target, self.blen, a.target_mem_type, a.cpu_array, a.gpu_device)
+        if not a.target_process:
+            self.tbuf = Buffer(self.target, self.blen, a.target_mem_type, a.cpu_array, a.gpu_device)
         if not a.no_validate:
             self.ibuf.fill(INITIATOR_SEED, 0, self.blen)
             self.tbuf.fill(TARGET_SEED, 0, self.blen)
@@ -289,6 +297,17 @@ class Bench:
             raise SystemExit("pybench: create_session returned None")
         self.sess = sess
         self.rows: list[dict[str, Any]] = []
+
+    def spawn_target(self, cpus: Optional[list[int]], unpin: bool) -> tuple[Any, Any]:
+        """The target engine and buffer in a child process, driven over a pipe."""
+        import multiprocessing as mp
+        ctx = mp.get_context("spawn")
+        mine, theirs = ctx.Pipe()
+        self.child = ctx.Process(target=_target_main, args=(theirs, vars(self.a), cpus, unpin, self.blen),
+                                 daemon=True)
+        self.child.start()
+        proxy = _TargetProxy(mine)
+        return proxy, proxy
 
     def split(self) -> tuple[Optional[list[int]], Optional[list[int]], bool]:
         """(initiator CPUs, target CPUs, unpinned) as `morio bench --loopback` splits them."""
@@ -481,6 +500,90 @@ class Bench:
         self.target.deregister_memory(self.tbuf.desc)
         self.initiator.close()
         self.target.close()
+        if self.child is not None:
+            self.child.join(timeout=30)
+
+
+class _TargetProxy:
+    """The target engine and its buffer in a child process (--target-process): the calls the
+    bench makes on either, forwarded over a pipe."""
+
+    def __init__(self, conn: Any):
+        self.conn = conn
+        info = self.call("info")
+        self._desc, self.desc, self.kind = EngineDesc.unpack(info["engine"]), MemoryDesc.unpack(info["mem"]), info["kind"]
+        self._shards, self._cpus = info["shards"], info["cpus"]
+
+    def call(self, *msg: Any) -> Any:
+        self.conn.send(msg)
+        ok, v = self.conn.recv()
+        if not ok:
+            raise RuntimeError(f"target process: {v}")
+        return v
+
+    def get_engine_desc(self) -> EngineDesc:
+        return self._desc
+
+    def register_remote_engine(self, d: EngineDesc) -> None:
+        self.call("register", d.pack())
+
+    def num_shards(self) -> int:
+        return self._shards
+
+    def shard_cpus(self) -> list[Optional[int]]:
+        return self._cpus
+
+    def fill(self, seed: int, start: int, n: int) -> None:
+        self.call("fill", seed, start, n)
+
+    def segments(self, size: int, batch: int, contiguous: bool) -> np.ndarray:
+        return self.call("segments", size, batch, contiguous)
+
+    def deregister_memory(self, _d: MemoryDesc) -> None:
+        pass
+
+    def close(self) -> None:
+        try:
+            self.call("close")
+        except (EOFError, OSError, RuntimeError):
+            pass
+
+
+def _target_main(conn: Any, args: dict[str, Any], cpus: Optional[list[int]], unpin: bool, blen: int) -> None:
+    """The child of --target-process: one target engine and buffer, serving the proxy's calls."""
+    a = argparse.Namespace(**args)
+    if a.wait_spin_us is not None:
+        morio.set_wait_spin_us(a.wait_spin_us)
+    b = Bench.__new__(Bench)
+    b.a = a
+    e = b.engine("pybench-target", cpus, unpin)
+    buf = Buffer(e, blen, a.target_mem_type, a.cpu_array, a.gpu_device)
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            break
+        try:
+            op = msg[0]
+            if op == "info":
+                v: Any = {"engine": e.get_engine_desc().pack(), "mem": buf.desc.pack(), "kind": buf.kind,
+                          "shards": e.num_shards(), "cpus": e.shard_cpus()}
+            elif op == "register":
+                v = e.register_remote_engine(EngineDesc.unpack(msg[1]))
+            elif op == "fill":
+                v = buf.fill(*msg[1:])
+            elif op == "segments":
+                v = np.ascontiguousarray(buf.segments(*msg[1:]))
+            elif op == "close":
+                e.deregister_memory(buf.desc)
+                e.close()
+                conn.send((True, None))
+                break
+            else:
+                raise ValueError(f"unknown call {op!r}")
+            conn.send((True, v))
+        except Exception as ex:  # reported to the parent, which raises it
+            conn.send((False, f"{type(ex).__name__}: {ex}"))
 
 
 def progress(name: str) -> None:
