@@ -247,10 +247,7 @@ pub fn from_object(obj: &Bound<'_, PyAny>) -> PyResult<Memory> {
             Ok(m) => Ok(m),
             // morio's own refusal (not contiguous, odd element size, device): final.
             Err(e) if e.is_instance_of::<PyValueError>(obj.py()) => Err(e),
-            Err(dl) => from_buffer(obj).map_err(|e| {
-                e.set_cause(obj.py(), Some(dl));
-                e
-            }),
+            Err(dl) => from_buffer(obj).inspect_err(|e| e.set_cause(obj.py(), Some(dl))),
         };
     }
     from_buffer(obj)
