@@ -37,10 +37,23 @@ pub fn engine_err(e: EngineError) -> PyErr {
 pub struct EngineCell {
     engine: RwLock<Option<Arc<IoEngine>>>,
     keep: Mutex<HashMap<u32, Keep>>,
+    /// The process that made the engine: its shard threads do not survive a fork.
+    pid: u32,
+}
+
+/// The error of an engine (or session) used in a process forked from the one that made it.
+pub fn forked(pid: u32) -> PyErr {
+    PyRuntimeError::new_err(format!(
+        "this engine belongs to process {pid}: its shard threads do not exist in a forked \
+         child; create a new IOEngine in the child (or start children with the 'spawn' method)"
+    ))
 }
 
 impl EngineCell {
     fn get(&self) -> PyResult<Arc<IoEngine>> {
+        if std::process::id() != self.pid {
+            return Err(forked(self.pid));
+        }
         self.engine
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -57,7 +70,13 @@ impl EngineCell {
             .unwrap_or_else(|e| e.into_inner())
             .take();
         if let Some(engine) = engine {
-            py.detach(move || drop(engine));
+            if std::process::id() == self.pid {
+                py.detach(move || drop(engine));
+            } else {
+                // A forked child: the shard threads this would stop and join are the
+                // parent's. Leave the parent's engine untouched.
+                std::mem::forget(engine);
+            }
         }
         let keep = std::mem::take(&mut *self.keep.lock().unwrap_or_else(|e| e.into_inner()));
         drop(keep);
@@ -224,6 +243,7 @@ impl PyIoEngine {
         let cell = Arc::new(EngineCell {
             engine: RwLock::new(Some(Arc::new(engine))),
             keep: Mutex::new(HashMap::new()),
+            pid: std::process::id(),
         });
         let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
         live.retain(|w| w.strong_count() > 0);
@@ -493,7 +513,7 @@ impl PyIoEngine {
         Ok(self
             .engine()?
             .create_session(l, r)
-            .map(|s| PyIoEngineSession::new(Arc::new(s))))
+            .map(|s| PyIoEngineSession::new(Arc::new(s), self.cell.pid)))
     }
 
     /// Remove and return how transfer `transfer_uid` from engine `remote_key` ended here

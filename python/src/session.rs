@@ -14,11 +14,20 @@ use crate::status::PyTransferStatus;
 #[pyclass(module = "morio", name = "IOEngineSession", frozen)]
 pub struct PyIoEngineSession {
     inner: Arc<IoEngineSession>,
+    /// The process of the engine (see `engine::forked`).
+    pid: u32,
 }
 
 impl PyIoEngineSession {
-    pub fn new(inner: Arc<IoEngineSession>) -> Self {
-        Self { inner }
+    pub fn new(inner: Arc<IoEngineSession>, pid: u32) -> Self {
+        Self { inner, pid }
+    }
+
+    fn session(&self) -> PyResult<&IoEngineSession> {
+        if std::process::id() != self.pid {
+            return Err(crate::engine::forked(self.pid));
+        }
+        Ok(&self.inner)
     }
 }
 
@@ -37,11 +46,11 @@ impl PyIoEngineSession {
         remote_offset: usize,
         size: usize,
         transfer_uid: u64,
-    ) -> PyTransferStatus {
-        let s = &self.inner;
-        PyTransferStatus::wrap(
-            py.detach(|| s.read(local_offset, remote_offset, size, transfer_uid)),
-        )
+    ) -> PyResult<PyTransferStatus> {
+        let s = self.session()?;
+        Ok(PyTransferStatus::wrap(py.detach(|| {
+            s.read(local_offset, remote_offset, size, transfer_uid)
+        })))
     }
 
     /// Write `size` bytes at `local_offset` to `remote_offset`.
@@ -52,11 +61,11 @@ impl PyIoEngineSession {
         remote_offset: usize,
         size: usize,
         transfer_uid: u64,
-    ) -> PyTransferStatus {
-        let s = &self.inner;
-        PyTransferStatus::wrap(
-            py.detach(|| s.write(local_offset, remote_offset, size, transfer_uid)),
-        )
+    ) -> PyResult<PyTransferStatus> {
+        let s = self.session()?;
+        Ok(PyTransferStatus::wrap(py.detach(|| {
+            s.write(local_offset, remote_offset, size, transfer_uid)
+        })))
     }
 
     /// One transfer (one status) of many segments read from the remote side. Offsets and
@@ -74,7 +83,7 @@ impl PyIoEngineSession {
             usizes(remote_offsets, "remote_offsets")?,
             usizes(sizes, "sizes")?,
         );
-        let s = &self.inner;
+        let s = self.session()?;
         Ok(PyTransferStatus::wrap(
             py.detach(|| s.batch_read(&lo, &ro, &sz, transfer_uid)),
         ))
@@ -94,7 +103,7 @@ impl PyIoEngineSession {
             usizes(remote_offsets, "remote_offsets")?,
             usizes(sizes, "sizes")?,
         );
-        let s = &self.inner;
+        let s = self.session()?;
         Ok(PyTransferStatus::wrap(
             py.detach(|| s.batch_write(&lo, &ro, &sz, transfer_uid)),
         ))

@@ -1,8 +1,10 @@
 """Engine, peer and memory lifecycles: close, remove_backend, deregistration and peers that
 go away or never answer end transfers with an error status (or an exception), never a hang."""
 
+import atexit
 import gc
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -204,3 +206,61 @@ def test_create_backend_twice_is_ignored_with_warning(engines, caplog, restore_l
         e.create_backend(BackendType.TCP, small_config(num_data_conns=2))  # MORI: warning, ignored
     assert (e.get_engine_desc().port, e.num_shards()) == (port, shards)
     assert "already created" in caplog.text
+
+
+def test_forked_child_cannot_use_the_parents_engine_and_exits_cleanly(wired):
+    """A fork copies no shard threads: the child gets a clear error, never a hang, and its
+    exit leaves the parent's engine alone."""
+    a, b, src, dst, smd, dmd = wired
+    sess = a.create_session(smd, dmd)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what happened through the pipe, then exit at once
+        os.close(r)
+        out = []
+        for call in (lambda: a.write(smd, 0, dmd, 0, 8, 1), lambda: sess.write(0, 0, 8, 2),
+                     a.allocate_transfer_uid):
+            try:
+                call()
+                out.append("no error")
+            except RuntimeError as e:
+                out.append("forked" if "forked child" in str(e) else f"other: {e}")
+        os.write(w, ",".join(out).encode())
+        os.close(w)
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        got = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert got == "forked,forked,forked", got
+    # The parent's engine still works.
+    st = a.write(smd, 0, dmd, 0, 64, a.allocate_transfer_uid())
+    assert st.WaitFor(10000) == StatusCode.SUCCESS, st.Message()
+    assert (src == dst).all()
+
+
+def test_forked_child_exiting_normally_does_not_hang(wired):
+    """A child that exits through the interpreter (atexit, object drops) must not try to stop
+    the parent's shard threads."""
+    a, _b, _src, _dst, _smd, _dmd = wired
+    pid = os.fork()
+    if pid == 0:  # in pytest's process: leave through os._exit, never back into pytest
+        code = 0
+        try:
+            a.close()  # the engine object's own stop path
+            atexit._run_exitfuncs()  # morio's exit hook: stops "every engine" of this process
+        except BaseException:
+            code = 3
+        os._exit(code)
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung at exit")
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
