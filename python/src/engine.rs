@@ -2,7 +2,8 @@
 //! waits or talks to the shards runs with the GIL released.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, Once, RwLock, Weak};
 
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -37,8 +38,51 @@ pub fn engine_err(e: EngineError) -> PyErr {
 pub struct EngineCell {
     engine: RwLock<Option<Arc<IoEngine>>>,
     keep: Mutex<HashMap<u32, Keep>>,
-    /// The process that made the engine: its shard threads do not survive a fork.
+    /// Where the engine was made: its shard threads do not survive a fork.
+    origin: Origin,
+}
+
+/// Forks this process has been through (bumped in the child by a `pthread_atfork` hook):
+/// an engine made at another count belongs to an ancestor. A load, not a `getpid` syscall,
+/// on every call (syscalls are slow under gVisor, where the GPU host runs).
+static FORKS: AtomicU32 = AtomicU32::new(0);
+
+extern "C" fn on_fork_child() {
+    FORKS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Count forks from now on (called once at import).
+pub fn install_fork_hook() {
+    static ONCE: Once = Once::new();
+    // SAFETY: registers a handler that only touches an atomic; valid for the process's life.
+    ONCE.call_once(|| unsafe {
+        libc::pthread_atfork(None, None, Some(on_fork_child));
+    });
+}
+
+/// Where an engine was made: its process id (for messages) and the fork count then.
+#[derive(Clone, Copy)]
+pub struct Origin {
     pid: u32,
+    forks: u32,
+}
+
+impl Origin {
+    fn here() -> Self {
+        Self {
+            pid: std::process::id(),
+            forks: FORKS.load(Ordering::Relaxed),
+        }
+    }
+
+    /// `Err` in a process forked after the engine was made.
+    pub fn check(self) -> PyResult<()> {
+        if FORKS.load(Ordering::Relaxed) == self.forks {
+            Ok(())
+        } else {
+            Err(forked(self.pid))
+        }
+    }
 }
 
 /// The error of an engine (or session) used in a process forked from the one that made it.
@@ -51,9 +95,7 @@ pub fn forked(pid: u32) -> PyErr {
 
 impl EngineCell {
     fn get(&self) -> PyResult<Arc<IoEngine>> {
-        if std::process::id() != self.pid {
-            return Err(forked(self.pid));
-        }
+        self.origin.check()?;
         self.engine
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -70,7 +112,7 @@ impl EngineCell {
             .unwrap_or_else(|e| e.into_inner())
             .take();
         if let Some(engine) = engine {
-            if std::process::id() == self.pid {
+            if self.origin.check().is_ok() {
                 py.detach(move || drop(engine));
             } else {
                 // A forked child: the shard threads this would stop and join are the
@@ -243,7 +285,7 @@ impl PyIoEngine {
         let cell = Arc::new(EngineCell {
             engine: RwLock::new(Some(Arc::new(engine))),
             keep: Mutex::new(HashMap::new()),
-            pid: std::process::id(),
+            origin: Origin::here(),
         });
         let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
         live.retain(|w| w.strong_count() > 0);
@@ -513,7 +555,7 @@ impl PyIoEngine {
         Ok(self
             .engine()?
             .create_session(l, r)
-            .map(|s| PyIoEngineSession::new(Arc::new(s), self.cell.pid)))
+            .map(|s| PyIoEngineSession::new(Arc::new(s), self.cell.origin)))
     }
 
     /// Remove and return how transfer `transfer_uid` from engine `remote_key` ended here

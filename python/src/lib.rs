@@ -50,6 +50,7 @@ fn fabric_free(ptr: u64) -> PyResult<()> {
 #[pymodule]
 fn _morio(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    engine::install_fork_hook();
     log::init(py)?;
     let e = enums::get(py)?;
     m.add("StatusCode", e.status_code.clone_ref(py))?;

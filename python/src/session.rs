@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 
 use morio::IoEngineSession;
 
+use crate::engine::Origin;
 use crate::seq::usizes;
 use crate::status::PyTransferStatus;
 
@@ -14,19 +15,17 @@ use crate::status::PyTransferStatus;
 #[pyclass(module = "morio", name = "IOEngineSession", frozen)]
 pub struct PyIoEngineSession {
     inner: Arc<IoEngineSession>,
-    /// The process of the engine (see `engine::forked`).
-    pid: u32,
+    /// Where the engine was made (see `engine::Origin`).
+    origin: Origin,
 }
 
 impl PyIoEngineSession {
-    pub fn new(inner: Arc<IoEngineSession>, pid: u32) -> Self {
-        Self { inner, pid }
+    pub fn new(inner: Arc<IoEngineSession>, origin: Origin) -> Self {
+        Self { inner, origin }
     }
 
     fn session(&self) -> PyResult<&IoEngineSession> {
-        if std::process::id() != self.pid {
-            return Err(crate::engine::forked(self.pid));
-        }
+        self.origin.check()?;
         Ok(&self.inner)
     }
 }
