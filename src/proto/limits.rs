@@ -34,3 +34,6 @@ pub const MIN_STRIPE_BYTES: u64 = 64 << 10;
 /// A striped write shares its stripes between its lanes (`share_stripes`) when it has at
 /// least this many full chunks per lane.
 pub const SHARE_MIN_CHUNKS_PER_LANE: u64 = 2;
+/// Most striped transfers an engine joins at once on the target side; past this the oldest
+/// is dropped (its initiator then times out), so a peer cannot grow the table without bound.
+pub const MAX_JOINS: usize = 65536;

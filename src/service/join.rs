@@ -9,10 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::now_ns;
 use crate::proto::frame::Op;
 use crate::proto::join::Join;
-
-/// Transfers the engine joins at once; past this the oldest is dropped (its initiator then
-/// times out), so a peer cannot grow the table without bound.
-pub(crate) const MAX_JOINS: usize = 65536;
+use crate::proto::limits::MAX_JOINS;
 
 /// One chunk's result.
 #[derive(Debug)]
