@@ -1,4 +1,5 @@
-//! `IoEngineSession`: a pre-resolved (local, remote) memory pair (MORI-IO's session).
+//! `IoEngineSession`: transfers over one (local, remote) memory pair given once (MORI-IO's
+//! session); each transfer still resolves the pair, so a session sees deregistrations.
 
 use std::sync::Arc;
 
