@@ -191,6 +191,17 @@ impl Outbound {
         self.fail(codes::ERR_BAD_STATE, msg)
     }
 
+    /// A lane's report about this transfer.
+    pub fn on_report(&mut self, r: super::lane::Report) -> Result<Option<Action>, Violation> {
+        use super::lane::Report;
+        match r {
+            Report::Chunk { chunk, code, msg } => self.on_chunk(chunk, code, &msg),
+            Report::Complete { code, msg } => self.on_complete(code, &msg),
+            Report::Lost { msg } => Ok(self.on_lane_lost(&msg)),
+            Report::Failed { code, msg } => Ok(self.on_local_failure(code, &msg)),
+        }
+    }
+
     /// Time passed; fails the transfer once `now >= deadline`.
     pub fn on_tick(&mut self, now: u64) -> Option<Action> {
         if now >= self.deadline {

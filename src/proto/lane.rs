@@ -1,0 +1,530 @@
+//! The initiator lane's book: its queue of work, the tags of the frames it sent, the answer
+//! each one waits for, and what a lane's death or a transfer's cancellation takes with it.
+//! Pure: the caller sends the frames, reads the answers and places their payloads.
+
+use std::collections::{HashMap, VecDeque};
+
+use super::dispatch::{ChunkSpec, Item, TransferRef, Work};
+use super::plan::Layout;
+
+/// What a lane reports to a transfer's owner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Report {
+    /// A non-final chunk was answered (a read's data placed, or the chunk refused).
+    Chunk {
+        /// The chunk.
+        chunk: u32,
+        /// Its code.
+        code: u32,
+        /// Its message.
+        msg: String,
+    },
+    /// The target recorded the inbound status (COMPLETE, or a final READ_DATA).
+    Complete {
+        /// The transfer's code.
+        code: u32,
+        /// Its message.
+        msg: String,
+    },
+    /// The lane carrying part of the transfer failed.
+    Lost {
+        /// Why.
+        msg: String,
+    },
+    /// This side failed the transfer before its frame left (a GPU refused the staging
+    /// copy): nothing of it reached the target.
+    Failed {
+        /// The failure.
+        code: u32,
+        /// Its message.
+        msg: String,
+    },
+}
+
+/// A READ request waiting for its data: where to place it.
+#[derive(Debug)]
+pub struct ReadWait<L> {
+    /// The chunk it asked for.
+    pub chunk: u32,
+    /// Whether it is the whole transfer.
+    pub final_: bool,
+    /// The caller's handle on the local memory.
+    pub local: L,
+    /// Where its bytes go, in payload order.
+    pub pieces: Layout,
+    /// How many bytes it asked for.
+    pub bytes: u64,
+}
+
+/// The answer a sent frame waits for. A write's chunk is answered by COMPLETE when it is
+/// the whole transfer; a chunk of several waits unanswered (the target's join answers the
+/// whole transfer on one of their lanes); a read's chunk by READ_DATA (then, of several,
+/// unanswered); FINISH by COMPLETE.
+#[derive(Debug)]
+enum Wait<L> {
+    Write,
+    Read(ReadWait<L>),
+    Finish,
+}
+
+/// An answer as it arrives: COMPLETE or READ_DATA, before any payload is read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// COMPLETE.
+    Complete {
+        /// Its code.
+        code: u32,
+        /// Its message.
+        msg: String,
+    },
+    /// READ_DATA.
+    ReadData {
+        /// The chunk it answers.
+        chunk: u32,
+        /// Whether it answers the whole transfer.
+        final_: bool,
+        /// Its code.
+        code: u32,
+        /// Its message.
+        msg: String,
+    },
+}
+
+/// What to do with an answer.
+#[derive(Debug)]
+pub enum Matched<L> {
+    /// Tell the owner; drop the payload (there is none).
+    Report(TransferRef, Report),
+    /// Read data to place into `wait`'s pieces (when its code is SUCCESS), then hand the
+    /// result to [`LaneBook::read_done`].
+    ReadData(TransferRef, ReadWait<L>, Answer),
+    /// An answer for a transfer that was cancelled: discard its payload.
+    Stale,
+}
+
+/// An answer that does not fit what this lane sent: the stream cannot be trusted.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Violation(pub &'static str);
+
+/// `unanswered` is pruned when it reaches at least this many entries.
+const MIN_PRUNE: usize = 64;
+
+/// One lane's book. `L` is the caller's handle on local memory.
+#[derive(Debug)]
+pub struct LaneBook<L> {
+    queue: VecDeque<Item<L>>,
+    outstanding: HashMap<u64, (TransferRef, Wait<L>)>,
+    /// Chunks of multi-chunk transfers that have nothing more of their own to wait for (a
+    /// WRITE chunk once sent, a READ chunk once its data arrived), kept by tag: the target
+    /// answers the whole transfer with COMPLETE on the lane of whichever chunk completed its
+    /// join, with that chunk's tag, so any of them may get it. Kept while the transfer may
+    /// still run, so that losing this lane fails it at once instead of at its deadline.
+    unanswered: HashMap<u64, TransferRef>,
+    prune_at: usize,
+    next_tag: u64,
+    writing: Option<TransferRef>,
+    dead: bool,
+}
+
+impl<L> Default for LaneBook<L> {
+    fn default() -> Self {
+        Self {
+            queue: VecDeque::new(),
+            outstanding: HashMap::new(),
+            unanswered: HashMap::new(),
+            prune_at: MIN_PRUNE,
+            next_tag: 0,
+            writing: None,
+            dead: false,
+        }
+    }
+}
+
+impl<L: Clone> LaneBook<L> {
+    /// Queue work (on a live lane: a dead one's work is reported lost by [`LaneBook::die`]).
+    pub fn push(&mut self, items: impl IntoIterator<Item = Item<L>>) {
+        self.queue.extend(items);
+    }
+
+    /// The next frame to send: a queued chunk or FINISH, or a stripe taken from a shared
+    /// write (whose item stays at the front while stripes are left).
+    pub fn pop(&mut self) -> Option<(TransferRef, Sendable<L>)> {
+        loop {
+            let item = self.queue.pop_front()?;
+            match item.work {
+                Work::Chunk(spec, local) => return Some((item.to, Sendable::Chunk(spec, local))),
+                Work::Finish(f) => return Some((item.to, Sendable::Finish(f))),
+                Work::Shared(stripes, local) => {
+                    let Some(spec) = stripes.take() else { continue };
+                    let chunk = Sendable::Chunk(spec, local.clone());
+                    self.queue.push_front(Item {
+                        to: item.to,
+                        work: Work::Shared(stripes, local),
+                    });
+                    return Some((item.to, chunk));
+                }
+            }
+        }
+    }
+}
+
+/// A frame [`LaneBook::pop`] hands out to send.
+#[derive(Debug)]
+pub enum Sendable<L> {
+    /// A chunk, from or into `L`.
+    Chunk(ChunkSpec, L),
+    /// FINISH.
+    Finish(super::dispatch::FinishSpec),
+}
+
+impl<L> LaneBook<L> {
+    /// Whether the lane died.
+    pub fn dead(&self) -> bool {
+        self.dead
+    }
+
+    /// Frames queued.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// The tag of the next frame.
+    pub fn next_tag(&mut self) -> u64 {
+        let t = self.next_tag;
+        self.next_tag += 1;
+        t
+    }
+
+    /// A WRITE chunk with `tag` is about to leave (its bytes may be half sent when the
+    /// transfer is cancelled: see [`LaneBook::cancel`]). `may_run` says whether a transfer
+    /// may still be running (its owner's low-water mark), to prune the unanswered table.
+    pub fn sending_write(
+        &mut self,
+        tag: u64,
+        to: TransferRef,
+        final_: bool,
+        may_run: impl Fn(&TransferRef) -> bool,
+    ) {
+        if final_ {
+            self.outstanding.insert(tag, (to, Wait::Write));
+        } else {
+            self.keep_unanswered(tag, to, may_run);
+        }
+        self.writing = Some(to);
+    }
+
+    /// The frame being written left whole.
+    pub fn sent(&mut self) {
+        self.writing = None;
+    }
+
+    /// A frame with `tag` failed before any of it left (a GPU refused the staging copy):
+    /// forget it; the caller reports [`Report::Failed`].
+    pub fn unsend(&mut self, tag: u64) {
+        self.outstanding.remove(&tag);
+        self.unanswered.remove(&tag);
+        self.writing = None;
+    }
+
+    /// A READ request with `tag` is queued to leave with the next flush (so its answer can
+    /// never come before this).
+    pub fn sending_read(&mut self, tag: u64, to: TransferRef, wait: ReadWait<L>) {
+        self.outstanding.insert(tag, (to, Wait::Read(wait)));
+    }
+
+    /// FINISH with `tag` is about to leave.
+    pub fn sending_finish(&mut self, tag: u64, to: TransferRef) {
+        self.outstanding.insert(tag, (to, Wait::Finish));
+    }
+
+    /// Keep a chunk of several by its tag while its transfer runs (pruned of ended
+    /// transfers as the table grows, so it stays within about twice the chunks in flight).
+    fn keep_unanswered(
+        &mut self,
+        tag: u64,
+        to: TransferRef,
+        may_run: impl Fn(&TransferRef) -> bool,
+    ) {
+        if self.unanswered.len() >= self.prune_at {
+            self.unanswered.retain(|_, t| may_run(t));
+            self.prune_at = (2 * self.unanswered.len()).max(MIN_PRUNE);
+        }
+        self.unanswered.insert(tag, to);
+    }
+
+    /// An answer with `tag` for transfer `uid` arrived.
+    pub fn answer(&mut self, tag: u64, uid: u64, a: Answer) -> Result<Matched<L>, Violation> {
+        let Some((to, wait)) = self.outstanding.remove(&tag) else {
+            if let Answer::Complete { code, msg } = a {
+                if let Some(to) = self.unanswered.remove(&tag) {
+                    if to.uid != uid {
+                        return Err(Violation("answer names another transfer"));
+                    }
+                    // A chunk of several completed the target's join: COMPLETE ends the
+                    // transfer.
+                    return Ok(Matched::Report(to, Report::Complete { code, msg }));
+                }
+            }
+            // The transfer was cancelled (timeout): drop its answer.
+            return Ok(Matched::Stale);
+        };
+        if to.uid != uid {
+            return Err(Violation("answer names another transfer"));
+        }
+        match (a, wait) {
+            (Answer::Complete { code, msg }, Wait::Write | Wait::Finish) => {
+                Ok(Matched::Report(to, Report::Complete { code, msg }))
+            }
+            (a @ Answer::ReadData { chunk, final_, .. }, Wait::Read(w))
+                if final_ == w.final_ && chunk == w.chunk =>
+            {
+                Ok(Matched::ReadData(to, w, a))
+            }
+            _ => Err(Violation("answer does not match its request")),
+        }
+    }
+
+    /// The data of a READ_DATA was placed (or refused: `code`): the report for the owner. A
+    /// chunk of several then waits, unanswered, for the COMPLETE the target may send on this
+    /// lane.
+    pub fn read_done(
+        &mut self,
+        tag: u64,
+        to: TransferRef,
+        wait: &ReadWait<L>,
+        code: u32,
+        msg: String,
+        may_run: impl Fn(&TransferRef) -> bool,
+    ) -> Report {
+        if wait.final_ {
+            Report::Complete { code, msg }
+        } else {
+            self.keep_unanswered(tag, to, may_run);
+            Report::Chunk {
+                chunk: wait.chunk,
+                code,
+                msg,
+            }
+        }
+    }
+
+    /// A transfer ended early: drop its queued and pending work. `true` when its frame is
+    /// half on the wire: the stream cannot be resynchronised and the lane must die.
+    pub fn cancel(&mut self, uid: u64, gen: u64) -> bool {
+        let hit = |t: &TransferRef| (t.uid, t.gen) == (uid, gen);
+        self.queue.retain(|i| !hit(&i.to));
+        self.outstanding.retain(|_, (t, _)| !hit(t));
+        self.unanswered.retain(|_, t| !hit(t));
+        self.writing.is_some_and(|t| hit(&t))
+    }
+
+    /// The lane dies: every transfer with work queued, sent or unanswered on it (and still
+    /// running, by `may_run`), each once. `None` if it was already dead.
+    pub fn die(&mut self, may_run: impl Fn(&TransferRef) -> bool) -> Option<Vec<TransferRef>> {
+        if std::mem::replace(&mut self.dead, true) {
+            return None;
+        }
+        let mut hit: Vec<TransferRef> = self.queue.drain(..).map(|i| i.to).collect();
+        hit.extend(self.outstanding.drain().map(|(_, (t, _))| t));
+        hit.extend(
+            self.unanswered
+                .drain()
+                .map(|(_, t)| t)
+                .filter(|t| may_run(t)),
+        );
+        hit.sort_unstable();
+        hit.dedup();
+        self.writing = None;
+        Some(hit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::codes;
+    use crate::proto::dispatch::{dispatch, DispatchParams, Request, TransferRef};
+    use crate::proto::frame::Op;
+    use crate::proto::plan::Piece;
+
+    fn to(uid: u64, gen: u64) -> TransferRef {
+        TransferRef { owner: 0, uid, gen }
+    }
+
+    fn always(_: &TransferRef) -> bool {
+        true
+    }
+
+    fn ok() -> Answer {
+        Answer::Complete {
+            code: codes::SUCCESS,
+            msg: String::new(),
+        }
+    }
+
+    fn read_wait(chunk: u32, final_: bool) -> ReadWait<()> {
+        ReadWait {
+            chunk,
+            final_,
+            local: (),
+            pieces: Layout::List(vec![Piece {
+                local: 0,
+                remote: 0,
+                len: 8,
+            }]),
+            bytes: 8,
+        }
+    }
+
+    #[test]
+    fn a_final_write_is_answered_by_its_complete_once() {
+        let mut b = LaneBook::<()>::default();
+        let tag = b.next_tag();
+        b.sending_write(tag, to(1, 0), true, always);
+        b.sent();
+        assert!(matches!(
+            b.answer(tag, 1, ok()),
+            Ok(Matched::Report(t, Report::Complete { .. })) if t == to(1, 0)
+        ));
+        // A second COMPLETE with the same tag has nothing left to match.
+        assert!(matches!(b.answer(tag, 1, ok()), Ok(Matched::Stale)));
+    }
+
+    #[test]
+    fn any_chunk_of_several_may_carry_the_join_complete() {
+        let mut b = LaneBook::<()>::default();
+        let (t0, t1) = (b.next_tag(), b.next_tag());
+        b.sending_write(t0, to(5, 2), false, always);
+        b.sending_write(t1, to(5, 2), false, always);
+        assert!(matches!(b.answer(t1, 5, ok()), Ok(Matched::Report(..))));
+        // The lane's death still fails the transfer through chunk t0, unless it ended.
+        assert_eq!(b.die(always), Some(vec![to(5, 2)]));
+        assert_eq!(b.die(always), None);
+    }
+
+    #[test]
+    fn an_answer_for_another_uid_is_a_violation() {
+        let mut b = LaneBook::<()>::default();
+        let tag = b.next_tag();
+        b.sending_write(tag, to(1, 0), false, always);
+        assert!(b.answer(tag, 2, ok()).is_err());
+        let tag = b.next_tag();
+        b.sending_finish(tag, to(3, 0));
+        assert!(b.answer(tag, 4, ok()).is_err());
+    }
+
+    #[test]
+    fn read_data_must_match_its_request() {
+        let mut b = LaneBook::<()>::default();
+        let tag = b.next_tag();
+        b.sending_read(tag, to(1, 0), read_wait(3, false));
+        let wrong = Answer::ReadData {
+            chunk: 4,
+            final_: false,
+            code: 0,
+            msg: String::new(),
+        };
+        assert!(b.answer(tag, 1, wrong).is_err());
+        let tag = b.next_tag();
+        b.sending_read(tag, to(1, 0), read_wait(3, false));
+        assert!(
+            b.answer(tag, 1, ok()).is_err(),
+            "COMPLETE for a READ request"
+        );
+        let tag = b.next_tag();
+        b.sending_read(tag, to(1, 0), read_wait(3, false));
+        let right = Answer::ReadData {
+            chunk: 3,
+            final_: false,
+            code: 0,
+            msg: String::new(),
+        };
+        let Ok(Matched::ReadData(t, w, _)) = b.answer(tag, 1, right) else {
+            panic!("no match");
+        };
+        let r = b.read_done(tag, t, &w, 0, String::new(), always);
+        assert_eq!(
+            r,
+            Report::Chunk {
+                chunk: 3,
+                code: 0,
+                msg: String::new()
+            }
+        );
+        // The read's COMPLETE may now come on this lane with the same tag.
+        assert!(matches!(
+            b.answer(tag, 1, ok()),
+            Ok(Matched::Report(_, Report::Complete { .. }))
+        ));
+    }
+
+    #[test]
+    fn cancel_drops_a_transfers_work_and_says_when_the_lane_must_die() {
+        let mut b = LaneBook::<()>::default();
+        let t0 = b.next_tag();
+        b.sending_write(t0, to(1, 0), true, always);
+        assert!(b.cancel(1, 0), "its frame is half sent");
+        b.sent();
+        let t1 = b.next_tag();
+        b.sending_write(t1, to(2, 0), true, always);
+        b.sent();
+        assert!(!b.cancel(2, 0));
+        assert!(matches!(b.answer(t1, 2, ok()), Ok(Matched::Stale)));
+        assert_eq!(b.die(always), Some(vec![]));
+    }
+
+    #[test]
+    fn unanswered_chunks_of_ended_transfers_are_pruned_and_not_failed() {
+        let mut b = LaneBook::<()>::default();
+        for uid in 0..200 {
+            let tag = b.next_tag();
+            b.sending_write(tag, to(uid, uid), false, |t| t.gen >= 150);
+        }
+        assert!(b.unanswered.len() < 120, "pruned: {}", b.unanswered.len());
+        let lost = b.die(|t| t.gen >= 190).unwrap();
+        assert_eq!(lost.len(), 10);
+    }
+
+    #[test]
+    fn shared_stripes_are_taken_while_left_and_death_reports_their_transfer() {
+        let layout = Layout::List(
+            (0..8)
+                .map(|i| Piece {
+                    local: i << 20,
+                    remote: i << 20,
+                    len: 1 << 20,
+                })
+                .collect(),
+        );
+        let req = Request {
+            op: Op::Write,
+            mem_id: 1,
+            layout,
+            total: 8 << 20,
+        };
+        let params = DispatchParams {
+            n_lanes: 2,
+            striping_threshold: 1,
+            chunk_bytes: 1 << 20,
+            share_stripes: true,
+        };
+        let plan = dispatch(req, params, 0, to(7, 1), &()).unwrap().unwrap();
+        let mut lanes: Vec<LaneBook<()>> = vec![LaneBook::default(), LaneBook::default()];
+        for (l, items) in plan.lanes {
+            lanes[l as usize].push(items);
+        }
+        let mut sent = Vec::new();
+        // Lane 0 takes chunk 0, then both take stripes in turn until none is left.
+        while let Some((_, Sendable::Chunk(c, ()))) = lanes[0].pop() {
+            sent.push(c.chunk);
+            if let Some((_, Sendable::Chunk(c, ()))) = lanes[1].pop() {
+                sent.push(c.chunk);
+            }
+        }
+        sent.sort_unstable();
+        assert_eq!(sent, (0..plan.n_chunks).collect::<Vec<_>>());
+        assert!(lanes[1].pop().is_none());
+        assert_eq!(lanes[1].die(always), Some(vec![]));
+    }
+}

@@ -1,0 +1,427 @@
+//! The target's decisions for each frame a served connection brings: whether a chunk may
+//! touch the region, what to record as the inbound status and when, what the join of a
+//! multi-chunk transfer says, and which answer leaves. Pure: the caller moves the bytes
+//! (placing a WRITE's payload, sending a READ's) between these steps.
+
+use std::sync::Arc;
+
+use super::codes;
+use super::frame::{Chunk, Finish, Frame, Op, Reply};
+use super::inbound::{check_chunk, Refusal};
+
+/// One chunk's result, reported to the engine's join table.
+#[derive(Debug)]
+pub struct JoinReport<'a> {
+    /// The initiator's key.
+    pub peer: &'a Arc<str>,
+    /// The initiator's instance ([`super::frame::Hello::instance`]).
+    pub instance: u64,
+    /// The transfer.
+    pub uid: u64,
+    /// Read or write.
+    pub op: Op,
+    /// Chunks in the transfer.
+    pub n_chunks: u32,
+    /// This chunk.
+    pub chunk: u32,
+    /// Its result.
+    pub code: u32,
+    /// Its message.
+    pub msg: &'a str,
+}
+
+/// The engine-wide table of [`super::join::Join`]s, shared by every served connection.
+pub trait JoinTable {
+    /// A chunk's result: the verdict when it completed its transfer's join.
+    fn report(&self, r: &JoinReport<'_>) -> Option<(u32, String)>;
+    /// FINISH ended a transfer: its join answers nothing more.
+    fn end(&self, peer: &Arc<str>, instance: u64, uid: u64, op: Op, n_chunks: u32);
+}
+
+/// An inbound status to record (before the answer that follows it can leave).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// The transfer.
+    pub uid: u64,
+    /// Its code.
+    pub code: u32,
+    /// Its message.
+    pub msg: String,
+}
+
+/// What to do once a frame was handled: record, then send.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Response {
+    /// The inbound status to record first.
+    pub record: Option<Record>,
+    /// The answer to send on this connection.
+    pub reply: Option<Frame>,
+    /// Whether the record came from a join (a multi-chunk transfer completed here).
+    pub joined: bool,
+}
+
+/// A frame the served connection must not carry: it is closed (with GOAWAY).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Violation(pub String);
+
+/// A connection an initiator opened to this engine, as its HELLO described it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Served {
+    /// The initiator's key.
+    pub peer: Arc<str>,
+    /// The initiator's instance.
+    pub instance: u64,
+    /// This connection's lane.
+    pub lane: u16,
+    /// Lanes the initiator opens.
+    pub n_lanes: u16,
+}
+
+fn reply(chunk: &Chunk, code: u32, msg: String) -> Reply {
+    Reply {
+        tag: chunk.tag,
+        uid: chunk.uid,
+        chunk: chunk.chunk,
+        code,
+        msg,
+    }
+}
+
+impl Served {
+    /// A WRITE or READ chunk arrived (header only) for a region of `region_size` bytes
+    /// (`None`: not registered here). `Ok(Ok)`: place or send its bytes; `Ok(Err)`: refuse
+    /// it (drain a WRITE's payload untouched); `Err`: close the connection.
+    pub fn check(
+        &self,
+        chunk: &Chunk,
+        final_: bool,
+        region_size: Option<u64>,
+    ) -> Result<Result<(), Refusal>, Violation> {
+        // A chunk of several must name a lane of this peer as its join lane (the initiator's
+        // home lane, which also carries FINISH), and chunk 0 must ride it.
+        if !final_
+            && (chunk.join_lane >= self.n_lanes
+                || (chunk.chunk == 0 && chunk.join_lane != self.lane))
+        {
+            return Err(Violation(format!(
+                "chunk {} of transfer {} names join lane {} on lane {} of {}",
+                chunk.chunk, chunk.uid, chunk.join_lane, self.lane, self.n_lanes
+            )));
+        }
+        Ok(check_chunk(chunk, region_size))
+    }
+
+    /// A WRITE chunk was placed (or refused) with `code`. A whole transfer records its
+    /// inbound status and answers COMPLETE; a chunk of several reports to the join, and only
+    /// the chunk that completes it records and answers (for the whole transfer, with its
+    /// own tag).
+    pub fn write_done(
+        &self,
+        chunk: &Chunk,
+        final_: bool,
+        code: u32,
+        msg: String,
+        joins: &impl JoinTable,
+    ) -> Response {
+        if final_ {
+            return Response {
+                record: Some(Record {
+                    uid: chunk.uid,
+                    code,
+                    msg: msg.clone(),
+                }),
+                reply: Some(Frame::Complete(reply(chunk, code, msg))),
+                joined: false,
+            };
+        }
+        self.join(Op::Write, chunk, code, &msg, joins)
+    }
+
+    /// The READ_DATA that answers a READ chunk with `code` (its bytes follow when SUCCESS),
+    /// and, for a whole transfer, the inbound status to record before its bytes leave: once
+    /// the initiator has them all, the target's status exists.
+    pub fn read_reply(
+        &self,
+        chunk: &Chunk,
+        final_: bool,
+        code: u32,
+        msg: String,
+    ) -> (Option<Record>, Frame) {
+        let record = final_.then(|| Record {
+            uid: chunk.uid,
+            code,
+            msg: msg.clone(),
+        });
+        let frame = Frame::ReadData {
+            reply: reply(chunk, code, msg),
+            final_,
+        };
+        (record, frame)
+    }
+
+    /// A READ chunk's READ_DATA left with `code`: a chunk of several reports to the join
+    /// (its COMPLETE, if it completed the join, follows on this connection).
+    pub fn read_done(
+        &self,
+        chunk: &Chunk,
+        final_: bool,
+        code: u32,
+        msg: String,
+        joins: &impl JoinTable,
+    ) -> Response {
+        if final_ {
+            return Response::default();
+        }
+        self.join(Op::Read, chunk, code, &msg, joins)
+    }
+
+    fn join(
+        &self,
+        op: Op,
+        chunk: &Chunk,
+        code: u32,
+        msg: &str,
+        joins: &impl JoinTable,
+    ) -> Response {
+        let r = JoinReport {
+            peer: &self.peer,
+            instance: self.instance,
+            uid: chunk.uid,
+            op,
+            n_chunks: chunk.n_chunks,
+            chunk: chunk.chunk,
+            code,
+            msg,
+        };
+        let Some((code, msg)) = joins.report(&r) else {
+            return Response::default();
+        };
+        Response {
+            record: Some(Record {
+                uid: chunk.uid,
+                code,
+                msg: msg.clone(),
+            }),
+            reply: Some(Frame::Complete(reply(chunk, code, msg))),
+            joined: true,
+        }
+    }
+
+    /// FINISH: a chunk never left the initiator; its verdict ends the transfer here (record,
+    /// end the join, answer COMPLETE).
+    pub fn finish(&self, f: Finish, joins: &impl JoinTable) -> Response {
+        joins.end(&self.peer, self.instance, f.uid, f.op, f.n_chunks);
+        Response {
+            record: Some(Record {
+                uid: f.uid,
+                code: f.code,
+                msg: f.msg.clone(),
+            }),
+            reply: Some(Frame::Complete(Reply {
+                tag: f.tag,
+                uid: f.uid,
+                chunk: 0,
+                code: f.code,
+                msg: f.msg,
+            })),
+            joined: false,
+        }
+    }
+}
+
+/// What to do with a frame from an initiator, before any payload is read.
+#[derive(Debug)]
+pub enum Inbound {
+    /// A WRITE chunk (its payload follows).
+    Write(Chunk, bool),
+    /// A READ chunk.
+    Read(Chunk, bool),
+    /// FINISH.
+    Finish(Finish),
+}
+
+/// Sort a frame an initiator sent; anything else closes the connection.
+pub fn classify(frame: Frame) -> Result<Inbound, Violation> {
+    match frame {
+        Frame::Write { chunk, final_ } => Ok(Inbound::Write(chunk, final_)),
+        Frame::Read { chunk, final_ } => Ok(Inbound::Read(chunk, final_)),
+        Frame::Finish(f) => Ok(Inbound::Finish(f)),
+        other => Err(Violation(format!(
+            "unexpected {:?} from initiator",
+            other.kind()
+        ))),
+    }
+}
+
+/// The code of a refused chunk whose region vanished between check and use.
+pub const GONE: Refusal = Refusal {
+    code: codes::ERR_NOT_FOUND,
+    msg: "remote memory region not registered",
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::frame::Seg;
+    use crate::proto::join::Join;
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    #[derive(Default)]
+    struct Table(RefCell<HashMap<u64, Join>>);
+
+    impl JoinTable for Table {
+        fn report(&self, r: &JoinReport<'_>) -> Option<(u32, String)> {
+            let mut t = self.0.borrow_mut();
+            let j = t
+                .entry(r.uid)
+                .or_insert_with(|| Join::new(r.op, r.n_chunks, 0));
+            j.report(r.op, r.n_chunks, r.chunk, r.code, r.msg)
+        }
+        fn end(&self, _: &Arc<str>, _: u64, uid: u64, op: Op, n: u32) {
+            self.0
+                .borrow_mut()
+                .entry(uid)
+                .or_insert_with(|| Join::new(op, n, 0))
+                .end();
+        }
+    }
+
+    fn served() -> Served {
+        Served {
+            peer: "init".into(),
+            instance: 1,
+            lane: 1,
+            n_lanes: 4,
+        }
+    }
+
+    fn chunk(chunk: u32, n_chunks: u32, join_lane: u16) -> Chunk {
+        Chunk {
+            tag: 10 + chunk as u64,
+            uid: 5,
+            chunk,
+            n_chunks,
+            mem_id: 1,
+            extent: (0, 64),
+            join_lane,
+            segs: vec![Seg {
+                off: chunk as u64 * 16,
+                len: 16,
+            }],
+        }
+    }
+
+    #[test]
+    fn join_lanes_are_checked() {
+        let s = served();
+        assert!(s.check(&chunk(0, 2, 1), false, Some(64)).unwrap().is_ok());
+        assert!(
+            s.check(&chunk(0, 2, 2), false, Some(64)).is_err(),
+            "chunk 0 off its lane"
+        );
+        assert!(
+            s.check(&chunk(1, 2, 4), false, Some(64)).is_err(),
+            "no such lane"
+        );
+        assert!(s.check(&chunk(1, 2, 3), false, Some(64)).unwrap().is_ok());
+        // A whole transfer names no join lane.
+        assert!(s.check(&chunk(0, 1, 0), true, Some(64)).unwrap().is_ok());
+        assert_eq!(
+            s.check(&chunk(0, 1, 0), true, None).unwrap(),
+            Err(GONE),
+            "unregistered region"
+        );
+    }
+
+    #[test]
+    fn a_whole_write_records_then_answers() {
+        let r = served().write_done(&chunk(0, 1, 0), true, 0, String::new(), &Table::default());
+        assert_eq!(r.record.map(|r| r.uid), Some(5));
+        assert!(matches!(
+            r.reply,
+            Some(Frame::Complete(Reply { tag: 10, .. }))
+        ));
+        assert!(!r.joined);
+    }
+
+    #[test]
+    fn only_the_chunk_that_completes_the_join_answers() {
+        let (s, t) = (served(), Table::default());
+        let r = s.write_done(&chunk(1, 2, 1), false, 0, String::new(), &t);
+        assert_eq!(r, Response::default());
+        let r = s.write_done(&chunk(0, 2, 1), false, codes::ERR_GPU_OP, "x".into(), &t);
+        assert!(r.joined);
+        assert_eq!(r.record.as_ref().map(|r| r.code), Some(codes::ERR_GPU_OP));
+        assert!(matches!(
+            r.reply,
+            Some(Frame::Complete(Reply { tag: 10, .. }))
+        ));
+    }
+
+    #[test]
+    fn a_whole_read_records_before_its_data_and_a_partial_one_joins_after() {
+        let (s, t) = (served(), Table::default());
+        let (rec, f) = s.read_reply(&chunk(0, 1, 0), true, 0, String::new());
+        assert!(rec.is_some());
+        assert!(matches!(f, Frame::ReadData { final_: true, .. }));
+        assert_eq!(
+            s.read_done(&chunk(0, 1, 0), true, 0, String::new(), &t),
+            Response::default()
+        );
+        let (rec, _) = s.read_reply(&chunk(0, 2, 1), false, 0, String::new());
+        assert!(rec.is_none());
+        assert_eq!(
+            s.read_done(&chunk(0, 2, 1), false, 0, String::new(), &t)
+                .reply,
+            None
+        );
+        assert!(
+            s.read_done(&chunk(1, 2, 1), false, 0, String::new(), &t)
+                .joined
+        );
+    }
+
+    #[test]
+    fn finish_ends_the_join_and_answers() {
+        let (s, t) = (served(), Table::default());
+        assert_eq!(
+            s.write_done(&chunk(0, 3, 1), false, 0, String::new(), &t),
+            Response::default()
+        );
+        let f = Finish {
+            tag: 77,
+            uid: 5,
+            op: Op::Write,
+            n_chunks: 3,
+            total_bytes: 48,
+            code: codes::ERR_GPU_OP,
+            msg: "gpu".into(),
+        };
+        let r = s.finish(f, &t);
+        assert_eq!(r.record.map(|r| r.code), Some(codes::ERR_GPU_OP));
+        assert!(matches!(
+            r.reply,
+            Some(Frame::Complete(Reply { tag: 77, .. }))
+        ));
+        // Later chunks are only counted.
+        assert_eq!(
+            s.write_done(&chunk(1, 3, 1), false, 0, String::new(), &t),
+            Response::default()
+        );
+        assert_eq!(
+            s.write_done(&chunk(2, 3, 1), false, 0, String::new(), &t),
+            Response::default()
+        );
+    }
+
+    #[test]
+    fn only_requests_are_served() {
+        assert!(classify(Frame::GoAway {
+            code: 0,
+            msg: String::new()
+        })
+        .is_err());
+    }
+}
