@@ -4,8 +4,13 @@
 //! inbound status, then answers COMPLETE on that chunk's connection with its tag. No report
 //! travels between shards and no FINISH round trip follows the last chunk.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use super::codes;
 use super::frame::Op;
+use super::limits::MAX_JOINS;
+use super::target::JoinReport;
 
 /// One multi-chunk transfer as the target's join tracks it. Time is a parameter in any
 /// monotonic unit the caller chooses.
@@ -108,6 +113,85 @@ impl Join {
     }
 }
 
+/// A joined transfer's key: the initiator's key and instance, and the uid. The instance keeps
+/// a restarted initiator (same key, uids from the start again) clear of its predecessor's
+/// leftovers.
+pub type JoinKey = (Arc<str>, u64, u64);
+
+/// The engine's joins of multi-chunk transfers, bounded in number ([`MAX_JOINS`]: the oldest
+/// goes first) and pruned by age. The engine shares one behind a lock; time is a parameter.
+#[derive(Debug, Default)]
+pub struct JoinMap {
+    map: HashMap<JoinKey, Join>,
+    evicted: u64,
+}
+
+impl JoinMap {
+    /// A chunk's result: the verdict when it completed its transfer's join.
+    pub fn report(&mut self, r: &JoinReport<'_>, now: u64) -> Option<(u32, String)> {
+        let key = (r.peer.clone(), r.instance, r.uid);
+        let j = self.entry(key.clone(), r.op, r.n_chunks, now);
+        let verdict = j.report(r.op, r.n_chunks, r.chunk, r.code, r.msg);
+        if j.spent() {
+            self.map.remove(&key);
+        }
+        verdict
+    }
+
+    /// FINISH ended a transfer: its join answers nothing more, and reports still on their
+    /// way are only counted.
+    pub fn end(&mut self, key: JoinKey, op: Op, n_chunks: u32, now: u64) {
+        let j = self.entry(key.clone(), op, n_chunks, now);
+        j.end();
+        if j.spent() {
+            self.map.remove(&key);
+        }
+    }
+
+    /// Drop joins first heard of `max_age` or longer before `now` (a chunk of theirs never
+    /// arrived: its lane was lost, and the initiator failed the transfer by its deadline);
+    /// how many went.
+    pub fn prune(&mut self, now: u64, max_age: u64) -> usize {
+        let before = self.map.len();
+        self.map
+            .retain(|_, j| now.saturating_sub(j.created()) < max_age);
+        before - self.map.len()
+    }
+
+    /// Transfers being joined.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Joins dropped so far because the table was full.
+    pub fn evicted(&self) -> u64 {
+        self.evicted
+    }
+
+    /// The join of `key`, created (evicting the oldest when full) if this is its first word.
+    fn entry(&mut self, key: JoinKey, op: Op, n_chunks: u32, now: u64) -> &mut Join {
+        if !self.map.contains_key(&key) && self.map.len() >= MAX_JOINS {
+            let oldest = self
+                .map
+                .iter()
+                .min_by_key(|(_, j)| j.created())
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                self.map.remove(&k);
+                self.evicted += 1;
+            }
+        }
+        self.map
+            .entry(key)
+            .or_insert_with(|| Join::new(op, n_chunks, now))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,5 +245,42 @@ mod tests {
         assert!(j.ended() && !j.spent());
         assert_eq!(j.report(Op::Write, 2, 1, 0, ""), None);
         assert!(j.spent());
+    }
+
+    #[test]
+    fn the_map_answers_once_evicts_the_oldest_and_prunes_by_age() {
+        let mut m = JoinMap::default();
+        let p: Arc<str> = "peer".into();
+        let rep = |uid, chunk| JoinReport {
+            peer: &p,
+            instance: 1,
+            uid,
+            op: Op::Write,
+            n_chunks: 2,
+            chunk,
+            code: codes::SUCCESS,
+            msg: "",
+        };
+        assert_eq!(m.report(&rep(7, 0), 1), None);
+        assert_eq!(
+            m.report(&rep(7, 1), 2),
+            Some((codes::SUCCESS, String::new()))
+        );
+        assert!(m.is_empty(), "a spent join goes");
+        m.end((p.clone(), 1, 8), Op::Write, 2, 3);
+        assert_eq!(m.report(&rep(8, 0), 4), None);
+        assert_eq!(
+            m.report(&rep(8, 1), 4),
+            None,
+            "ended: counted, never answered"
+        );
+        assert!(m.is_empty());
+        for uid in 0..MAX_JOINS as u64 + 1 {
+            m.report(&rep(100 + uid, 0), 10 + uid);
+        }
+        assert_eq!((m.len(), m.evicted()), (MAX_JOINS, 1));
+        // The oldest (uid 100) went: its second chunk starts a new join instead of ending one.
+        assert_eq!(m.report(&rep(100, 1), 1 << 40), None);
+        assert_eq!(m.prune(1 << 40, 1), MAX_JOINS - 1, "all but the newest");
     }
 }
