@@ -253,6 +253,11 @@ impl<L> LaneBook<L> {
         self.unanswered.insert(tag, to);
     }
 
+    /// Whether a frame with `tag` waits for an answer of its own (not the join's COMPLETE).
+    pub fn awaits(&self, tag: u64) -> bool {
+        self.outstanding.contains_key(&tag)
+    }
+
     /// An answer with `tag` for transfer `uid` arrived.
     pub fn answer(&mut self, tag: u64, uid: u64, a: Answer) -> Result<Matched<L>, Violation> {
         let Some((to, wait)) = self.outstanding.remove(&tag) else {

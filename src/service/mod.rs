@@ -15,84 +15,32 @@ mod gpu_io;
 mod io;
 mod join;
 mod lane;
+mod msg;
 mod owner;
 mod serve;
-mod stripes;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::os::fd::{OwnedFd, RawFd};
+use std::os::fd::RawFd;
 use std::rc::Rc;
 use std::sync::atomic::AtomicU64;
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use morio_shards::{rt, Mesh, ShardCtx, ShardId};
 
 use crate::config::TcpBackendConfig;
 use crate::inbound_status::InboundStatuses;
-use crate::proto::frame::{Hello, Op};
-use crate::proto::plan::Layout;
 use crate::region::SharedRegion;
 use crate::stats::ShardStats;
-use crate::status::TransferStatus;
 
 pub(crate) use io::configure_buffers;
-pub(crate) use lane::LaneWork;
-pub(crate) use owner::LaneEvent;
+pub(crate) use msg::{Peer, ShardMsg, Submission};
 
 /// Nanoseconds since the process-wide epoch: the time base of every deadline.
 pub(crate) fn now_ns() -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
     EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
-
-/// A remote engine as the data plane needs it.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) struct Peer {
-    /// Its engine key.
-    pub key: Arc<str>,
-    /// Where to dial it.
-    pub addr: SocketAddr,
-}
-
-/// A transfer as the application thread hands it to its owner shard.
-#[derive(Debug)]
-pub(crate) struct Submission {
-    pub peer: Arc<Peer>,
-    pub op: Op,
-    pub uid: u64,
-    pub local: SharedRegion,
-    pub remote_mem: u32,
-    /// Checked segments, expanded into pieces by the owner.
-    pub layout: Layout,
-    pub total: u64,
-    pub deadline_ns: u64,
-    pub status: Arc<TransferStatus>,
-}
-
-/// Everything a shard can be asked to do.
-#[derive(Debug)]
-pub(crate) enum ShardMsg {
-    /// A new transfer this shard owns.
-    Submit(Box<Submission>),
-    /// Chunks (or a FINISH) to send on one of this shard's lanes.
-    LaneWork(Box<LaneWork>),
-    /// A lane's report about a transfer this shard owns.
-    Owner(Box<LaneEvent>),
-    /// A transfer ended early (timeout, lost lane): drop its queued and pending chunks.
-    Cancel { peer: Arc<str>, uid: u64, gen: u64 },
-    /// Replicate a registered region; answer on the channel once resolvable here.
-    AddRegion(SharedRegion, mpsc::Sender<()>),
-    /// Forget a region; answer once no new chunk can resolve it here.
-    RemoveRegion(u32, mpsc::Sender<()>),
-    /// Close every lane to this peer (it was deregistered).
-    DropPeer(Arc<str>),
-    /// Serve a connection a peer opened (accepted and HELLO-checked by shard 0).
-    Adopt(OwnedFd, Hello),
-    /// Answer with a snapshot of this shard's statistics.
-    Stats(mpsc::Sender<ShardStats>),
 }
 
 /// What every shard shares (read-only after start, or internally synchronised).

@@ -1,40 +1,20 @@
-//! Owner side of transfers: plan chunks onto lanes, collect lane reports, complete statuses.
+//! Owner side of transfers: dispatch chunks onto lanes ([`crate::proto::dispatch`]), collect
+//! lane reports, complete statuses.
 
 use std::collections::{BTreeSet, HashMap};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::lane::{ItemKind, LaneItem, LaneWork};
-use super::stripes::SharedStripes;
-use super::{Peer, Shard, ShardMsg, Submission};
+use super::msg::{LaneEvent, LaneWork, Peer, ShardMsg, Submission};
+use super::Shard;
 use crate::proto::codes;
+use crate::proto::dispatch::{
+    self, DispatchParams, FinishSpec, Item, Request, SharedStripes, TransferRef, Work,
+};
 use crate::proto::frame::Op;
 use crate::proto::outbound::{Action, Outbound};
-use crate::proto::plan;
 use crate::status::{StatusCode, TransferStatus};
-
-/// What a lane reports to a transfer's owner.
-#[derive(Debug)]
-pub(crate) struct LaneEvent {
-    pub peer: Arc<str>,
-    pub uid: u64,
-    pub gen: u64,
-    pub kind: LaneEventKind,
-}
-
-#[derive(Debug)]
-pub(crate) enum LaneEventKind {
-    /// A non-final chunk was answered (write placed / read data placed, or refused).
-    Chunk { chunk: u32, code: u32, msg: String },
-    /// The target recorded the inbound status (COMPLETE or final READ_DATA).
-    Complete { code: u32, msg: String },
-    /// The lane carrying part of the transfer failed.
-    Lost { msg: String },
-    /// This side failed the transfer before its (single) frame left: e.g. the GPU refused
-    /// the staging copy. Nothing reached the target.
-    Failed { code: u32, msg: String },
-}
 
 #[derive(Debug)]
 struct Entry {
@@ -108,55 +88,17 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
         return fail_status(&s.status, codes::ERR_BAD_STATE, "duplicate peer/op id");
     }
     let n_lanes = cfg.num_data_conns as u16;
-    let striped = n_lanes > 1 && s.total >= cfg.striping_threshold_bytes as u64;
-    if striped && s.layout.destination_overlaps(s.op == Op::Write) {
-        return fail_status(
-            &s.status,
-            codes::ERR_INVALID_ARGS,
-            "overlapping destination segments cannot be striped",
-        );
-    }
-    // A large striped write shares its stripes between its lanes (see `SharedStripes`).
-    let shared = striped
-        && s.op == Op::Write
-        && cfg.share_stripes
-        && plan::shares_stripes(s.total, n_lanes as u64, cfg.chunk_bytes as u64);
-    let chunk_bytes = if striped {
-        plan::layout_stripe(&s.layout, n_lanes as u64, cfg.chunk_bytes as u64)
-    } else {
-        cfg.chunk_bytes as u64
-    };
-    let extent = s.layout.remote_extent();
-    // A strided batch stays strided down to the frame; a list is cut as a list.
-    let chunks = plan::layout_chunks(s.layout, chunk_bytes);
-    if chunks.is_empty() {
-        // Nothing to move (the engine answers empty transfers itself; this keeps it total).
-        return s.status.update(StatusCode::Success, "");
-    }
-    let Ok(n_chunks) = u32::try_from(chunks.len()) else {
-        return fail_status(
-            &s.status,
-            codes::ERR_INVALID_ARGS,
-            "transfer has too many chunks",
-        );
-    };
-    // Lanes this shard runs (`id`, `id + n_shards`, ... below `n_lanes`): a single-lane
-    // transfer uses one of them, so it never leaves this core; a striped one starts there
-    // and fans out over every lane.
-    let n_shards = shard.n_shards();
-    let n_own = (n_lanes as usize)
-        .saturating_sub(shard.id)
-        .div_ceil(n_shards.max(1));
-    let Some(home) = ({
+    let home = {
         let mut t = shard.owner.borrow_mut();
         let c = match t.cursor.get_mut(&s.peer.key) {
             Some(c) => c,
             None => t.cursor.entry(s.peer.key.clone()).or_insert(0),
         };
-        let home = (n_own > 0).then(|| (shard.id + (*c % n_own) * n_shards) as u16);
+        let home = dispatch::home_lane(shard.id, shard.n_shards(), n_lanes, *c);
         *c = c.wrapping_add(1);
         home
-    }) else {
+    };
+    let Some(home) = home else {
         return fail_status(
             &s.status,
             codes::ERR_BAD_STATE,
@@ -164,69 +106,31 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
         );
     };
     let gen = shard.next_gen.get();
+    let to = TransferRef {
+        owner: shard.id,
+        uid: s.uid,
+        gen,
+    };
+    let params = DispatchParams {
+        n_lanes,
+        striping_threshold: cfg.striping_threshold_bytes as u64,
+        chunk_bytes: cfg.chunk_bytes as u64,
+        share_stripes: cfg.share_stripes,
+    };
+    let req = Request {
+        op: s.op,
+        mem_id: s.remote_mem,
+        layout: s.layout,
+        total: s.total,
+    };
+    let plan = match dispatch::dispatch(req, params, home, to, &s.local) {
+        Ok(Some(p)) => p,
+        // Nothing to move (the engine answers empty transfers itself; this keeps it total).
+        Ok(None) => return s.status.update(StatusCode::Success, ""),
+        Err(r) => return fail_status(&s.status, r.code, r.msg),
+    };
     shard.next_gen.set(gen + 1);
-    let final_ = n_chunks == 1;
-    // Items per lane, indexed by lane (a single-lane transfer fills only `home`).
-    let mut per_lane: Vec<Vec<LaneItem>> = (0..n_lanes).map(|_| Vec::new()).collect();
-    let mut chunks = chunks;
-    let mut stripes = None;
-    if shared && !final_ {
-        // Chunk 0 rides the home lane as below; the rest go into one shared list, and the
-        // home lane and the lanes after it (as many as there are chunks) take from it.
-        let rest = chunks.split_off(1);
-        let list = Arc::new(SharedStripes::new(
-            1,
-            n_chunks,
-            s.remote_mem,
-            extent,
-            home,
-            rest,
-            s.local.clone(),
-        ));
-        for j in 0..(n_lanes as usize).min(n_chunks as usize) {
-            per_lane[(home as usize + j) % n_lanes as usize].push(LaneItem {
-                owner: shard.id,
-                uid: s.uid,
-                gen,
-                kind: ItemKind::Shared(list.clone()),
-            });
-        }
-        stripes = Some(list);
-    }
-    for (i, pieces) in chunks.into_iter().enumerate() {
-        let lane = if striped {
-            (home as usize + i) % n_lanes as usize
-        } else {
-            home as usize
-        };
-        let item = LaneItem {
-            owner: shard.id,
-            uid: s.uid,
-            gen,
-            kind: ItemKind::Chunk {
-                op: s.op,
-                chunk: i as u32,
-                n_chunks,
-                mem_id: s.remote_mem,
-                extent,
-                // Chunk 0 rides the home lane; the target joins the chunks there.
-                join_lane: if final_ { 0 } else { home },
-                pieces,
-                final_,
-                local: s.local.clone(),
-            },
-        };
-        // Chunk 0 of a shared-stripe write goes ahead of the home lane's shared item.
-        let at = if stripes.is_some() {
-            0
-        } else {
-            per_lane[lane].len()
-        };
-        per_lane[lane].insert(at, item);
-    }
-    let lanes: Vec<u16> = (0..n_lanes)
-        .filter(|&l| !per_lane[l as usize].is_empty())
-        .collect();
+    let lanes: Vec<u16> = plan.lanes.iter().map(|(l, _)| *l).collect();
     {
         // Before any lane has the work: the low-water mark must not pass this generation.
         let mut t = shard.owner.borrow_mut();
@@ -239,7 +143,7 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
     // Other shards' lanes first, so they start while this shard sends its own share; then
     // the bookkeeping (nothing can answer before this handler returns: every report comes
     // through this shard's inbox), then this shard's own lanes.
-    let hand_out = |lane: u16, items: Vec<LaneItem>| {
+    let hand_out = |lane: u16, items: Vec<Item<_>>| {
         let work = LaneWork {
             peer: s.peer.clone(),
             lane,
@@ -247,47 +151,44 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
         };
         shard.send(shard.lane_shard(lane), ShardMsg::LaneWork(Box::new(work)));
     };
-    let mine = |l: u16| shard.lane_shard(l) == shard.id;
-    for &lane in lanes.iter().filter(|&&l| !mine(l)) {
-        hand_out(lane, std::mem::take(&mut per_lane[lane as usize]));
+    let (own, others): (Vec<_>, Vec<_>) = plan
+        .lanes
+        .into_iter()
+        .partition(|(l, _)| shard.lane_shard(*l) == shard.id);
+    for (lane, items) in others {
+        hand_out(lane, items);
     }
-    let own: Vec<u16> = lanes.iter().copied().filter(|&l| mine(l)).collect();
     shard.owner.borrow_mut().map.insert(
         key,
         Entry {
             gen,
-            sm: Outbound::new(n_chunks, s.deadline_ns, s.op == Op::Read),
+            sm: Outbound::new(plan.n_chunks, s.deadline_ns, s.op == Op::Read),
             status: s.status,
             peer: s.peer.clone(),
             op: s.op,
             total: s.total,
-            n_chunks,
+            n_chunks: plan.n_chunks,
             home_lane: home,
             lanes,
-            stripes,
+            stripes: plan.stripes,
             submitted_ns: s
                 .deadline_ns
                 .saturating_sub(cfg.op_timeout.as_nanos() as u64),
         },
     );
-    for lane in own {
-        hand_out(lane, std::mem::take(&mut per_lane[lane as usize]));
+    for (lane, items) in own {
+        hand_out(lane, items);
     }
 }
 
 /// A lane reports on a transfer this shard owns.
 pub(crate) fn on_event(shard: &Rc<Shard>, ev: LaneEvent) {
-    let key = (ev.peer, ev.uid);
+    let key = (ev.peer, ev.to.uid);
     let mut t = shard.owner.borrow_mut();
-    let Some(e) = t.map.get_mut(&key).filter(|e| e.gen == ev.gen) else {
+    let Some(e) = t.map.get_mut(&key).filter(|e| e.gen == ev.to.gen) else {
         return; // A late report for a transfer that already ended.
     };
-    let step = match ev.kind {
-        LaneEventKind::Chunk { chunk, code, msg } => e.sm.on_chunk(chunk, code, &msg),
-        LaneEventKind::Complete { code, msg } => e.sm.on_complete(code, &msg),
-        LaneEventKind::Lost { msg } => Ok(e.sm.on_lane_lost(&msg)),
-        LaneEventKind::Failed { code, msg } => Ok(e.sm.on_local_failure(code, &msg)),
-    };
+    let step = e.sm.on_report(ev.report);
     let (action, early) = match step {
         Ok(a) => (a, false),
         Err(v) => (
@@ -302,17 +203,19 @@ pub(crate) fn on_event(shard: &Rc<Shard>, ev: LaneEvent) {
             let work = LaneWork {
                 peer: e.peer.clone(),
                 lane: e.home_lane,
-                items: vec![LaneItem {
-                    owner: shard.id,
-                    uid: key.1,
-                    gen: e.gen,
-                    kind: ItemKind::Finish {
+                items: vec![Item {
+                    to: TransferRef {
+                        owner: shard.id,
+                        uid: key.1,
+                        gen: e.gen,
+                    },
+                    work: Work::Finish(FinishSpec {
                         op: e.op,
                         n_chunks: e.n_chunks,
                         total: e.total,
                         code,
                         msg,
-                    },
+                    }),
                 }],
             };
             let to = shard.lane_shard(e.home_lane);

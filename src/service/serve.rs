@@ -13,12 +13,14 @@ use super::gpu_io::{self, SendError};
 use super::io::{
     ascending_disjoint, configure_conn, read_frame_exact, ConnError, FrameReader, FrameWriter,
 };
-use super::join::JoinReport;
-use super::{ServedConn, Shard, ShardMsg, TaskGuard};
+use super::msg::ShardMsg;
+use super::{ServedConn, Shard, TaskGuard};
 use crate::proto::codes;
-use crate::proto::frame::{Chunk, Frame, Hello, HelloAck, Op, Reply};
-use crate::proto::inbound::check_chunk;
-use crate::proto::limits::{MAX_LANES, VERSION};
+use crate::proto::frame::{Chunk, Frame, Hello};
+use crate::proto::handshake;
+use crate::proto::inbound::Refusal;
+use crate::proto::target::{self, Inbound, JoinReport, JoinTable, Record, Response, Served};
+use crate::region::SharedRegion;
 use crate::status::StatusCode;
 use crate::trace;
 
@@ -45,13 +47,8 @@ pub(crate) async fn accept_loop(shard: Rc<Shard>, sock: socket2::Socket) {
     }
 }
 
-async fn refuse(stream: &mut rt::TcpStream, code: u32, msg: String) {
-    let ack = Frame::HelloAck(HelloAck {
-        version: VERSION,
-        code,
-        key: String::new(),
-        msg,
-    });
+async fn refuse(stream: &mut rt::TcpStream, refused: handshake::Refused) {
+    let ack = Frame::HelloAck(handshake::ack("", Err(refused)));
     let mut buf = Vec::new();
     ack.encode(0, &mut buf);
     let _ = stream.write_all(&buf).await;
@@ -64,12 +61,11 @@ async fn handshake(shard: Rc<Shard>, mut stream: rt::TcpStream) {
     let hello = match rt::timeout(cfg.handshake_timeout, read_frame_exact(&mut stream)).await {
         Some(Ok(Frame::Hello(h))) => h,
         Some(Ok(f)) => {
-            return refuse(
-                &mut stream,
-                codes::ERR_INVALID_ARGS,
-                format!("expected HELLO, got {:?}", f.kind()),
-            )
-            .await;
+            let refused = handshake::Refused {
+                code: codes::ERR_INVALID_ARGS,
+                msg: format!("expected HELLO, got {:?}", f.kind()),
+            };
+            return refuse(&mut stream, refused).await;
         }
         Some(Err(e)) => {
             log::debug!("dropping connection before HELLO: {e}");
@@ -83,30 +79,8 @@ async fn handshake(shard: Rc<Shard>, mut stream: rt::TcpStream) {
             return;
         }
     };
-    let problem = if hello.version != VERSION {
-        Some(format!(
-            "protocol version {} not supported (want {VERSION})",
-            hello.version
-        ))
-    } else if hello.dst_key != shard.shared.key {
-        Some(format!(
-            "this is engine {:?}, not {:?}",
-            shard.shared.key, hello.dst_key
-        ))
-    } else if hello.src_key.is_empty() {
-        Some("empty engine key".to_string())
-    } else if hello.n_lanes == 0 || hello.n_lanes > MAX_LANES || hello.lane >= hello.n_lanes {
-        Some(format!("bad lane {} of {}", hello.lane, hello.n_lanes))
-    } else {
-        None
-    };
-    if let Some(msg) = problem {
-        let code = if hello.dst_key != shard.shared.key {
-            codes::ERR_NOT_FOUND
-        } else {
-            codes::ERR_INVALID_ARGS
-        };
-        return refuse(&mut stream, code, msg).await;
+    if let Err(refused) = handshake::check_hello(&hello, &shard.shared.key) {
+        return refuse(&mut stream, refused).await;
     }
     let to = shard.lane_shard(hello.lane);
     drop(served);
@@ -151,16 +125,11 @@ async fn serve(shard: Rc<Shard>, stream: rt::TcpStream, hello: Hello) {
     let (r, w) = rt::split(stream);
     let mut reader = FrameReader::new(r, cfg.op_timeout);
     let mut writer = FrameWriter::new(w, cfg.inline_write_bytes);
-    let ack = Frame::HelloAck(HelloAck {
-        version: VERSION,
-        code: codes::SUCCESS,
-        key: shard.shared.key.clone(),
-        msg: String::new(),
-    });
+    let ack = Frame::HelloAck(handshake::ack(&shard.shared.key, Ok(())));
     if writer.send(&ack, &[]).await.is_err() {
         return;
     }
-    let conn = Conn {
+    let conn = Served {
         peer: hello.src_key.as_str().into(),
         instance: hello.instance,
         lane: hello.lane,
@@ -187,19 +156,11 @@ async fn serve(shard: Rc<Shard>, stream: rt::TcpStream, hello: Hello) {
     }
 }
 
-/// A served connection: whose it is and which lane.
-struct Conn {
-    peer: Arc<str>,
-    instance: u64,
-    lane: u16,
-    n_lanes: u16,
-}
-
 /// One turn of a connection: serve the next frame. `Ok(false)`: the peer closed the
 /// connection between frames.
 async fn step(
     shard: &Rc<Shard>,
-    conn: &Conn,
+    conn: &Served,
     reader: &mut FrameReader<rt::ReadHalf>,
     writer: &mut FrameWriter,
     last_uid: &mut Option<(u64, bool)>,
@@ -232,59 +193,61 @@ async fn step(
     Ok(true)
 }
 
-/// A chunk of a multi-chunk transfer must name a lane of this peer as its join lane (the
-/// initiator's home lane, which also carries FINISH), and chunk 0 must ride it.
-fn check_join(conn: &Conn, chunk: &Chunk) -> Result<(), ConnError> {
-    if chunk.join_lane >= conn.n_lanes || (chunk.chunk == 0 && chunk.join_lane != conn.lane) {
-        return Err(ConnError::Violation(format!(
-            "chunk {} of transfer {} names join lane {} on lane {} of {}",
-            chunk.chunk, chunk.uid, chunk.join_lane, conn.lane, conn.n_lanes
-        )));
+/// The engine's join table as the target's decisions see it.
+impl JoinTable for super::join::Joins {
+    fn report(&self, r: &JoinReport<'_>) -> Option<(u32, String)> {
+        let r = super::join::JoinReport {
+            peer: r.peer,
+            instance: r.instance,
+            uid: r.uid,
+            op: r.op,
+            n_chunks: r.n_chunks,
+            chunk: r.chunk,
+            code: r.code,
+            msg: r.msg,
+        };
+        super::join::Joins::report(self, &r)
     }
-    Ok(())
+
+    fn end(&self, peer: &Arc<str>, instance: u64, uid: u64, op: crate::proto::frame::Op, n: u32) {
+        super::join::Joins::end(self, (peer, instance, uid), op, n);
+    }
 }
 
-/// A chunk of a multi-chunk transfer was handled here with `code`: report it to the
-/// engine's join. When its report completes the join, the inbound status is recorded and
-/// the COMPLETE for the whole transfer (this chunk's tag) is returned, to leave on this
-/// connection; another chunk gets no answer of its own (a read's was its READ_DATA).
-fn joined(
-    shard: &Rc<Shard>,
-    conn: &Conn,
-    op: Op,
-    chunk: &Chunk,
-    code: u32,
-    msg: &str,
-) -> Option<Frame> {
-    let r = JoinReport {
-        peer: &conn.peer,
-        instance: conn.instance,
-        uid: chunk.uid,
-        op,
-        n_chunks: chunk.n_chunks,
-        chunk: chunk.chunk,
-        code,
-        msg,
-    };
-    let (code, msg) = shard.shared.joins.report(&r)?;
-    trace::mark(chunk.uid, trace::stage::T_FINISH);
-    // The inbound status exists before the initiator can see the completion.
+/// Record an inbound status (before the answer that follows can leave) and count it.
+fn record(shard: &Shard, peer: &str, r: &Record, joined: bool) {
+    if joined {
+        trace::mark(r.uid, trace::stage::T_FINISH);
+    }
     shard
         .shared
         .inbound
-        .record(&conn.peer, chunk.uid, status_of(code), &msg);
-    {
-        let mut st = shard.stats.borrow_mut();
-        st.inbound_transfers += 1;
+        .record(peer, r.uid, status_of(r.code), &r.msg);
+    let mut st = shard.stats.borrow_mut();
+    st.inbound_transfers += 1;
+    if joined {
         st.joined_transfers += 1;
     }
-    Some(Frame::Complete(Reply {
-        tag: chunk.tag,
-        uid: chunk.uid,
-        chunk: chunk.chunk,
-        code,
-        msg,
-    }))
+}
+
+/// Carry out a [`Response`]: record, then queue the answer; whether a join's COMPLETE was
+/// queued.
+async fn respond(
+    shard: &Shard,
+    conn: &Served,
+    writer: &mut FrameWriter,
+    r: Response,
+) -> Result<bool, ConnError> {
+    if let Some(rec) = &r.record {
+        record(shard, &conn.peer, rec, r.joined);
+    }
+    match r.reply {
+        Some(f) => {
+            writer.push(&f, &[]).await?;
+            Ok(r.joined)
+        }
+        None => Ok(false),
+    }
 }
 
 /// The transfer a frame belongs to, when latency tracing is on.
@@ -305,83 +268,39 @@ fn status_of(code: u32) -> StatusCode {
 
 async fn on_frame(
     shard: &Rc<Shard>,
-    conn: &Conn,
+    conn: &Served,
     reader: &mut FrameReader<rt::ReadHalf>,
     writer: &mut FrameWriter,
     frame: Frame,
     payload: u64,
 ) -> Result<bool, ConnError> {
-    let inbound = &shard.shared.inbound;
-    let peer = &*conn.peer;
-    match frame {
-        Frame::Write { chunk, final_ } => {
-            if !final_ {
-                check_join(conn, &chunk)?;
-            }
-            let (code, msg) = place(shard, reader, &chunk, payload).await?;
-            if !final_ {
-                return answer_join(writer, joined(shard, conn, Op::Write, &chunk, code, &msg))
-                    .await;
-            }
-            let reply = Reply {
-                tag: chunk.tag,
-                uid: chunk.uid,
-                chunk: chunk.chunk,
-                code,
-                msg,
-            };
-            // The inbound status exists before the initiator can see the completion.
-            inbound.record(peer, chunk.uid, status_of(code), &reply.msg);
-            shard.stats.borrow_mut().inbound_transfers += 1;
-            writer.push(&Frame::Complete(reply), &[]).await?;
+    let violation = |v: target::Violation| ConnError::Violation(v.0);
+    let joins = &shard.shared.joins;
+    match target::classify(frame).map_err(violation)? {
+        Inbound::Write(chunk, final_) => {
+            let region = shard.regions.borrow().get(&chunk.mem_id).cloned();
+            let size = region.as_ref().map(|r| r.len() as u64);
+            let checked = conn.check(&chunk, final_, size).map_err(violation)?;
+            trace::mark(chunk.uid, trace::stage::T_CHECKED);
+            let (code, msg) = place(shard, reader, &chunk, payload, checked, region).await?;
+            let r = conn.write_done(&chunk, final_, code, msg, joins);
+            respond(shard, conn, writer, r).await
         }
-        Frame::Read { chunk, final_ } => {
-            if !final_ {
-                check_join(conn, &chunk)?;
-            }
-            let (code, msg) = read(shard, peer, writer, &chunk, final_).await?;
-            if !final_ {
-                // After this chunk's READ_DATA, on the same connection.
-                return answer_join(writer, joined(shard, conn, Op::Read, &chunk, code, &msg))
-                    .await;
-            }
+        Inbound::Read(chunk, final_) => {
+            let region = shard.regions.borrow().get(&chunk.mem_id).cloned();
+            let size = region.as_ref().map(|r| r.len() as u64);
+            let checked = conn.check(&chunk, final_, size).map_err(violation)?;
+            let (code, msg) = read(shard, conn, writer, &chunk, final_, checked, region).await?;
+            // After this chunk's READ_DATA, on the same connection.
+            let r = conn.read_done(&chunk, final_, code, msg, joins);
+            respond(shard, conn, writer, r).await
         }
-        Frame::Finish(f) => {
+        Inbound::Finish(f) => {
             trace::mark(f.uid, trace::stage::T_FINISH);
-            // A chunk never left the initiator: its verdict ends the transfer here.
-            inbound.record(peer, f.uid, status_of(f.code), &f.msg);
-            shard.stats.borrow_mut().inbound_transfers += 1;
-            shard
-                .shared
-                .joins
-                .end((&conn.peer, conn.instance, f.uid), f.op, f.n_chunks);
-            let reply = Reply {
-                tag: f.tag,
-                uid: f.uid,
-                chunk: 0,
-                code: f.code,
-                msg: f.msg,
-            };
-            writer.push(&Frame::Complete(reply), &[]).await?;
+            let r = conn.finish(f, joins);
+            respond(shard, conn, writer, r).await?;
+            Ok(false)
         }
-        other => {
-            return Err(ConnError::Violation(format!(
-                "unexpected {:?} from initiator",
-                other.kind()
-            )));
-        }
-    }
-    Ok(false)
-}
-
-/// Send a join's COMPLETE (if this chunk completed it); whether one was sent.
-async fn answer_join(writer: &mut FrameWriter, complete: Option<Frame>) -> Result<bool, ConnError> {
-    match complete {
-        Some(f) => {
-            writer.push(&f, &[]).await?;
-            Ok(true)
-        }
-        None => Ok(false),
     }
 }
 
@@ -389,87 +308,66 @@ async fn answer_join(writer: &mut FrameWriter, complete: Option<Frame>) -> Resul
 /// inbound status first. Returns the chunk's code and message.
 async fn read(
     shard: &Rc<Shard>,
-    peer: &str,
+    conn: &Served,
     writer: &mut FrameWriter,
     chunk: &Chunk,
     final_: bool,
+    checked: Result<(), Refusal>,
+    region: Option<SharedRegion>,
 ) -> Result<(u32, String), ConnError> {
-    let inbound = &shard.shared.inbound;
-    let region = shard.regions.borrow().get(&chunk.mem_id).cloned();
-    let checked = check_chunk(chunk, region.as_ref().map(|r| r.len() as u64));
-    let mut reply = Reply {
-        tag: chunk.tag,
-        uid: chunk.uid,
-        chunk: chunk.chunk,
-        code: codes::SUCCESS,
-        msg: String::new(),
-    };
-    if let (Ok(()), Some(region)) = (&checked, &region) {
-        if region.device().is_some() {
-            return read_from_device(shard, peer, writer, region, chunk, reply, final_).await;
-        }
-    }
-    let mut slices = Vec::new();
-    match (checked, &region) {
-        (Ok(()), Some(region)) => {
-            for s in &chunk.segs {
-                // SAFETY: bounds checked above against the live region; reading it is
-                // what the peer's read request asks for.
-                match unsafe { region.slice(s.off, s.len) } {
-                    Some(b) => slices.push(b),
-                    None => return Err(ConnError::Violation("segment out of range".into())),
-                }
+    let region = match (checked, region) {
+        (Ok(()), Some(r)) => r,
+        (checked, _) => {
+            let refusal = checked.err().unwrap_or(target::GONE);
+            let (code, msg) = (refusal.code, refusal.msg.to_string());
+            let (rec, frame) = conn.read_reply(chunk, final_, code, msg.clone());
+            if let Some(rec) = rec {
+                record(shard, &conn.peer, &rec, false);
             }
+            writer.push(&frame, &[]).await?;
+            return Ok((code, msg));
         }
-        (Err(refusal), _) => {
-            reply.code = refusal.code;
-            reply.msg = refusal.msg.to_string();
-        }
-        (Ok(()), None) => unreachable_refusal(&mut reply),
-    }
-    if final_ {
-        // Recorded before the bytes leave: once the initiator has them all, the target's
-        // status already exists. A failed send aborts the connection and the initiator
-        // fails too.
-        inbound.record(peer, chunk.uid, status_of(reply.code), &reply.msg);
-        shard.stats.borrow_mut().inbound_transfers += 1;
-    }
-    let payload: Vec<&[u8]> = if reply.code == codes::SUCCESS {
-        slices
-    } else {
-        Vec::new()
     };
-    let sent: u64 = payload.iter().map(|p| p.len() as u64).sum();
-    let (code, msg) = (reply.code, reply.msg.clone());
-    writer
-        .push(&Frame::ReadData { reply, final_ }, &payload)
-        .await?;
+    if region.device().is_some() {
+        return read_from_device(shard, conn, writer, &region, chunk, final_).await;
+    }
+    let mut slices = Vec::with_capacity(chunk.segs.len());
+    for s in &chunk.segs {
+        // SAFETY: bounds checked against the live region; reading it is what the peer's
+        // read request asks for.
+        match unsafe { region.slice(s.off, s.len) } {
+            Some(b) => slices.push(b),
+            None => return Err(ConnError::Violation("segment out of range".into())),
+        }
+    }
+    // Recorded before the bytes leave: once the initiator has them all, the target's status
+    // already exists. A failed send aborts the connection and the initiator fails too.
+    let (rec, frame) = conn.read_reply(chunk, final_, codes::SUCCESS, String::new());
+    if let Some(rec) = rec {
+        record(shard, &conn.peer, &rec, false);
+    }
+    let sent: u64 = slices.iter().map(|p| p.len() as u64).sum();
+    writer.push(&frame, &slices).await?;
     shard.stats.borrow_mut().inbound_bytes_read += sent;
-    Ok((code, msg))
+    Ok((codes::SUCCESS, String::new()))
 }
 
 /// Answer a READ of device memory: staged through pinned slots, pipelined with the send.
 async fn read_from_device(
     shard: &Rc<Shard>,
-    peer: &str,
+    conn: &Served,
     writer: &mut FrameWriter,
     region: &crate::region::Region,
     chunk: &Chunk,
-    mut reply: Reply,
     final_: bool,
 ) -> Result<(u32, String), ConnError> {
-    let inbound = &shard.shared.inbound;
-    if final_ {
-        // As for host memory: recorded before the bytes leave.
-        inbound.record(peer, chunk.uid, StatusCode::Success, "");
-        shard.stats.borrow_mut().inbound_transfers += 1;
+    // As for host memory: recorded before the bytes leave.
+    let (rec, frame) = conn.read_reply(chunk, final_, codes::SUCCESS, String::new());
+    if let Some(rec) = rec {
+        record(shard, &conn.peer, &rec, false);
     }
     let spans: Vec<(u64, u64)> = chunk.segs.iter().map(|s| (s.off, s.len)).collect();
     let bytes = chunk.bytes();
-    let frame = Frame::ReadData {
-        reply: reply.clone(),
-        final_,
-    };
     match gpu_io::push_from_device(shard, writer, &frame, region, &spans).await {
         Ok(()) => {
             shard.stats.borrow_mut().inbound_bytes_read += bytes;
@@ -478,23 +376,20 @@ async fn read_from_device(
         Err(SendError::Gpu(e)) => {
             // Nothing left yet: answer with the error instead (it replaces the SUCCESS
             // recorded above, which no one can have seen).
-            reply.code = codes::ERR_GPU_OP;
-            reply.msg = format!("staging copy from GPU memory failed: {e}");
-            if final_ {
-                inbound.record(peer, chunk.uid, StatusCode::ErrGpuOp, &reply.msg);
+            let code = codes::ERR_GPU_OP;
+            let msg = format!("staging copy from GPU memory failed: {e}");
+            let (rec, frame) = conn.read_reply(chunk, final_, code, msg.clone());
+            if let Some(rec) = rec {
+                shard
+                    .shared
+                    .inbound
+                    .record(&conn.peer, rec.uid, status_of(rec.code), &rec.msg);
             }
-            let (code, msg) = (reply.code, reply.msg.clone());
-            writer.push(&Frame::ReadData { reply, final_ }, &[]).await?;
+            writer.push(&frame, &[]).await?;
             Ok((code, msg))
         }
         Err(SendError::Conn(e)) => Err(e),
     }
-}
-
-fn unreachable_refusal(reply: &mut Reply) {
-    // check_chunk refuses a missing region, so this arm cannot run; answer sanely anyway.
-    reply.code = codes::ERR_NOT_FOUND;
-    reply.msg = "remote memory region not registered".into();
 }
 
 /// Validate a WRITE chunk and place its payload, or drain it if refused.
@@ -518,10 +413,9 @@ async fn place(
     reader: &mut FrameReader<rt::ReadHalf>,
     chunk: &Chunk,
     payload: u64,
+    checked: Result<(), Refusal>,
+    region: Option<SharedRegion>,
 ) -> Result<(u32, String), ConnError> {
-    let region = shard.regions.borrow().get(&chunk.mem_id).cloned();
-    let checked = check_chunk(chunk, region.as_ref().map(|r| r.len() as u64));
-    trace::mark(chunk.uid, trace::stage::T_CHECKED);
     match (checked, region) {
         (Ok(()), Some(region)) if region.device().is_some() => {
             let spans: Vec<(u64, u64)> = chunk.segs.iter().map(|s| (s.off, s.len)).collect();
@@ -585,10 +479,7 @@ async fn place(
         }
         (Ok(()), None) => {
             reader.discard_payload(payload).await?;
-            Ok((
-                codes::ERR_NOT_FOUND,
-                "remote memory region not registered".into(),
-            ))
+            Ok((target::GONE.code, target::GONE.msg.into()))
         }
     }
 }

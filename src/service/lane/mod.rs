@@ -3,166 +3,59 @@
 //! to each transfer's owner.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::HashMap;
 use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
 use std::sync::Arc;
 
 use futures_lite::AsyncWriteExt;
-use morio_shards::{rt, ShardId};
+use morio_shards::rt;
 
 use super::bell::Bell;
 use super::gpu_io::{self, SendError};
 use super::io::{configure_buffers, configure_conn, read_frame_exact, FrameReader, FrameWriter};
-use super::owner::{LaneEvent, LaneEventKind};
-use super::stripes::SharedStripes;
-use super::{Peer, Shard, ShardMsg, Shared, TaskGuard};
+use super::msg::{LaneEvent, LaneWork, Peer, ShardMsg};
+use super::{Shard, TaskGuard};
 use crate::proto::codes;
-use crate::proto::frame::{Chunk, ChunkHead, Finish, Frame, Hello, Op};
+use crate::proto::dispatch::{ChunkSpec, FinishSpec, TransferRef};
+use crate::proto::frame::{Chunk, Finish, Frame, Hello, Op};
+use crate::proto::handshake;
+use crate::proto::lane::{LaneBook, ReadWait, Report, Sendable};
 use crate::proto::layout::remote_seg;
 use crate::proto::limits::VERSION;
-use crate::proto::plan::{total_bytes, Layout, Piece};
+use crate::proto::plan::{total_bytes, Layout};
 use crate::region::SharedRegion;
 use crate::trace;
 
 mod read;
 use read::read_loop;
 
-/// Work for one lane, sent by a transfer's owner to the lane's shard.
-#[derive(Debug)]
-pub(crate) struct LaneWork {
-    pub peer: Arc<Peer>,
-    pub lane: u16,
-    pub items: Vec<LaneItem>,
-}
-
-/// One frame to send on a lane, and whom to tell about its answer.
-#[derive(Debug)]
-pub(crate) struct LaneItem {
-    pub owner: ShardId,
-    pub uid: u64,
-    pub gen: u64,
-    pub kind: ItemKind,
-}
-
-#[derive(Debug)]
-pub(crate) enum ItemKind {
-    Chunk {
-        op: Op,
-        chunk: u32,
-        n_chunks: u32,
-        mem_id: u32,
-        extent: (u64, u64),
-        join_lane: u16,
-        pieces: Layout,
-        final_: bool,
-        local: SharedRegion,
-    },
-    Finish {
-        op: Op,
-        n_chunks: u32,
-        total: u64,
-        code: u32,
-        msg: String,
-    },
-    /// Take stripes of a write from its shared list, one after another, until none is left.
-    Shared(Arc<SharedStripes>),
-}
-
-/// A sent frame waiting for its answer, keyed by its lane-local tag.
-#[derive(Debug)]
-struct Outstanding {
-    owner: ShardId,
-    uid: u64,
-    gen: u64,
-    wait: Wait,
-}
-
-/// A chunk of a multi-chunk transfer that has nothing more of its own to wait for (a WRITE
-/// chunk once sent, a READ chunk once its data arrived), kept by tag: the target answers the
-/// whole transfer with COMPLETE on the lane of whichever chunk completed its join, with that
-/// chunk's tag, so any of them may get it. It is kept while its transfer may still run
-/// ([`super::Shared::may_run`]: the owner's low-water mark, so nothing here keeps or frees
-/// what another thread allocated), so that losing this lane fails the transfer at once (a
-/// chunk may not have arrived, or its COMPLETE may have been on the way) instead of at its
-/// deadline.
-#[derive(Debug)]
-struct Unanswered {
-    owner: ShardId,
-    uid: u64,
-    gen: u64,
-}
-
-/// The answer a sent frame waits for. A write's chunk is answered by COMPLETE when it is the
-/// whole transfer (`final_`); a chunk of several waits as [`Unanswered`] (the target's join
-/// answers the whole transfer on one of their lanes); a read's chunk by READ_DATA (then, of
-/// several, as [`Unanswered`]); FINISH by COMPLETE.
-#[derive(Debug)]
-enum Wait {
-    Write {
-        final_: bool,
-    },
-    Read {
-        chunk: u32,
-        final_: bool,
-        local: SharedRegion,
-        pieces: Layout,
-        bytes: u64,
-    },
-    Finish,
-}
-
 /// A shard's lanes, by (peer key, lane index).
 pub(crate) type LaneMap = HashMap<(Arc<str>, u16), Rc<Lane>>;
 
-/// One connection to a peer, owned by one shard.
+/// One connection to a peer, owned by one shard: its book ([`LaneBook`]: queue, sent frames
+/// and the answers they wait for), the writer's doorbell and the socket.
 pub(crate) struct Lane {
     peer: Arc<Peer>,
     lane: u16,
-    queue: RefCell<VecDeque<LaneItem>>,
+    book: RefCell<LaneBook<SharedRegion>>,
     bell: Bell,
-    outstanding: RefCell<HashMap<u64, Outstanding>>,
-    unanswered: RefCell<HashMap<u64, Unanswered>>,
-    /// `unanswered` drops entries of ended transfers when it grows to this length.
-    prune_at: Cell<usize>,
-    next_tag: Cell<u64>,
-    writing: Cell<Option<(u64, u64)>>,
     fd: Cell<Option<RawFd>>,
-    dead: Cell<bool>,
 }
 
-/// `Lane::unanswered` is pruned when it reaches at least this many entries.
-const MIN_PRUNE: usize = 64;
-
 impl Lane {
-    /// Remember a frame about to be sent until its answer, or, for a chunk of several, while
-    /// its transfer runs.
-    fn expect(&self, shared: &Shared, tag: u64, o: Outstanding) {
-        if let Wait::Write { final_: false, .. } = o.wait {
-            return self.unanswered_until_done(shared, tag, o.owner, o.uid, o.gen);
-        }
-        self.outstanding.borrow_mut().insert(tag, o);
-    }
-
-    /// Keep a chunk of several by its tag while its transfer runs (pruned of ended transfers
-    /// as the table grows, so it stays within about twice the chunks in flight).
-    fn unanswered_until_done(&self, shared: &Shared, tag: u64, owner: ShardId, uid: u64, gen: u64) {
-        let mut v = self.unanswered.borrow_mut();
-        if v.len() >= self.prune_at.get() {
-            v.retain(|_, u| shared.may_run(u.owner, u.gen));
-            self.prune_at.set((2 * v.len()).max(MIN_PRUNE));
-        }
-        v.insert(tag, Unanswered { owner, uid, gen });
+    fn dead(&self) -> bool {
+        self.book.borrow().dead()
     }
 }
 
 /// Queue work on a lane of this shard, dialing it first if needed.
 pub(crate) fn enqueue(shard: &Rc<Shard>, work: LaneWork) {
     if let Some(first) = work.items.first() {
-        trace::mark(first.uid, trace::stage::HANDED);
+        trace::mark(first.to.uid, trace::stage::HANDED);
     }
     let (lane, fresh) = lane_for(shard, &work.peer, work.lane);
-    lane.queue.borrow_mut().extend(work.items);
+    lane.book.borrow_mut().push(work.items);
     if fresh {
         // Started only once its first work is queued: a dial that fails at once finds it.
         rt::spawn_local(run(shard.clone(), lane.clone())).detach();
@@ -175,7 +68,7 @@ fn lane_for(shard: &Rc<Shard>, peer: &Arc<Peer>, idx: u16) -> (Rc<Lane>, bool) {
     let key = (peer.key.clone(), idx);
     let existing = shard.lanes.borrow().get(&key).cloned();
     if let Some(l) = existing {
-        if l.peer.addr == peer.addr && !l.dead.get() {
+        if l.peer.addr == peer.addr && !l.dead() {
             return (l, false);
         }
         die(shard, &l, "remote engine address changed");
@@ -183,15 +76,9 @@ fn lane_for(shard: &Rc<Shard>, peer: &Arc<Peer>, idx: u16) -> (Rc<Lane>, bool) {
     let lane = Rc::new(Lane {
         peer: peer.clone(),
         lane: idx,
-        queue: RefCell::new(VecDeque::new()),
+        book: RefCell::new(LaneBook::default()),
         bell: Bell::default(),
-        outstanding: RefCell::new(HashMap::new()),
-        unanswered: RefCell::new(HashMap::new()),
-        prune_at: Cell::new(MIN_PRUNE),
-        next_tag: Cell::new(0),
-        writing: Cell::new(None),
         fd: Cell::new(None),
-        dead: Cell::new(false),
     });
     shard.lanes.borrow_mut().insert(key, lane.clone());
     (lane, true)
@@ -200,16 +87,8 @@ fn lane_for(shard: &Rc<Shard>, peer: &Arc<Peer>, idx: u16) -> (Rc<Lane>, bool) {
 /// Drop queued and pending work of a transfer that ended early.
 pub(crate) fn cancel(shard: &Rc<Shard>, peer: &str, uid: u64, gen: u64) {
     for l in lanes_to(shard, peer) {
-        l.queue
-            .borrow_mut()
-            .retain(|i| (i.uid, i.gen) != (uid, gen));
-        l.outstanding
-            .borrow_mut()
-            .retain(|_, o| (o.uid, o.gen) != (uid, gen));
-        l.unanswered
-            .borrow_mut()
-            .retain(|_, u| (u.uid, u.gen) != (uid, gen));
-        if l.writing.get() == Some((uid, gen)) {
+        let mid_frame = l.book.borrow_mut().cancel(uid, gen);
+        if mid_frame {
             // Its bytes are half on the wire: the stream cannot be resynchronised.
             die(
                 shard,
@@ -248,9 +127,13 @@ pub(crate) fn close_all(shard: &Rc<Shard>) {
 
 /// Mark the lane dead, close its socket, and fail every transfer that had work on it.
 fn die(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: &str) {
-    if lane.dead.replace(true) {
+    let Some(hit) = lane
+        .book
+        .borrow_mut()
+        .die(|t| shard.shared.may_run(t.owner, t.gen))
+    else {
         return;
-    }
+    };
     {
         let mut lanes = shard.lanes.borrow_mut();
         let key = (lane.peer.key.clone(), lane.lane);
@@ -266,55 +149,21 @@ fn die(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: &str) {
             libc::shutdown(fd, libc::SHUT_RDWR);
         }
     }
-    let mut hit: HashSet<(ShardId, u64, u64)> = HashSet::new();
-    hit.extend(
-        lane.queue
-            .borrow_mut()
-            .drain(..)
-            .map(|i| (i.owner, i.uid, i.gen)),
-    );
-    hit.extend(
-        lane.outstanding
-            .borrow_mut()
-            .drain()
-            .map(|(_, o)| (o.owner, o.uid, o.gen)),
-    );
-    hit.extend(
-        lane.unanswered
-            .borrow_mut()
-            .drain()
-            .map(|(_, u)| u)
-            .filter(|u| shard.shared.may_run(u.owner, u.gen))
-            .map(|u| (u.owner, u.uid, u.gen)),
-    );
     let msg = format!("connection to {} lost: {msg}", lane.peer.key);
-    for (owner, uid, gen) in hit {
-        report(
-            shard,
-            owner,
-            &lane.peer.key,
-            uid,
-            gen,
-            LaneEventKind::Lost { msg: msg.clone() },
-        );
+    for to in hit {
+        let report = Report::Lost { msg: msg.clone() };
+        self::report(shard, &lane.peer.key, to, report);
     }
 }
 
-fn report(
-    shard: &Rc<Shard>,
-    owner: ShardId,
-    peer: &Arc<str>,
-    uid: u64,
-    gen: u64,
-    kind: LaneEventKind,
-) {
+/// Tell a transfer's owner what happened to it on this lane.
+fn report(shard: &Rc<Shard>, peer: &Arc<str>, to: TransferRef, report: Report) {
     let ev = LaneEvent {
         peer: peer.clone(),
-        uid,
-        gen,
-        kind,
+        to,
+        report,
     };
-    shard.send(owner, ShardMsg::Owner(Box::new(ev)));
+    shard.send(to.owner, ShardMsg::Owner(Box::new(ev)));
 }
 
 /// Dial, handshake, then write queued items until the lane dies.
@@ -329,7 +178,7 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
         Ok(s) => s,
         Err(e) => return die(&shard, &lane, &e),
     };
-    if lane.dead.get() {
+    if lane.dead() {
         return;
     }
     lane.fd.set(Some(stream.as_raw_fd()));
@@ -340,8 +189,8 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
     let mut writer = FrameWriter::new(w, cfg.inline_write_bytes);
     let mut last_uid = None;
     loop {
-        let next = lane.queue.borrow_mut().pop_front();
-        let Some(mut item) = next else {
+        let next = lane.book.borrow_mut().pop();
+        let Some((to, item)) = next else {
             // Queue drained: what was pushed leaves now, in one syscall.
             if let Err(e) = writer.flush().await {
                 return die(&shard, &lane, &format!("send failed: {e}"));
@@ -354,35 +203,19 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
             }
             continue;
         };
-        if lane.dead.get() {
+        if lane.dead() {
             return;
         }
-        if let ItemKind::Shared(stripes) = &item.kind {
-            let stripes = stripes.clone();
-            let Some(kind) = stripes.take() else {
-                continue;
-            };
-            // Back at the front: this lane keeps taking the write's stripes while any is left.
-            lane.queue.borrow_mut().push_front(LaneItem {
-                owner: item.owner,
-                uid: item.uid,
-                gen: item.gen,
-                kind: ItemKind::Shared(stripes),
-            });
-            item.kind = kind;
-        }
-        trace::mark(item.uid, trace::stage::ENCODE);
-        trace::set_current(Some(item.uid));
-        last_uid = Some(item.uid);
-        let sent = write_item(&shard, &lane, &mut writer, item).await;
+        trace::mark(to.uid, trace::stage::ENCODE);
+        trace::set_current(Some(to.uid));
+        last_uid = Some(to.uid);
+        let sent = write_item(&shard, &lane, &mut writer, to, item).await;
         trace::set_current(None);
         if let Err(e) = sent {
             return die(&shard, &lane, &format!("send failed: {e}"));
         }
-        if let Some(uid) = last_uid {
-            trace::mark(uid, trace::stage::PUSHED);
-        }
-        lane.writing.set(None);
+        trace::mark(to.uid, trace::stage::PUSHED);
+        lane.book.borrow_mut().sent();
         rt::yield_if_needed().await;
     }
 }
@@ -424,18 +257,9 @@ async fn connect(shard: &Rc<Shard>, lane: &Rc<Lane>) -> Result<rt::TcpStream, St
             .await
             .map_err(|e| format!("send HELLO: {e}"))?;
         match read_frame_exact(&mut s).await {
-            Ok(Frame::HelloAck(a)) if a.code != codes::SUCCESS => {
-                Err(format!("peer refused the connection: {}", a.msg))
-            }
-            Ok(Frame::HelloAck(a)) if a.version != VERSION => Err(format!(
-                "peer speaks protocol version {}, we speak {VERSION}",
-                a.version
-            )),
-            Ok(Frame::HelloAck(a)) if *a.key != *lane.peer.key => Err(format!(
-                "peer at {addr} is engine {:?}, expected {:?}",
-                a.key, lane.peer.key
-            )),
-            Ok(Frame::HelloAck(_)) => Ok(s),
+            Ok(Frame::HelloAck(a)) => handshake::check_ack(&a, &lane.peer.key)
+                .map(|()| s)
+                .map_err(|e| format!("{addr}: {e}")),
             Ok(f) => Err(format!("expected HELLO_ACK, got {:?}", f.kind())),
             Err(e) => Err(format!("handshake: {e}")),
         }
@@ -448,17 +272,19 @@ async fn connect(shard: &Rc<Shard>, lane: &Rc<Lane>) -> Result<rt::TcpStream, St
 /// Send a WRITE chunk from host memory: a small payload is copied from the region next to
 /// the frame (and leaves with the next flush), a large one is gathered straight from it. A
 /// strided layout is framed as one run and gathered without building a piece list.
-#[allow(clippy::too_many_arguments)]
 async fn write_host_chunk(
     shard: &Rc<Shard>,
     lane: &Lane,
     writer: &mut FrameWriter,
-    head: &ChunkHead,
-    pieces: &Layout,
-    local: &SharedRegion,
-    final_: bool,
-    wait: Outstanding,
+    out: Outgoing<'_>,
 ) -> std::io::Result<()> {
+    let Outgoing {
+        to,
+        head,
+        pieces,
+        local,
+        final_,
+    } = out;
     // SAFETY (every `slice` below): the ranges were checked against the region at
     // submission and the region lives while `local` does; reading it is the transfer.
     let (bytes, in_range) = match pieces {
@@ -480,133 +306,65 @@ async fn write_host_chunk(
     if !in_range {
         return Err(std::io::Error::other("local range out of bounds"));
     }
-    let gen = wait.gen;
-    lane.expect(&shard.shared, head.tag, wait);
-    lane.writing.set(Some((head.uid, gen)));
+    lane.book
+        .borrow_mut()
+        .sending_write(head.tag, to, final_, |t| {
+            shard.shared.may_run(t.owner, t.gen)
+        });
     shard.stats.borrow_mut().bytes_sent += bytes;
     if bytes as usize <= writer.inline_bytes() {
         let fill = |buf: &mut Vec<u8>| {
             for p in pieces.iter() {
+                // SAFETY: as above.
                 buf.extend(unsafe { local.slice(p.local, p.len) }.unwrap_or(&[]));
             }
         };
         writer
-            .push_inline_chunk(final_, head, segs, bytes as usize, fill)
+            .push_inline_chunk(final_, &head, segs, bytes as usize, fill)
             .await
     } else {
         let slices: Vec<&[u8]> = pieces
             .iter()
+            // SAFETY: as above.
             .filter_map(|p| unsafe { local.slice(p.local, p.len) })
             .collect();
-        writer.send_chunk(final_, head, segs, &slices).await
+        writer.send_chunk(final_, &head, segs, &slices).await
     }
+}
+
+/// A WRITE chunk about to leave.
+struct Outgoing<'a> {
+    to: TransferRef,
+    head: crate::proto::frame::ChunkHead,
+    pieces: &'a Layout,
+    local: &'a SharedRegion,
+    final_: bool,
 }
 
 async fn write_item(
     shard: &Rc<Shard>,
     lane: &Lane,
     writer: &mut FrameWriter,
-    item: LaneItem,
+    to: TransferRef,
+    item: Sendable<SharedRegion>,
 ) -> std::io::Result<()> {
-    let tag = lane.next_tag.get();
-    lane.next_tag.set(tag + 1);
-    let (uid, gen, owner) = (item.uid, item.gen, item.owner);
-    let pending = |wait| Outstanding {
-        owner,
-        uid,
-        gen,
-        wait,
-    };
-    match item.kind {
-        ItemKind::Chunk {
-            op,
-            chunk,
-            n_chunks,
-            mem_id,
-            extent,
-            join_lane,
-            pieces,
-            final_,
-            local,
-        } => {
-            let head = ChunkHead {
-                tag,
-                uid,
-                chunk,
-                n_chunks,
-                mem_id,
-                extent,
-                join_lane,
-            };
-            // The chunk as a frame value, for the paths that need one (GPU staging, reads).
-            let framed =
-                |pieces: &[Piece]| Chunk::new(head, pieces.iter().map(remote_seg).collect());
-            match op {
-                Op::Write if local.device().is_some() => {
-                    let pieces = pieces.into_pieces();
-                    let c = framed(&pieces);
-                    let spans: Vec<(u64, u64)> = pieces.iter().map(|p| (p.local, p.len)).collect();
-                    let bytes = c.bytes();
-                    let wait = pending(Wait::Write { final_ });
-                    lane.expect(&shard.shared, tag, wait);
-                    lane.writing.set(Some((uid, gen)));
-                    let frame = Frame::Write { chunk: c, final_ };
-                    match gpu_io::push_from_device(shard, writer, &frame, &local, &spans).await {
-                        Ok(()) => {
-                            shard.stats.borrow_mut().bytes_sent += bytes;
-                            Ok(())
-                        }
-                        Err(SendError::Gpu(e)) => {
-                            // Nothing of the frame left: fail this chunk, keep the lane.
-                            lane.outstanding.borrow_mut().remove(&tag);
-                            lane.unanswered.borrow_mut().remove(&tag);
-                            let msg = format!("staging copy from GPU memory failed: {e}");
-                            let code = codes::ERR_GPU_OP;
-                            let kind = LaneEventKind::Failed { code, msg };
-                            report(shard, owner, &lane.peer.key, uid, gen, kind);
-                            Ok(())
-                        }
-                        Err(SendError::Conn(e)) => Err(std::io::Error::other(e.to_string())),
-                    }
-                }
-                Op::Write => {
-                    let wait = pending(Wait::Write { final_ });
-                    write_host_chunk(shard, lane, writer, &head, &pieces, &local, final_, wait)
-                        .await
-                }
-                Op::Read => {
-                    let bytes = pieces.total_bytes();
-                    let segs = pieces.remote_segs();
-                    writer.queue_read_chunk(final_, &head, segs);
-                    // Registered before the request can leave (the next flush): the answer
-                    // can never come early.
-                    lane.outstanding.borrow_mut().insert(
-                        tag,
-                        pending(Wait::Read {
-                            chunk,
-                            final_,
-                            local,
-                            pieces,
-                            bytes,
-                        }),
-                    );
-                    writer.flush_if_full().await
-                }
-            }
+    let tag = lane.book.borrow_mut().next_tag();
+    match item {
+        Sendable::Chunk(spec, local) => {
+            write_chunk(shard, lane, writer, to, tag, spec, local).await
         }
-        ItemKind::Finish {
-            op,
-            n_chunks,
-            total,
-            code,
-            msg,
-        } => {
-            lane.outstanding
-                .borrow_mut()
-                .insert(tag, pending(Wait::Finish));
+        Sendable::Finish(f) => {
+            lane.book.borrow_mut().sending_finish(tag, to);
+            let FinishSpec {
+                op,
+                n_chunks,
+                total,
+                code,
+                msg,
+            } = f;
             let f = Finish {
                 tag,
-                uid,
+                uid: to.uid,
                 op,
                 n_chunks,
                 total_bytes: total,
@@ -615,7 +373,71 @@ async fn write_item(
             };
             writer.push(&Frame::Finish(f), &[]).await
         }
-        // The writer turns these into chunks before they get here.
-        ItemKind::Shared(_) => Ok(()),
+    }
+}
+
+async fn write_chunk(
+    shard: &Rc<Shard>,
+    lane: &Lane,
+    writer: &mut FrameWriter,
+    to: TransferRef,
+    tag: u64,
+    spec: ChunkSpec,
+    local: SharedRegion,
+) -> std::io::Result<()> {
+    let head = spec.head(tag, to.uid);
+    let final_ = spec.final_;
+    match spec.op {
+        Op::Write if local.device().is_some() => {
+            // The chunk as a frame value, for GPU staging.
+            let pieces = spec.pieces.into_pieces();
+            let c = Chunk::new(head, pieces.iter().map(remote_seg).collect());
+            let spans: Vec<(u64, u64)> = pieces.iter().map(|p| (p.local, p.len)).collect();
+            let bytes = c.bytes();
+            lane.book
+                .borrow_mut()
+                .sending_write(tag, to, final_, |t| shard.shared.may_run(t.owner, t.gen));
+            let frame = Frame::Write { chunk: c, final_ };
+            match gpu_io::push_from_device(shard, writer, &frame, &local, &spans).await {
+                Ok(()) => {
+                    shard.stats.borrow_mut().bytes_sent += bytes;
+                    Ok(())
+                }
+                Err(SendError::Gpu(e)) => {
+                    // Nothing of the frame left: fail this chunk, keep the lane.
+                    lane.book.borrow_mut().unsend(tag);
+                    let msg = format!("staging copy from GPU memory failed: {e}");
+                    let code = codes::ERR_GPU_OP;
+                    report(shard, &lane.peer.key, to, Report::Failed { code, msg });
+                    Ok(())
+                }
+                Err(SendError::Conn(e)) => Err(std::io::Error::other(e.to_string())),
+            }
+        }
+        Op::Write => {
+            let out = Outgoing {
+                to,
+                head,
+                pieces: &spec.pieces,
+                local: &local,
+                final_,
+            };
+            write_host_chunk(shard, lane, writer, out).await
+        }
+        Op::Read => {
+            let bytes = spec.pieces.total_bytes();
+            writer.queue_read_chunk(final_, &head, spec.pieces.remote_segs());
+            // Registered before the request can leave (the next flush): the answer can
+            // never come early.
+            let wait = ReadWait {
+                chunk: spec.chunk,
+                final_,
+                local,
+                pieces: spec.pieces,
+                bytes,
+            };
+            lane.book.borrow_mut().sending_read(tag, to, wait);
+            writer.flush_if_full().await
+        }
     }
 }

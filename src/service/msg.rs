@@ -1,0 +1,78 @@
+//! The messages shards exchange: what the application thread hands an owner, what an owner
+//! hands a lane, and what a lane reports back. Every module of the service imports them from
+//! here, and this module imports none of those modules.
+
+use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
+use std::sync::{mpsc, Arc};
+
+use crate::proto::dispatch::{Item, TransferRef};
+use crate::proto::frame::{Hello, Op};
+use crate::proto::lane::Report;
+use crate::proto::plan::Layout;
+use crate::region::SharedRegion;
+use crate::stats::ShardStats;
+use crate::status::TransferStatus;
+
+/// A remote engine as the data plane needs it.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Peer {
+    /// Its engine key.
+    pub key: Arc<str>,
+    /// Where to dial it.
+    pub addr: SocketAddr,
+}
+
+/// A transfer as the application thread hands it to its owner shard.
+#[derive(Debug)]
+pub(crate) struct Submission {
+    pub peer: Arc<Peer>,
+    pub op: Op,
+    pub uid: u64,
+    pub local: SharedRegion,
+    pub remote_mem: u32,
+    /// Checked segments, expanded into pieces by the owner.
+    pub layout: Layout,
+    pub total: u64,
+    pub deadline_ns: u64,
+    pub status: Arc<TransferStatus>,
+}
+
+/// Work for one lane, sent by a transfer's owner to the lane's shard.
+#[derive(Debug)]
+pub(crate) struct LaneWork {
+    pub peer: Arc<Peer>,
+    pub lane: u16,
+    pub items: Vec<Item<SharedRegion>>,
+}
+
+/// What a lane reports to a transfer's owner.
+#[derive(Debug)]
+pub(crate) struct LaneEvent {
+    pub peer: Arc<str>,
+    pub to: TransferRef,
+    pub report: Report,
+}
+
+/// Everything a shard can be asked to do.
+#[derive(Debug)]
+pub(crate) enum ShardMsg {
+    /// A new transfer this shard owns.
+    Submit(Box<Submission>),
+    /// Chunks (or a FINISH) to send on one of this shard's lanes.
+    LaneWork(Box<LaneWork>),
+    /// A lane's report about a transfer this shard owns.
+    Owner(Box<LaneEvent>),
+    /// A transfer ended early (timeout, lost lane): drop its queued and pending chunks.
+    Cancel { peer: Arc<str>, uid: u64, gen: u64 },
+    /// Replicate a registered region; answer on the channel once resolvable here.
+    AddRegion(SharedRegion, mpsc::Sender<()>),
+    /// Forget a region; answer once no new chunk can resolve it here.
+    RemoveRegion(u32, mpsc::Sender<()>),
+    /// Close every lane to this peer (it was deregistered).
+    DropPeer(Arc<str>),
+    /// Serve a connection a peer opened (accepted and HELLO-checked by shard 0).
+    Adopt(OwnedFd, Hello),
+    /// Answer with a snapshot of this shard's statistics.
+    Stats(mpsc::Sender<ShardStats>),
+}
