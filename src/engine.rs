@@ -825,7 +825,7 @@ fn broadcast(b: &Backend, msg: impl Fn(mpsc::Sender<()>) -> ShardMsg) -> Result<
 fn listen(
     ecfg: &IoEngineConfig,
     cfg: &TcpBackendConfig,
-) -> Result<(socket2::Socket, u16), EngineError> {
+) -> Result<(crate::transport::Bound, u16), EngineError> {
     let ip: IpAddr = if ecfg.host.is_empty() {
         IpAddr::from([0, 0, 0, 0])
     } else {
@@ -838,23 +838,8 @@ fn listen(
         addr: addr.to_string(),
         source,
     };
-    let sock = socket2::Socket::new(
-        socket2::Domain::for_address(addr),
-        socket2::Type::STREAM,
-        Some(socket2::Protocol::TCP),
-    )
-    .map_err(bind_err)?;
-    sock.set_reuse_address(true).map_err(bind_err)?;
-    service::configure_buffers(&sock, cfg).map_err(bind_err)?;
-    sock.bind(&addr.into()).map_err(bind_err)?;
-    sock.listen(1024).map_err(bind_err)?;
-    let port = sock
-        .local_addr()
-        .ok()
-        .and_then(|a| a.as_socket())
-        .map(|a| a.port())
-        .ok_or_else(|| bind_err(std::io::Error::other("no local address")))?;
-    Ok((sock, port))
+    let (bound, local) = crate::transport::bind(addr, cfg).map_err(bind_err)?;
+    Ok((bound, local.port()))
 }
 
 /// A registered buffer the engine owns. Copy data in and out with [`Self::write_at`] and

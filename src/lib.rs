@@ -35,6 +35,7 @@ mod session;
 pub mod stats;
 pub mod status;
 pub mod trace;
+mod transport;
 
 pub use config::{ConfigError, IoEngineConfig, TcpBackendConfig};
 pub use desc::{BackendType, DescError, EngineDesc, MemoryDesc, MemoryLocationType};

@@ -7,15 +7,14 @@ use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::time::Duration;
 
-use morio_shards::rt;
-
-use super::io::{ConnError, FrameReader, FrameWriter};
 use super::Shard;
 use crate::gpu::pack::{jobs, Job};
 use crate::gpu::staging::{Slot, Staging};
 use crate::gpu::{GpuError, GpuStream};
 use crate::proto::frame::Frame;
 use crate::region::Region;
+use crate::transport::framed::{ConnError, FrameReader, FrameWriter};
+use crate::transport::Rx;
 
 /// Copies a pipeline keeps in flight at most (more only if slots are free).
 const WINDOW: usize = 8;
@@ -180,7 +179,7 @@ fn issue_h2d(c: &Ctx, region: &Region, job: &Job, slot: &mut Slot) -> Result<(),
 /// completed: the bytes are in device memory.
 pub(crate) async fn read_into_device(
     shard: &Shard,
-    reader: &mut FrameReader<rt::ReadHalf>,
+    reader: &mut FrameReader<Rx>,
     region: &Region,
     spans: &[(u64, u64)],
 ) -> Result<Result<(), GpuError>, ConnError> {

@@ -12,7 +12,6 @@
 
 mod bell;
 mod gpu_io;
-mod io;
 mod join;
 mod lane;
 mod msg;
@@ -21,7 +20,6 @@ mod serve;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::os::fd::RawFd;
 use std::rc::Rc;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -33,8 +31,8 @@ use crate::config::TcpBackendConfig;
 use crate::inbound_status::InboundStatuses;
 use crate::region::SharedRegion;
 use crate::stats::ShardStats;
+use crate::transport::{Bound, Closer};
 
-pub(crate) use io::configure_buffers;
 pub(crate) use msg::{Peer, ShardMsg, Submission};
 
 /// Nanoseconds since the process-wide epoch: the time base of every deadline.
@@ -51,8 +49,8 @@ pub(crate) struct Shared {
     pub instance: u64,
     pub cfg: TcpBackendConfig,
     pub inbound: Arc<InboundStatuses>,
-    /// The listening socket, taken by shard 0 when it starts.
-    pub listener: Mutex<Option<socket2::Socket>>,
+    /// Where the engine accepts connections, taken by shard 0 when it starts.
+    pub listener: Mutex<Option<Bound>>,
     /// Per owner shard, the lowest generation among the transfers it still owns (or its next
     /// generation when it owns none): every transfer of that shard below it has ended. Lanes
     /// read it to forget chunks that get no answer of their own without being told.
@@ -85,9 +83,9 @@ pub(crate) struct Shard {
     pub lanes: RefCell<lane::LaneMap>,
     pub next_gen: Cell<u64>,
     pub closing: Cell<bool>,
-    /// Sockets of connections peers opened to this shard (and ones still in handshake), so
-    /// shutdown can close them.
-    pub served: RefCell<HashMap<u64, RawFd>>,
+    /// Connections peers opened to this shard (and ones still in handshake), so shutdown
+    /// can close them.
+    pub served: RefCell<HashMap<u64, Closer>>,
     pub next_conn: Cell<u64>,
     /// Tasks still running on this shard; shutdown waits for them so no socket outlives it.
     pub live_tasks: Cell<usize>,
@@ -113,17 +111,17 @@ impl Drop for TaskGuard {
     }
 }
 
-/// Registers a served socket for the lifetime of the guard.
+/// Registers a served connection for the lifetime of the guard.
 pub(crate) struct ServedConn {
     shard: Rc<Shard>,
     id: u64,
 }
 
 impl ServedConn {
-    pub fn new(shard: &Rc<Shard>, fd: RawFd) -> Self {
+    pub fn new(shard: &Rc<Shard>, closer: Closer) -> Self {
         let id = shard.next_conn.get();
         shard.next_conn.set(id + 1);
-        shard.served.borrow_mut().insert(id, fd);
+        shard.served.borrow_mut().insert(id, closer);
         Self {
             shard: shard.clone(),
             id,
@@ -172,7 +170,7 @@ impl Shard {
                 let _ = ack.send(());
             }
             ShardMsg::DropPeer(key) => lane::drop_peer(self, &key),
-            ShardMsg::Adopt(fd, hello) => serve::adopt(self, fd, hello),
+            ShardMsg::Adopt(conn, hello) => serve::adopt(self, conn, hello),
             ShardMsg::Stats(tx) => {
                 let mut st = self.stats.borrow().clone();
                 (st.gpu_staging_bytes, st.gpu_staging_peak_bytes) =
@@ -221,11 +219,9 @@ pub(crate) async fn run(ctx: ShardCtx<ShardMsg>, shared: Arc<Shared>) {
     drop(ticker);
     owner::fail_all(&shard, "engine shut down");
     lane::close_all(&shard);
-    for (_, fd) in shard.served.borrow().iter() {
-        // SAFETY: registered by a live ServedConn, whose task still owns the socket.
-        unsafe {
-            libc::shutdown(*fd, libc::SHUT_RDWR);
-        }
+    for closer in shard.served.borrow().values() {
+        // Registered by a live ServedConn, whose task still owns the connection.
+        closer.close();
     }
     // Let every task see its socket close and drop it, so nothing outlives the engine.
     let t0 = Instant::now();

@@ -3,7 +3,6 @@
 //! here, and this module imports none of those modules.
 
 use std::net::SocketAddr;
-use std::os::fd::OwnedFd;
 use std::sync::{mpsc, Arc};
 
 use crate::proto::dispatch::{Item, TransferRef};
@@ -13,6 +12,7 @@ use crate::proto::plan::Layout;
 use crate::region::SharedRegion;
 use crate::stats::ShardStats;
 use crate::status::TransferStatus;
+use crate::transport::Handoff;
 
 /// A remote engine as the data plane needs it.
 #[derive(Debug, PartialEq, Eq)]
@@ -72,7 +72,7 @@ pub(crate) enum ShardMsg {
     /// Close every lane to this peer (it was deregistered).
     DropPeer(Arc<str>),
     /// Serve a connection a peer opened (accepted and HELLO-checked by shard 0).
-    Adopt(OwnedFd, Hello),
+    Adopt(Handoff, Hello),
     /// Answer with a snapshot of this shard's statistics.
     Stats(mpsc::Sender<ShardStats>),
 }

@@ -2,17 +2,12 @@
 //! lane, and answer WRITE / READ / FINISH frames by placing into or sending from registered
 //! memory.
 
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::rc::Rc;
 use std::sync::Arc;
 
-use futures_lite::AsyncWriteExt;
 use morio_shards::rt;
 
 use super::gpu_io::{self, SendError};
-use super::io::{
-    ascending_disjoint, configure_conn, read_frame_exact, ConnError, FrameReader, FrameWriter,
-};
 use super::msg::ShardMsg;
 use super::{ServedConn, Shard, TaskGuard};
 use crate::proto::codes;
@@ -23,19 +18,23 @@ use crate::proto::target::{self, Inbound, JoinReport, JoinTable, Record, Respons
 use crate::region::SharedRegion;
 use crate::status::StatusCode;
 use crate::trace;
+use crate::transport::framed::{
+    ascending_disjoint, read_frame_exact, ConnError, FrameReader, FrameWriter,
+};
+use crate::transport::{Bound, Conn, Handoff, Rx};
 
 /// Accept connections forever (shard 0). Each gets its own task, so a slow or hostile client
 /// holds up nobody.
-pub(crate) async fn accept_loop(shard: Rc<Shard>, sock: socket2::Socket) {
+pub(crate) async fn accept_loop(shard: Rc<Shard>, bound: Bound) {
     let _live = TaskGuard::new(&shard);
-    // Registered like a served socket: shutdown wakes the pending accept and ends the loop,
-    // and the listener is closed before the engine is gone.
-    let _served = ServedConn::new(&shard, sock.as_raw_fd());
-    let listener = rt::listener_from_socket(sock);
+    // Registered like a served connection: shutdown wakes the pending accept and ends the
+    // loop, and the listener is closed before the engine is gone.
+    let _served = ServedConn::new(&shard, bound.closer());
+    let listener = bound.into_listener();
     while !shard.closing.get() {
         match listener.accept().await {
-            Ok(stream) if !shard.closing.get() => {
-                rt::spawn_local(handshake(shard.clone(), stream)).detach();
+            Ok(conn) if !shard.closing.get() => {
+                rt::spawn_local(handshake(shard.clone(), conn)).detach();
             }
             Ok(_) => break,
             Err(e) if !shard.closing.get() => {
@@ -47,25 +46,25 @@ pub(crate) async fn accept_loop(shard: Rc<Shard>, sock: socket2::Socket) {
     }
 }
 
-async fn refuse(stream: &mut rt::TcpStream, refused: handshake::Refused) {
+async fn refuse(conn: &mut Conn, refused: handshake::Refused) {
     let ack = Frame::HelloAck(handshake::ack("", Err(refused)));
     let mut buf = Vec::new();
     ack.encode(0, &mut buf);
-    let _ = stream.write_all(&buf).await;
+    let _ = conn.send(&buf).await;
 }
 
-async fn handshake(shard: Rc<Shard>, mut stream: rt::TcpStream) {
+async fn handshake(shard: Rc<Shard>, mut conn: Conn) {
     let _live = TaskGuard::new(&shard);
-    let served = ServedConn::new(&shard, stream.as_raw_fd());
+    let served = ServedConn::new(&shard, conn.closer());
     let cfg = &shard.shared.cfg;
-    let hello = match rt::timeout(cfg.handshake_timeout, read_frame_exact(&mut stream)).await {
+    let hello = match rt::timeout(cfg.handshake_timeout, read_frame_exact(&mut conn)).await {
         Some(Ok(Frame::Hello(h))) => h,
         Some(Ok(f)) => {
             let refused = handshake::Refused {
                 code: codes::ERR_INVALID_ARGS,
                 msg: format!("expected HELLO, got {:?}", f.kind()),
             };
-            return refuse(&mut stream, refused).await;
+            return refuse(&mut conn, refused).await;
         }
         Some(Err(e)) => {
             log::debug!("dropping connection before HELLO: {e}");
@@ -80,49 +79,42 @@ async fn handshake(shard: Rc<Shard>, mut stream: rt::TcpStream) {
         }
     };
     if let Err(refused) = handshake::check_hello(&hello, &shard.shared.key) {
-        return refuse(&mut stream, refused).await;
+        return refuse(&mut conn, refused).await;
     }
     let to = shard.lane_shard(hello.lane);
     drop(served);
     if to == shard.id {
-        rt::spawn_local(serve(shard.clone(), stream, hello)).detach();
+        rt::spawn_local(serve(shard.clone(), conn, hello)).detach();
         return;
     }
-    // Hand the socket to the lane's shard: duplicate the fd, drop our stream.
-    // SAFETY: the fd is open for as long as `stream` lives.
-    let dup = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) }.try_clone_to_owned();
-    drop(stream);
-    match dup {
-        Ok(fd) => shard.send(to, ShardMsg::Adopt(fd, hello)),
+    // Hand the connection to the lane's shard.
+    match conn.hand_off() {
+        Ok(h) => shard.send(to, ShardMsg::Adopt(h, hello)),
         Err(e) => log::warn!("cannot hand a connection to shard {to}: {e}"),
     }
 }
 
 /// Serve a connection handed over by the accepting shard.
-pub(crate) fn adopt(shard: &Rc<Shard>, fd: OwnedFd, hello: Hello) {
-    // SAFETY: we own `fd`; the stream takes it over.
-    let sock = unsafe { socket2::Socket::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(fd)) };
-    match rt::stream_from_socket(sock) {
-        Ok(stream) => {
-            rt::spawn_local(serve(shard.clone(), stream, hello)).detach();
+pub(crate) fn adopt(shard: &Rc<Shard>, h: Handoff, hello: Hello) {
+    match h.adopt() {
+        Ok(conn) => {
+            rt::spawn_local(serve(shard.clone(), conn, hello)).detach();
         }
         Err(e) => log::warn!("cannot adopt a connection: {e}"),
     }
 }
 
-async fn serve(shard: Rc<Shard>, stream: rt::TcpStream, hello: Hello) {
+async fn serve(shard: Rc<Shard>, conn: Conn, hello: Hello) {
     let _live = TaskGuard::new(&shard);
-    let _served = ServedConn::new(&shard, stream.as_raw_fd());
+    let _served = ServedConn::new(&shard, conn.closer());
     if shard.closing.get() {
         return;
     }
     let cfg = &shard.shared.cfg;
-    // SAFETY: the fd is open while `stream` lives, which outlasts this borrow.
-    let fd = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) };
-    if let Err(e) = configure_conn(&socket2::SockRef::from(&fd), cfg) {
-        log::debug!("socket options on an accepted connection: {e}");
+    if let Err(e) = conn.configure(cfg) {
+        log::debug!("options on an accepted connection: {e}");
     }
-    let (r, w) = rt::split(stream);
+    let (r, w, closer) = conn.split();
     let mut reader = FrameReader::new(r, cfg.op_timeout);
     let mut writer = FrameWriter::new(w, cfg.inline_write_bytes);
     let ack = Frame::HelloAck(handshake::ack(&shard.shared.key, Ok(())));
@@ -149,7 +141,7 @@ async fn serve(shard: Rc<Shard>, stream: rt::TcpStream, hello: Hello) {
                 msg: e.to_string(),
             };
             let _ = writer.send(&bye, &[]).await;
-            writer.inner().shutdown_both();
+            closer.close();
             return;
         }
         rt::yield_if_needed().await;
@@ -161,7 +153,7 @@ async fn serve(shard: Rc<Shard>, stream: rt::TcpStream, hello: Hello) {
 async fn step(
     shard: &Rc<Shard>,
     conn: &Served,
-    reader: &mut FrameReader<rt::ReadHalf>,
+    reader: &mut FrameReader<Rx>,
     writer: &mut FrameWriter,
     last_uid: &mut Option<(u64, bool)>,
 ) -> Result<bool, ConnError> {
@@ -269,7 +261,7 @@ fn status_of(code: u32) -> StatusCode {
 async fn on_frame(
     shard: &Rc<Shard>,
     conn: &Served,
-    reader: &mut FrameReader<rt::ReadHalf>,
+    reader: &mut FrameReader<Rx>,
     writer: &mut FrameWriter,
     frame: Frame,
     payload: u64,
@@ -410,7 +402,7 @@ fn place_small(ext: &mut [u8], lo: u64, segs: &[crate::proto::frame::Seg], src: 
 
 async fn place(
     shard: &Rc<Shard>,
-    reader: &mut FrameReader<rt::ReadHalf>,
+    reader: &mut FrameReader<Rx>,
     chunk: &Chunk,
     payload: u64,
     checked: Result<(), Refusal>,

@@ -4,16 +4,13 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
 use std::sync::Arc;
 
-use futures_lite::AsyncWriteExt;
 use morio_shards::rt;
 
 use super::bell::Bell;
 use super::gpu_io::{self, SendError};
-use super::io::{configure_buffers, configure_conn, read_frame_exact, FrameReader, FrameWriter};
 use super::msg::{LaneEvent, LaneWork, Peer, ShardMsg};
 use super::{Shard, TaskGuard};
 use crate::proto::codes;
@@ -26,6 +23,8 @@ use crate::proto::limits::VERSION;
 use crate::proto::plan::{total_bytes, Layout};
 use crate::region::SharedRegion;
 use crate::trace;
+use crate::transport::framed::{read_frame_exact, FrameReader, FrameWriter};
+use crate::transport::{self, Closer};
 
 mod read;
 use read::read_loop;
@@ -40,7 +39,8 @@ pub(crate) struct Lane {
     lane: u16,
     book: RefCell<LaneBook<SharedRegion>>,
     bell: Bell,
-    fd: Cell<Option<RawFd>>,
+    /// Closes the connection, once there is one.
+    closer: Cell<Option<Closer>>,
 }
 
 impl Lane {
@@ -78,7 +78,7 @@ fn lane_for(shard: &Rc<Shard>, peer: &Arc<Peer>, idx: u16) -> (Rc<Lane>, bool) {
         lane: idx,
         book: RefCell::new(LaneBook::default()),
         bell: Bell::default(),
-        fd: Cell::new(None),
+        closer: Cell::new(None),
     });
     shard.lanes.borrow_mut().insert(key, lane.clone());
     (lane, true)
@@ -142,12 +142,10 @@ fn die(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: &str) {
         }
     }
     lane.bell.close();
-    if let Some(fd) = lane.fd.take() {
-        // SAFETY: the fd is open: the stream that owns it lives until both lane tasks end,
-        // and they end only after this point. shutdown(2) wakes the reader with EOF.
-        unsafe {
-            libc::shutdown(fd, libc::SHUT_RDWR);
-        }
+    if let Some(c) = lane.closer.take() {
+        // The connection lives until both lane tasks end, and they end only after this
+        // point; closing it wakes the reader.
+        c.close();
     }
     let msg = format!("connection to {} lost: {msg}", lane.peer.key);
     for to in hit {
@@ -174,16 +172,16 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
         while lane.bell.wait().await.is_ok() {}
         Err("lane closed while connecting".to_string())
     };
-    let stream = match futures_lite::future::or(connect(&shard, &lane), closed).await {
+    let conn = match futures_lite::future::or(connect(&shard, &lane), closed).await {
         Ok(s) => s,
         Err(e) => return die(&shard, &lane, &e),
     };
     if lane.dead() {
         return;
     }
-    lane.fd.set(Some(stream.as_raw_fd()));
     let cfg = &shard.shared.cfg;
-    let (r, w) = rt::split(stream);
+    let (r, w, closer) = conn.split();
+    lane.closer.set(Some(closer));
     let reader = FrameReader::new(r, cfg.op_timeout);
     rt::spawn_local(read_loop(shard.clone(), lane.clone(), reader)).detach();
     let mut writer = FrameWriter::new(w, cfg.inline_write_bytes);
@@ -220,7 +218,8 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
     }
 }
 
-async fn connect(shard: &Rc<Shard>, lane: &Rc<Lane>) -> Result<rt::TcpStream, String> {
+/// Dial the peer and shake hands: HELLO out, its HELLO_ACK checked.
+async fn connect(shard: &Rc<Shard>, lane: &Rc<Lane>) -> Result<transport::Conn, String> {
     let cfg = &shard.shared.cfg;
     let addr = lane.peer.addr;
     if addr.port() == 0 {
@@ -230,19 +229,8 @@ async fn connect(shard: &Rc<Shard>, lane: &Rc<Lane>) -> Result<rt::TcpStream, St
             lane.peer.key
         ));
     }
-    let sock = socket2::Socket::new(
-        socket2::Domain::for_address(addr),
-        socket2::Type::STREAM,
-        Some(socket2::Protocol::TCP),
-    )
-    .map_err(|e| format!("socket: {e}"))?;
-    configure_buffers(&sock, cfg)
-        .and_then(|_| configure_conn(&socket2::SockRef::from(&sock), cfg))
-        .map_err(|e| format!("socket options: {e}"))?;
     let handshake = async {
-        let mut s = rt::connect(sock, addr, cfg.op_timeout)
-            .await
-            .map_err(|e| format!("connect to {addr}: {e}"))?;
+        let mut conn = transport::dial(addr, cfg).await?;
         let hello = Frame::Hello(Hello {
             version: VERSION,
             lane: lane.lane,
@@ -253,12 +241,12 @@ async fn connect(shard: &Rc<Shard>, lane: &Rc<Lane>) -> Result<rt::TcpStream, St
         });
         let mut buf = Vec::new();
         hello.encode(0, &mut buf);
-        s.write_all(&buf)
+        conn.send(&buf)
             .await
             .map_err(|e| format!("send HELLO: {e}"))?;
-        match read_frame_exact(&mut s).await {
+        match read_frame_exact(&mut conn).await {
             Ok(Frame::HelloAck(a)) => handshake::check_ack(&a, &lane.peer.key)
-                .map(|()| s)
+                .map(|()| conn)
                 .map_err(|e| format!("{addr}: {e}")),
             Ok(f) => Err(format!("expected HELLO_ACK, got {:?}", f.kind())),
             Err(e) => Err(format!("handshake: {e}")),

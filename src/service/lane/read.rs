@@ -3,10 +3,7 @@
 
 use std::rc::Rc;
 
-use morio_shards::rt;
-
 use super::super::gpu_io;
-use super::super::io::{ascending_disjoint, ConnError, FrameReader};
 use super::super::{Shard, TaskGuard};
 use super::{die, report, Lane};
 use crate::proto::codes;
@@ -14,12 +11,10 @@ use crate::proto::frame::Frame;
 use crate::proto::lane::{Answer, Matched, ReadWait};
 use crate::region::SharedRegion;
 use crate::trace;
+use crate::transport::framed::{ascending_disjoint, ConnError, FrameReader};
+use crate::transport::Rx;
 
-pub(super) async fn read_loop(
-    shard: Rc<Shard>,
-    lane: Rc<Lane>,
-    mut reader: FrameReader<rt::ReadHalf>,
-) {
+pub(super) async fn read_loop(shard: Rc<Shard>, lane: Rc<Lane>, mut reader: FrameReader<Rx>) {
     let _live = TaskGuard::new(&shard);
     loop {
         let r = match reader.next_frame().await {
@@ -41,7 +36,7 @@ pub(super) async fn read_loop(
 async fn on_frame(
     shard: &Rc<Shard>,
     lane: &Rc<Lane>,
-    reader: &mut FrameReader<rt::ReadHalf>,
+    reader: &mut FrameReader<Rx>,
     frame: Frame,
     payload: u64,
 ) -> Result<(), ConnError> {
@@ -118,7 +113,7 @@ async fn on_frame(
 /// for. The inner error: a GPU refused the staging copy (the stream is intact).
 async fn place(
     shard: &Rc<Shard>,
-    reader: &mut FrameReader<rt::ReadHalf>,
+    reader: &mut FrameReader<Rx>,
     wait: &ReadWait<SharedRegion>,
 ) -> Result<Result<(), crate::gpu::GpuError>, ConnError> {
     let (local, pieces, bytes) = (&wait.local, &wait.pieces, wait.bytes);

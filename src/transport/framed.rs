@@ -1,5 +1,6 @@
-//! Byte-level connection helpers: a bounded frame reader that places payloads straight into
-//! registered memory, frame writing, and socket options.
+//! Frames over a connection of any transport: a bounded frame reader that places payloads
+//! straight into registered memory, and a frame writer that batches small frames and sends
+//! large payloads straight from it.
 
 use std::io;
 use std::time::Duration;
@@ -7,7 +8,7 @@ use std::time::Duration;
 use futures_lite::{AsyncRead, AsyncReadExt};
 use morio_shards::rt;
 
-use crate::config::TcpBackendConfig;
+use super::Tx;
 use crate::proto::decode::{decode_frame, DecodeError};
 use crate::proto::frame::{encode_chunk_segs, ChunkHead, ChunkSegs, Frame, Kind, Seg};
 use crate::proto::limits::{HEADER_BYTES, MAX_BODY_BYTES};
@@ -314,13 +315,13 @@ pub(crate) fn ascending_disjoint(mut ranges: impl Iterator<Item = (u64, u64)>) -
 /// Writes frames, copying small payloads next to their header so the whole frame leaves in
 /// one `send`, and sending large ones straight from registered memory.
 pub(crate) struct FrameWriter {
-    w: rt::WriteHalf,
+    w: Tx,
     buf: Vec<u8>,
     inline_bytes: usize,
 }
 
 impl FrameWriter {
-    pub(crate) fn new(w: rt::WriteHalf, inline_bytes: usize) -> Self {
+    pub(crate) fn new(w: Tx, inline_bytes: usize) -> Self {
         Self {
             w,
             buf: Vec::with_capacity(64 << 10),
@@ -455,11 +456,6 @@ impl FrameWriter {
         self.push(frame, payload).await?;
         self.flush().await
     }
-
-    /// The underlying writer.
-    pub(crate) fn inner(&self) -> &rt::WriteHalf {
-        &self.w
-    }
 }
 
 /// A frame whose payload is larger than this leaves in two sends: its header with the first
@@ -474,7 +470,7 @@ const HEAD_FIRST_BYTES: usize = 16 << 10;
 const HEAD_FIRST_MIN_BYTES: usize = 512 << 10;
 
 /// Send `parts` (a header, then payload slices) as [`HEAD_FIRST_BYTES`] describes.
-async fn send_head_first(w: &mut rt::WriteHalf, parts: &[&[u8]]) -> io::Result<()> {
+async fn send_head_first(w: &mut Tx, parts: &[&[u8]]) -> io::Result<()> {
     let total: usize = parts.iter().map(|p| p.len()).sum();
     let head = parts.first().map_or(0, |p| p.len());
     if total <= head + 2 * HEAD_FIRST_BYTES || total < HEAD_FIRST_MIN_BYTES {
@@ -503,35 +499,6 @@ fn split_parts<'a>(parts: &[&'a [u8]], mut n: usize) -> (Vec<&'a [u8]>, Vec<&'a 
         }
     }
     (first, rest)
-}
-
-/// Options every lane socket gets (both ends): nodelay, keepalive, and a user timeout so a
-/// peer that stops acknowledging data fails the connection instead of hanging it.
-pub(crate) fn configure_conn(
-    sock: &socket2::SockRef<'_>,
-    cfg: &TcpBackendConfig,
-) -> io::Result<()> {
-    sock.set_tcp_nodelay(cfg.enable_ctrl_nodelay)?;
-    if cfg.enable_keepalive {
-        let ka = socket2::TcpKeepalive::new()
-            .with_time(cfg.keepalive_idle)
-            .with_interval(cfg.keepalive_intvl)
-            .with_retries(cfg.keepalive_cnt);
-        sock.set_tcp_keepalive(&ka)?;
-    }
-    sock.set_tcp_user_timeout(Some(cfg.op_timeout))?;
-    Ok(())
-}
-
-/// Buffer sizes, set before connect/listen so window scaling follows them.
-pub(crate) fn configure_buffers(sock: &socket2::Socket, cfg: &TcpBackendConfig) -> io::Result<()> {
-    if cfg.sock_sndbuf_bytes > 0 {
-        sock.set_send_buffer_size(cfg.sock_sndbuf_bytes)?;
-    }
-    if cfg.sock_rcvbuf_bytes > 0 {
-        sock.set_recv_buffer_size(cfg.sock_rcvbuf_bytes)?;
-    }
-    Ok(())
 }
 
 /// Read exactly one frame without payload and without reading past it (handshakes, where

@@ -1,0 +1,113 @@
+//! TCP, the first transport: dialing with the socket options set before the SYN, the
+//! listening socket, accepted connections, hand-off of a socket between shards, shutdown.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+
+use morio_shards::rt;
+
+use crate::config::TcpBackendConfig;
+
+/// Connect to `addr` (buffer sizes and connection options set first) within the configured
+/// operation timeout.
+pub(crate) async fn dial(
+    addr: SocketAddr,
+    cfg: &TcpBackendConfig,
+) -> Result<rt::TcpStream, String> {
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )
+    .map_err(|e| format!("socket: {e}"))?;
+    configure_buffers(&sock, cfg)
+        .and_then(|_| configure_conn(&socket2::SockRef::from(&sock), cfg))
+        .map_err(|e| format!("socket options: {e}"))?;
+    rt::connect(sock, addr, cfg.op_timeout)
+        .await
+        .map_err(|e| format!("connect to {addr}: {e}"))
+}
+
+/// A listening socket on `addr` (address reuse, buffer sizes set before `listen` so accepted
+/// connections inherit them), and the address it got (port 0 picks one).
+pub(crate) fn bind(
+    addr: SocketAddr,
+    cfg: &TcpBackendConfig,
+) -> io::Result<(socket2::Socket, SocketAddr)> {
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    sock.set_reuse_address(true)?;
+    configure_buffers(&sock, cfg)?;
+    sock.bind(&addr.into())?;
+    sock.listen(1024)?;
+    let local = sock
+        .local_addr()?
+        .as_socket()
+        .ok_or_else(|| io::Error::other("no local address"))?;
+    Ok((sock, local))
+}
+
+/// Options an accepted connection gets (a dialed one got them before connecting).
+pub(crate) fn configure_accepted(s: &rt::TcpStream, cfg: &TcpBackendConfig) -> io::Result<()> {
+    // SAFETY: the fd is open while `s` lives, which outlasts this borrow.
+    let fd = unsafe { BorrowedFd::borrow_raw(s.as_raw_fd()) };
+    configure_conn(&socket2::SockRef::from(&fd), cfg)
+}
+
+/// A duplicate of the stream's socket for another shard; the stream itself is dropped (and
+/// its descriptor closed) here.
+pub(crate) fn hand_off(s: rt::TcpStream) -> io::Result<OwnedFd> {
+    // SAFETY: the fd is open for as long as `s` lives.
+    let dup = unsafe { BorrowedFd::borrow_raw(s.as_raw_fd()) }.try_clone_to_owned();
+    drop(s);
+    dup
+}
+
+/// Take over a socket another shard handed off.
+pub(crate) fn adopt(fd: OwnedFd) -> io::Result<rt::TcpStream> {
+    // SAFETY: we own `fd`; the socket takes it over.
+    let sock = unsafe { socket2::Socket::from_raw_fd(fd.into_raw_fd()) };
+    rt::stream_from_socket(sock)
+}
+
+/// shutdown(2) both directions: the peer sees EOF, a pending read or accept here wakes.
+pub(crate) fn shutdown(fd: RawFd) {
+    // SAFETY: the caller's connection (and so its descriptor) is alive (see
+    // `super::Closer`); shutdown neither closes nor frees it, and failure is harmless.
+    unsafe {
+        libc::shutdown(fd, libc::SHUT_RDWR);
+    }
+}
+
+/// Options every connection gets (both ends): nodelay, keepalive, and a user timeout so a
+/// peer that stops acknowledging data fails the connection instead of hanging it.
+pub(crate) fn configure_conn(
+    sock: &socket2::SockRef<'_>,
+    cfg: &TcpBackendConfig,
+) -> io::Result<()> {
+    sock.set_tcp_nodelay(cfg.enable_ctrl_nodelay)?;
+    if cfg.enable_keepalive {
+        let ka = socket2::TcpKeepalive::new()
+            .with_time(cfg.keepalive_idle)
+            .with_interval(cfg.keepalive_intvl)
+            .with_retries(cfg.keepalive_cnt);
+        sock.set_tcp_keepalive(&ka)?;
+    }
+    sock.set_tcp_user_timeout(Some(cfg.op_timeout))?;
+    Ok(())
+}
+
+/// Buffer sizes, set before connect/listen so window scaling follows them.
+pub(crate) fn configure_buffers(sock: &socket2::Socket, cfg: &TcpBackendConfig) -> io::Result<()> {
+    if cfg.sock_sndbuf_bytes > 0 {
+        sock.set_send_buffer_size(cfg.sock_sndbuf_bytes)?;
+    }
+    if cfg.sock_rcvbuf_bytes > 0 {
+        sock.set_recv_buffer_size(cfg.sock_rcvbuf_bytes)?;
+    }
+    Ok(())
+}
