@@ -2,7 +2,7 @@
 //! goes. Off unless the process starts with `MORIO_TRACE=DIR`; then every [`mark`] records
 //! (uid, stage, CLOCK_MONOTONIC ns) into a fixed lock-free buffer, and [`dump`] writes it to
 //! `DIR/<label>-<pid>.csv`. CLOCK_MONOTONIC is one clock for every process of a host, so an
-//! initiator's and a target's files line up by uid (`scripts/trace-stages.py` does that).
+//! initiator's and a target's files line up by uid (`scripts/bench/trace-stages.py` does that).
 //! A multi-chunk transfer marks the per-chunk stages once per chunk; the script takes the
 //! first of each for the main line and shows first-to-last spreads and the target's join.
 

@@ -1,30 +1,30 @@
 #!/usr/bin/env bash
 # Build morio here, run the standard `morio bench` sweep on the H200 host.
 #
-#   scripts/h200-bench.sh build   # here: cargo build --release --locked --features cuda,
-#                                 # stripped into .dev/morio, and the engine tests into
-#                                 # .dev/engine-tests
-#   scripts/h200-bench.sh run     # there, from the repo root, with .dev carried along:
-#                                 # the standard sweep, one JSON report per invocation,
-#                                 # a compact summary table last
-#   scripts/h200-bench.sh gpu     # there: the GPU tests on the real GPU (MORIO_TEST_GPU=1),
-#                                 # then the GPU sweep beside the same rows in CPU memory
-#   scripts/h200-bench.sh lat     # there: small-transfer latency, default shards against few
-#                                 # spinning shards (cores left free for the application)
-#   scripts/h200-bench.sh trace   # there: small writes with MORIO_TRACE on, then the median
-#                                 # time between consecutive stages (scripts/trace-stages.py)
-#   scripts/h200-bench.sh tp      # there: only the 1 MiB x 256 write and read rows with ceilings
-#   scripts/h200-bench.sh cpus    # there: the host's CPU topology, then the 4 KiB x 256 row on
-#                                 # several CPU layouts (CPU_LAYOUTS), each traced and untraced,
-#                                 # with every CPU's time (user/system/softirq/steal) during it
-#   scripts/h200-bench.sh ab      # there: the 4 KiB x 256 write row (7 spinning shards and
-#                                 # lanes) from each binary of BINS, interleaved ROUNDS times
-#                                 # (EXTRA_AB: options of every run)
-#   scripts/h200-bench.sh ftrace  # there (root): the single 8 B and 8 B x 256 write rows under
-#                                 # ftrace (send syscalls, IPIs, io_uring task work), then
-#                                 # scripts/kernel-sends.py on each buffer
-#   scripts/h200-bench.sh stripes # there: the 1 MiB x 256 rows with shared stripes (the
-#                                 # default) and dealt ones (--deal-stripes), ROUNDS times
+#   scripts/bench/h200-bench.sh build   # here: cargo build --release --locked --features cuda,
+#                                       # stripped into .dev/morio, and the engine tests into
+#                                       # .dev/engine-tests
+#   scripts/bench/h200-bench.sh run     # there, from the repo root, with .dev carried along:
+#                                       # the standard sweep, one JSON report per invocation,
+#                                       # a compact summary table last
+#   scripts/bench/h200-bench.sh gpu     # there: the GPU tests on the real GPU (MORIO_TEST_GPU=1),
+#                                       # then the GPU sweep beside the same rows in CPU memory
+#   scripts/bench/h200-bench.sh lat     # there: small-transfer latency, default shards against few
+#                                       # spinning shards (cores left free for the application)
+#   scripts/bench/h200-bench.sh trace   # there: small writes with MORIO_TRACE on, then the median
+#                                       # time between consecutive stages (scripts/bench/trace-stages.py)
+#   scripts/bench/h200-bench.sh tp      # there: only the 1 MiB x 256 write and read rows with ceilings
+#   scripts/bench/h200-bench.sh cpus    # there: the host's CPU topology, then the 4 KiB x 256 row on
+#                                       # several CPU layouts (CPU_LAYOUTS), each traced and untraced,
+#                                       # with every CPU's time (user/system/softirq/steal) during it
+#   scripts/bench/h200-bench.sh ab      # there: the 4 KiB x 256 write row (7 spinning shards and
+#                                       # lanes) from each binary of BINS, interleaved ROUNDS times
+#                                       # (EXTRA_AB: options of every run)
+#   scripts/bench/h200-bench.sh ftrace  # there (root): the single 8 B and 8 B x 256 write rows under
+#                                       # ftrace (send syscalls, IPIs, io_uring task work), then
+#                                       # scripts/bench/kernel-sends.py on each buffer
+#   scripts/bench/h200-bench.sh stripes # there: the 1 MiB x 256 rows with shared stripes (the
+#                                       # default) and dealt ones (--deal-stripes), ROUNDS times
 #
 # BIN (default ./.dev/morio) picks the binary, so two builds can be compared in one call;
 # LAT_VARIANTS / TRACE_VARIANTS are ';'-separated "SHARDS SPIN_US WAIT_SPIN_US [CONNS]".
@@ -35,7 +35,7 @@
 # EXTRA adds options to every run (e.g. EXTRA="--spin-us 50").
 set -euo pipefail
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
 BIN="${BIN:-./.dev/morio}"
 OUT_DIR="${OUT:-/tmp/morio-bench}"
@@ -230,7 +230,7 @@ trace() {
 	add "floor" --op-type write --buffer-size 8 "${one[@]}" --ceiling-bytes 268435456
 	echo
 	for d in "${OUT_DIR}"/trace/*/; do
-		python3 scripts/trace-stages.py "${d}" || true
+		python3 scripts/bench/trace-stages.py "${d}" || true
 	done | tee "${OUT_DIR}/trace-stages.txt"
 	tar -czf "${OUT_DIR}/trace.tar.gz" -C "${OUT_DIR}" trace
 	rm -r "${OUT_DIR}/trace"
@@ -286,7 +286,7 @@ cpus() {
 	done
 	echo
 	for d in "${OUT_DIR}"/trace/*/; do
-		python3 scripts/trace-stages.py "${d}" || true
+		python3 scripts/bench/trace-stages.py "${d}" || true
 	done | tee "${OUT_DIR}/trace-stages.txt"
 	rm -rf "${OUT_DIR}/trace" "${OUT_DIR}/stat0" "${OUT_DIR}/stat1"
 	finish
@@ -345,7 +345,7 @@ ftrace() {
 		echo >"${t}/set_event"
 		cat "${t}/trace" >"${OUT_DIR}/ftrace-b${batch}.txt"
 		grep -h overrun "${t}"/per_cpu/cpu*/stats | awk '{n += $2} END {print "events lost:", n}'
-		python3 scripts/kernel-sends.py "${OUT_DIR}/ftrace-b${batch}.txt" | tee "${OUT_DIR}/ftrace-b${batch}-sends.txt"
+		python3 scripts/bench/kernel-sends.py "${OUT_DIR}/ftrace-b${batch}.txt" | tee "${OUT_DIR}/ftrace-b${batch}-sends.txt"
 		rm "${OUT_DIR}/ftrace-b${batch}.txt"
 	done
 }

@@ -2,13 +2,13 @@
 # The Python package on the H200 host: its test suite with torch and CUDA, the KV-cache
 # example on CUDA tensors, and the package's goals measured beside `morio bench` in one run.
 #
-#   scripts/h200-python.sh build  # here: the manylinux wheel (maturin --zig, needs the
-#                                 # ziglang package) into .dev/wheels, the morio command
-#                                 # and engine tests into .dev (scripts/h200-bench.sh build)
-#   scripts/h200-python.sh run    # there, from the repo root with .dev carried: install the
-#                                 # wheel, pytest, the example, then ROUNDS rounds of each row
-#                                 # from `morio bench` and from python/bench/pybench.py,
-#                                 # interleaved; a summary table last
+#   scripts/bench/h200-python.sh build  # here: the manylinux wheel (maturin --zig, needs the
+#                                       # ziglang package) into .dev/wheels, the morio command
+#                                       # and engine tests into .dev (scripts/bench/h200-bench.sh build)
+#   scripts/bench/h200-python.sh run    # there, from the repo root with .dev carried: install the
+#                                       # wheel, pytest, the example, then ROUNDS rounds of each row
+#                                       # from `morio bench` and from python/bench/pybench.py,
+#                                       # interleaved; a summary table last
 #
 # Rows (the issue's goals): 1 MiB x 256 batch write and read through a session, host memory
 # and CUDA memory (8+8 shards, pinned, as `morio bench --loopback` places them), from Python
@@ -19,7 +19,7 @@
 #   ROUNDS (default 2), ITERS (default 64: 1 MiB rows), LAT_ITERS (default 4000),
 #   SKIP_TESTS=1 skips pytest and the example.
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
 OUT_DIR="${OUT:-/tmp/morio-python}"
 ROUNDS="${ROUNDS:-2}"
@@ -29,7 +29,7 @@ BIN=./.dev/morio
 
 build() {
 	set -e
-	scripts/h200-bench.sh build
+	scripts/bench/h200-bench.sh build
 	rm -rf .dev/wheels
 	(cd python && maturin build --release --zig --compatibility manylinux_2_28 -o ../.dev/wheels)
 	ls -l .dev/wheels
@@ -80,7 +80,7 @@ run() {
 		python3 python/bench/pybench.py --rows c --sub-list \
 			--json "${OUT_DIR}/json/py-sub-${r}.json" | tail -6 || failed+=("py-sub-${r}")
 	done
-	python3 scripts/python-goals.py "${OUT_DIR}/json" | tee "${OUT_DIR}/summary.txt"
+	python3 scripts/bench/python-goals.py "${OUT_DIR}/json" | tee "${OUT_DIR}/summary.txt"
 	(cd "${OUT_DIR}" && tar czf python-json.tar.gz json && rm -rf json)
 	if ((${#failed[@]})); then
 		echo "FAILED: ${failed[*]}"

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""The Python package's goals from one `scripts/h200-python.sh run`: each Python row beside
-the `morio bench` row of the same round.
+"""The Python package's goals from one `scripts/bench/h200-python.sh run`: each Python row
+beside the `morio bench` row of the same round.
 
-    scripts/python-goals.py DIR   # DIR holds rust-*.json and py-*.json of that run
+    scripts/bench/python-goals.py DIR   # DIR holds rust-*.json and py-*.json of that run
 """
 
 import glob

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Kernel-side cost of a small-transfer row: `kernel-sends.py TRACE`.
 
-Reads the text of an ftrace buffer recorded by `scripts/h200-bench.sh ftrace` (syscall enter
-and exit events of sendmsg and sendto, IPI, io_uring and wake-up events) during one
+Reads the text of an ftrace buffer recorded by `scripts/bench/h200-bench.sh ftrace` (syscall
+enter and exit events of sendmsg and sendto, IPI, io_uring and wake-up events) during one
 `morio bench --loopback` run. morio's connections send with sendmsg and the raw-TCP floor's
 streams with sendto, so the two are told apart by syscall. Prints, for each: how many sends,
 their duration (p50/p90/p99; the trace clock has microsecond resolution), and how many sent
