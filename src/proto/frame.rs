@@ -16,11 +16,12 @@ pub enum Kind {
     Read = 4,
     /// Target → initiator: the bytes of a read chunk (or why not).
     ReadData = 6,
-    /// Initiator → target: every chunk is done; record the inbound status.
+    /// Initiator → target, on the join lane: a chunk failed before it left, so the join
+    /// cannot complete; record this verdict as the inbound status and end the join.
     Finish = 7,
     /// Target → initiator: the transfer's inbound status is recorded; here is its code.
     Complete = 8,
-    /// Either side, before closing a connection for a protocol error.
+    /// Target → initiator, before closing a connection for a protocol error.
     GoAway = 9,
 }
 
@@ -88,9 +89,10 @@ pub struct Chunk {
     /// `[lo, hi)` range of the region the whole transfer touches; every chunk of a transfer
     /// carries the same extent, so a transfer out of range is refused before any byte lands.
     pub extent: (u64, u64),
-    /// The lane that carries chunk 0 of a multi-chunk transfer: every chunk's target shard
-    /// reports to the shard serving it, which answers the whole transfer there (0, and
-    /// ignored, for a one-chunk transfer).
+    /// The initiator's home lane of a multi-chunk transfer, which carries chunk 0 (and FINISH,
+    /// if one is sent): the target checks chunk 0 arrived on it and that every chunk names a
+    /// lane of the peer (0, and ignored, for a one-chunk transfer). The target's join itself
+    /// is engine-wide: whichever lane carries the chunk that completes it answers COMPLETE.
     pub join_lane: u16,
     /// Target-side segments of this chunk, in payload order.
     pub segs: Vec<Seg>,
@@ -103,7 +105,9 @@ impl Chunk {
     }
 }
 
-/// A response that carries a status: ACK, READ_DATA, COMPLETE.
+/// A response that carries a status: READ_DATA, or COMPLETE (whose `chunk` is the index of
+/// the chunk that completed a joined transfer, with that chunk's tag; 0 for a whole one and
+/// for FINISH's answer).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reply {
     /// The request's tag.
@@ -118,7 +122,8 @@ pub struct Reply {
     pub msg: String,
 }
 
-/// The initiator's verdict over all chunks of a transfer.
+/// The initiator's verdict that ends a transfer at the target when one of its chunks never
+/// left (see [`Kind::Finish`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Finish {
     /// Lane-local tag, echoed by COMPLETE.
