@@ -17,7 +17,6 @@ use crate::inbound_status::InboundStatuses;
 use crate::placement;
 use crate::proto::frame::Op;
 use crate::proto::limits::MAX_KEY_BYTES;
-use crate::proto::plan;
 use crate::region::{Backing, DeviceMem, Region, SharedRegion};
 use crate::service::{self, now_ns, Peer, ShardMsg, Shared, Submission};
 use crate::session::IoEngineSession;
@@ -729,7 +728,7 @@ impl Inner {
             return failed(StatusCode::ErrNotFound, "remote engine not registered");
         };
         crate::trace::mark(uid, crate::trace::stage::RESOLVED);
-        let layout = match plan::normalize_layout(
+        let layout = match crate::proto::layout::normalize_layout(
             local_offs,
             remote_offs,
             sizes,

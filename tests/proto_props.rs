@@ -10,14 +10,15 @@ use morio::proto::frame::{
     runs, Chunk, Finish, Frame, Hello, HelloAck, Kind, Op, Reply, Seg, FLAG_FINAL, FLAG_RUNS,
 };
 use morio::proto::inbound::check_chunk;
+use morio::proto::layout::{layout_chunks, layout_stripe, normalize_layout, Layout};
 use morio::proto::limits::{
     FRAME_MAGIC, HEADER_BYTES, MAX_BODY_BYTES, MAX_CHUNK_BYTES, MAX_KEY_BYTES, MAX_LANES,
     MAX_MSG_BYTES, MAX_SEGS_PER_CHUNK, MIN_STRIPE_BYTES, RUN_BYTES, SEG_BYTES,
 };
 use morio::proto::outbound::{Action, Outbound, Phase, Violation};
 use morio::proto::plan::{
-    cut, destination_overlaps, layout_chunks, layout_stripe, normalize, normalize_layout,
-    remote_extent, stripe_bytes, total_bytes, Layout, Piece, PlanError,
+    cut, destination_overlaps, normalize, remote_extent, stripe_bytes, total_bytes, Piece,
+    PlanError,
 };
 use proptest::prelude::*;
 use proptest::sample::select;

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use super::codes;
 use super::frame::{ChunkHead, Op};
-use super::plan::{self, Layout};
+use super::layout::{self, Layout};
+use super::plan;
 
 /// One transfer as its owner names it on lanes and in reports: the owner shard, the uid and
 /// the generation the owner gave it (uids can repeat after a transfer ended; generations
@@ -241,13 +242,13 @@ pub fn dispatch<L: Clone>(
         && params.share_stripes
         && plan::shares_stripes(req.total, n_lanes as u64, params.chunk_bytes);
     let chunk_bytes = if striped {
-        plan::layout_stripe(&req.layout, n_lanes as u64, params.chunk_bytes)
+        layout::layout_stripe(&req.layout, n_lanes as u64, params.chunk_bytes)
     } else {
         params.chunk_bytes
     };
     let extent = req.layout.remote_extent();
     // A strided batch stays strided down to the frame; a list is cut as a list.
-    let mut chunks = plan::layout_chunks(req.layout, chunk_bytes);
+    let mut chunks = layout::layout_chunks(req.layout, chunk_bytes);
     if chunks.is_empty() {
         return Ok(None);
     }

@@ -10,7 +10,35 @@ use std::sync::Arc;
 use super::codes;
 use super::frame::Op;
 use super::limits::MAX_JOINS;
-use super::target::JoinReport;
+
+/// One chunk's result, reported to the engine's join table.
+#[derive(Debug)]
+pub struct JoinReport<'a> {
+    /// The initiator's key.
+    pub peer: &'a Arc<str>,
+    /// The initiator's instance ([`super::frame::Hello::instance`]).
+    pub instance: u64,
+    /// The transfer.
+    pub uid: u64,
+    /// Read or write.
+    pub op: Op,
+    /// Chunks in the transfer.
+    pub n_chunks: u32,
+    /// This chunk.
+    pub chunk: u32,
+    /// Its result.
+    pub code: u32,
+    /// Its message.
+    pub msg: &'a str,
+}
+
+/// The engine-wide table of [`Join`]s, shared by every served connection.
+pub trait JoinTable {
+    /// A chunk's result: the verdict when it completed its transfer's join.
+    fn report(&self, r: &JoinReport<'_>) -> Option<(u32, String)>;
+    /// FINISH ended a transfer: its join answers nothing more.
+    fn end(&self, peer: &Arc<str>, instance: u64, uid: u64, op: Op, n_chunks: u32);
+}
 
 /// One multi-chunk transfer as the target's join tracks it. Time is a parameter in any
 /// monotonic unit the caller chooses.

@@ -5,7 +5,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use super::dispatch::{ChunkSpec, Item, TransferRef, Work};
-use super::plan::Layout;
+use super::layout::Layout;
 
 /// What a lane reports to a transfer's owner.
 #[derive(Clone, Debug, PartialEq, Eq)]

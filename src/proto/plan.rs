@@ -7,8 +7,6 @@
 
 use super::limits::{MAX_SEGS_PER_CHUNK, MIN_STRIPE_BYTES, SHARE_MIN_CHUNKS_PER_LANE};
 
-pub use super::layout::{layout_chunks, layout_stripe, normalize_layout, Layout, Stride};
-
 /// One contiguous piece of a transfer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Piece {

@@ -8,35 +8,7 @@ use std::sync::Arc;
 use super::codes;
 use super::frame::{Chunk, Finish, Frame, Op, Reply};
 use super::inbound::{check_chunk, Refusal};
-
-/// One chunk's result, reported to the engine's join table.
-#[derive(Debug)]
-pub struct JoinReport<'a> {
-    /// The initiator's key.
-    pub peer: &'a Arc<str>,
-    /// The initiator's instance ([`super::frame::Hello::instance`]).
-    pub instance: u64,
-    /// The transfer.
-    pub uid: u64,
-    /// Read or write.
-    pub op: Op,
-    /// Chunks in the transfer.
-    pub n_chunks: u32,
-    /// This chunk.
-    pub chunk: u32,
-    /// Its result.
-    pub code: u32,
-    /// Its message.
-    pub msg: &'a str,
-}
-
-/// The engine-wide table of [`super::join::Join`]s, shared by every served connection.
-pub trait JoinTable {
-    /// A chunk's result: the verdict when it completed its transfer's join.
-    fn report(&self, r: &JoinReport<'_>) -> Option<(u32, String)>;
-    /// FINISH ended a transfer: its join answers nothing more.
-    fn end(&self, peer: &Arc<str>, instance: u64, uid: u64, op: Op, n_chunks: u32);
-}
+pub use super::join::{JoinReport, JoinTable};
 
 /// An inbound status to record (before the answer that follows it can leave).
 #[derive(Clone, Debug, PartialEq, Eq)]

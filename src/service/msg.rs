@@ -8,7 +8,7 @@ use std::sync::{mpsc, Arc};
 use crate::proto::dispatch::{Item, TransferRef};
 use crate::proto::frame::{Hello, Op};
 use crate::proto::lane::Report;
-use crate::proto::plan::Layout;
+use crate::proto::layout::Layout;
 use crate::region::SharedRegion;
 use crate::stats::ShardStats;
 use crate::status::TransferStatus;
