@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use morio_shards::{Mesh, PoolConfig, ShardPool};
 
@@ -437,19 +437,25 @@ impl IoEngine {
             }
             limit = b.shared.cfg.op_timeout * 3;
         }
-        let t0 = Instant::now();
-        while Arc::strong_count(&region) > 1 {
-            if t0.elapsed() > limit {
+        // Wait for the chunks still holding it: the region signals when its last `Arc` drops.
+        let released = region.released();
+        let weak = Arc::downgrade(&region);
+        drop(region);
+        if released.wait(limit) {
+            return Ok(());
+        }
+        match weak.upgrade() {
+            // Released between the timeout and this look.
+            None => Ok(()),
+            Some(region) => {
                 // Keep it alive forever rather than free it under a placement.
                 std::mem::forget(region);
-                return Err(EngineError::Busy(format!(
+                Err(EngineError::Busy(format!(
                     "memory {} still in use after {limit:?}",
                     desc.id
-                )));
+                )))
             }
-            std::thread::sleep(Duration::from_micros(200));
         }
-        Ok(())
     }
 
     /// A fresh transfer uid (engine-wide counter from 0; 64-bit, so it does not wrap where
@@ -946,5 +952,61 @@ mod tests {
             seen[owner_of(u, 8)] += 1;
         }
         assert!(seen.iter().all(|&n| n == (OWNER_BLOCK * 10) as usize));
+    }
+
+    /// `deregister_memory` blocks while a transfer still holds the region and returns `Ok`
+    /// once the last holder drops. Without the release signal it would block until its limit
+    /// (three `op_timeout`s, half an hour here) and trip the watchdog; one that does not wait
+    /// answers before the holder drops (in the window, or with the flag unset).
+    #[test]
+    fn deregister_returns_once_the_last_in_flight_holder_drops_and_not_before() {
+        use std::sync::atomic::AtomicBool;
+        let engine = IoEngine::new("dereg_signal", IoEngineConfig::new("127.0.0.1", 0)).unwrap();
+        engine
+            .create_backend(TcpBackendConfig {
+                num_shards: Some(1),
+                op_timeout: Duration::from_secs(600),
+                ..Default::default()
+            })
+            .unwrap();
+        let engine = Arc::new(engine);
+        let mut mem = vec![0u8; 64];
+        // SAFETY: `mem` outlives the registration (deregistration returns before the end).
+        let md = unsafe {
+            engine.register_memory(mem.as_mut_ptr(), mem.len(), -1, MemoryLocationType::Cpu)
+        }
+        .unwrap();
+        // What a chunk on a shard holds while it places into or sends from the region.
+        let in_flight = read(&engine.inner.regions)[&md.id].clone();
+        let holder_dropped = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = mpsc::channel();
+        {
+            let (engine, md, flag) = (engine.clone(), md.clone(), holder_dropped.clone());
+            std::thread::spawn(move || {
+                let r = engine.deregister_memory(&md);
+                let _ = tx.send((r, flag.load(Ordering::SeqCst)));
+            });
+        }
+        // Once it is out of the table, new transfers cannot resolve it; the holder remains.
+        while read(&engine.inner.regions).contains_key(&md.id) {
+            std::thread::yield_now();
+        }
+        // A window in which a deregistration that does not wait would answer (a correct one
+        // cannot: the holder is alive), then the holder goes.
+        assert!(
+            rx.recv_timeout(Duration::from_millis(50)).is_err(),
+            "deregister returned while a transfer still held the region"
+        );
+        holder_dropped.store(true, Ordering::SeqCst);
+        drop(in_flight);
+        let (r, seen) = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("deregister still blocked a minute after the last holder dropped");
+        r.expect("deregister once the holder dropped");
+        assert!(
+            seen,
+            "deregister returned while a transfer still held the region"
+        );
+        drop(mem);
     }
 }
