@@ -277,6 +277,33 @@ mod tests {
     }
 
     #[test]
+    fn batches_of_mismatched_lists_fail_every_status_and_no_backend_fails_each_transfer() {
+        use crate::config::IoEngineConfig;
+        let core = Core::new("xfer_test", IoEngineConfig::new("127.0.0.1", 0));
+        let mem = MemoryDesc::cpu("xfer_test", 0, 0x1000, 64);
+        let (offs, sizes) = (vec![vec![0usize]], vec![vec![8usize]]);
+        let batch = |uids: &[u64]| {
+            core.submit_batch(Batch {
+                op: Op::Write,
+                local: std::slice::from_ref(&mem),
+                local_offs: &offs,
+                remote: std::slice::from_ref(&mem),
+                remote_offs: &offs,
+                sizes: &sizes,
+                uids,
+            })
+        };
+        for uids in [&[][..], &[1, 2, 3][..]] {
+            let st = batch(uids);
+            assert_eq!(st.len(), uids.len().max(1));
+            assert!(st.iter().all(|s| s.code() == StatusCode::ErrInvalidArgs));
+        }
+        let st = batch(&[7]);
+        assert_eq!(st.len(), 1);
+        assert_eq!(st[0].code(), StatusCode::ErrBadState, "{}", st[0].message());
+    }
+
+    #[test]
     fn segments_give_parallel_lists() {
         let one = Segments::one(1, 2, 3);
         assert_eq!(one.lists(), (&[1u64][..], &[2u64][..], &[3u64][..]));
