@@ -34,6 +34,7 @@ mod service;
 mod session;
 pub mod stats;
 pub mod status;
+mod submit;
 pub mod trace;
 mod transport;
 

@@ -1,13 +1,16 @@
-//! Registered memory regions: the engine-side record of a buffer peers may read or write.
+//! Registered memory regions: the engine-side record of a buffer peers may read or write,
+//! and the signal that tells deregistration when the last user of one is gone.
 
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use crate::gpu::{DeviceBuf, GpuRuntime};
 
 /// A registered buffer. Shared (`Arc`) by the engine's table, every shard's replica, and every
 /// chunk that is placing into or sending from it, so the memory outlives all of them: an
 /// owned buffer is freed only when the last user drops it, and `deregister_memory` of a raw
-/// registration returns only once no chunk uses it any more.
+/// registration returns only once no chunk uses it any more (it waits on [`Self::released`],
+/// which fires when the last `Arc` drops).
 #[derive(Debug)]
 pub struct Region {
     /// Engine-local memory id (the `MemoryDesc.id`).
@@ -16,6 +19,45 @@ pub struct Region {
     len: usize,
     device: Option<DeviceMem>,
     _owned: Option<Arc<Backing>>,
+    /// Last field: fields drop in declaration order, so the signal fires once everything
+    /// else the region owns has been dropped.
+    release: ReleaseOnDrop,
+}
+
+/// Fires once the [`Region`] it was taken from is gone (its last `Arc` dropped), so whoever
+/// waits for a region's users to finish blocks on it instead of polling a reference count.
+#[derive(Debug, Default)]
+pub struct Released {
+    gone: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Released {
+    /// Block until the region is gone, for at most `limit`; whether it is gone.
+    /// `Duration::ZERO` only looks.
+    pub fn wait(&self, limit: Duration) -> bool {
+        let gone = self.gone.lock().unwrap_or_else(|e| e.into_inner());
+        let (gone, _) = self
+            .cv
+            .wait_timeout_while(gone, limit, |gone| !*gone)
+            .unwrap_or_else(|e| e.into_inner());
+        *gone
+    }
+
+    fn fire(&self) {
+        *self.gone.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.cv.notify_all();
+    }
+}
+
+/// A region's side of [`Released`]: fires it when dropped with the region.
+#[derive(Debug, Default)]
+struct ReleaseOnDrop(Arc<Released>);
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        self.0.fire();
+    }
 }
 
 /// Where device memory lives: the GPU and the runtime that copies to and from it.
@@ -88,6 +130,7 @@ impl Region {
             len,
             device: None,
             _owned: None,
+            release: ReleaseOnDrop::default(),
         }
     }
 
@@ -109,6 +152,7 @@ impl Region {
             len,
             device: Some(device),
             _owned: owned,
+            release: ReleaseOnDrop::default(),
         }
     }
 
@@ -120,6 +164,7 @@ impl Region {
             len: backing.len,
             device: None,
             _owned: Some(backing),
+            release: ReleaseOnDrop::default(),
         }
     }
 
@@ -141,6 +186,13 @@ impl Region {
     /// The GPU this region lives on; `None` for host memory.
     pub fn device(&self) -> Option<&DeviceMem> {
         self.device.as_ref()
+    }
+
+    /// The signal that fires when this region is gone: the last `Arc` of it dropped, so no
+    /// chunk places into or sends from it any more. A region obtained separately over the
+    /// same memory (a `RegisteredBuffer`'s handle) has a signal of its own.
+    pub fn released(&self) -> Arc<Released> {
+        self.release.0.clone()
     }
 
     /// Device address of `off` (device regions; the caller has checked the range).
@@ -200,5 +252,40 @@ mod tests {
             r.slice_mut(0, 1).unwrap()[0] = 1;
             assert_eq!(r.slice(0, 1).unwrap(), &[1]);
         }
+    }
+
+    #[test]
+    fn released_fires_when_the_last_holder_drops_and_not_before() {
+        let r = Arc::new(Region::owned(
+            1,
+            Backing::new(vec![0u8; 8].into_boxed_slice()),
+        ));
+        let released = r.released();
+        let in_flight = r.clone();
+        drop(r);
+        assert!(!released.wait(Duration::ZERO), "one holder is left");
+        // The waiter blocks until the holder drops (a missing signal would make it time out
+        // and return false).
+        let waiter = {
+            let released = released.clone();
+            std::thread::spawn(move || released.wait(Duration::from_secs(60)))
+        };
+        drop(in_flight);
+        assert!(waiter.join().unwrap(), "woken by the last drop");
+        assert!(released.wait(Duration::ZERO), "stays fired");
+    }
+
+    #[test]
+    fn a_handle_over_the_same_backing_has_its_own_signal() {
+        let backing = Backing::new(vec![0u8; 8].into_boxed_slice());
+        let registered = Arc::new(Region::owned(2, backing.clone()));
+        let handle = Arc::new(Region::owned(2, backing));
+        let released = registered.released();
+        drop(registered);
+        assert!(
+            released.wait(Duration::ZERO),
+            "the handle does not hold the registration"
+        );
+        assert!(!handle.released().wait(Duration::ZERO));
     }
 }

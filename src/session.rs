@@ -4,13 +4,13 @@
 use std::sync::Arc;
 
 use crate::desc::MemoryDesc;
-use crate::engine::Inner;
 use crate::proto::frame::Op;
 use crate::status::TransferStatus;
+use crate::submit::{Core, Segments, Xfer};
 
 /// Transfers between one local and one remote region, given by offsets only.
 pub struct IoEngineSession {
-    inner: Arc<Inner>,
+    core: Arc<Core>,
     local: MemoryDesc,
     remote: MemoryDesc,
 }
@@ -25,9 +25,10 @@ impl std::fmt::Debug for IoEngineSession {
 }
 
 impl IoEngineSession {
-    pub(crate) fn new(inner: Arc<Inner>, local: MemoryDesc, remote: MemoryDesc) -> Self {
+    /// A session of the engine whose state is `core`, over `local` and `remote`.
+    pub(crate) fn new(core: Arc<Core>, local: MemoryDesc, remote: MemoryDesc) -> Self {
         Self {
-            inner,
+            core,
             local,
             remote,
         }
@@ -35,7 +36,7 @@ impl IoEngineSession {
 
     /// A fresh uid from the engine's counter.
     pub fn allocate_transfer_uid(&self) -> u64 {
-        self.inner.allocate_uid()
+        self.core.allocate_uid()
     }
 
     /// Read `size` bytes at `remote_off` into `local_off`.
@@ -46,15 +47,7 @@ impl IoEngineSession {
         size: usize,
         uid: u64,
     ) -> Arc<TransferStatus> {
-        self.inner.submit_one(
-            Op::Read,
-            &self.local,
-            local_off,
-            &self.remote,
-            remote_off,
-            size,
-            uid,
-        )
+        self.submit(Op::Read, Segments::one(local_off, remote_off, size), uid)
     }
 
     /// Write `size` bytes at `local_off` to `remote_off`.
@@ -65,15 +58,7 @@ impl IoEngineSession {
         size: usize,
         uid: u64,
     ) -> Arc<TransferStatus> {
-        self.inner.submit_one(
-            Op::Write,
-            &self.local,
-            local_off,
-            &self.remote,
-            remote_off,
-            size,
-            uid,
-        )
+        self.submit(Op::Write, Segments::one(local_off, remote_off, size), uid)
     }
 
     /// One transfer (one status) of many segments, read from the remote side.
@@ -84,7 +69,8 @@ impl IoEngineSession {
         sizes: &[usize],
         uid: u64,
     ) -> Arc<TransferStatus> {
-        self.batch(Op::Read, local_offs, remote_offs, sizes, uid)
+        let segs = Segments::many(local_offs, remote_offs, sizes);
+        self.submit(Op::Read, segs, uid)
     }
 
     /// One transfer (one status) of many segments, written to the remote side.
@@ -95,32 +81,23 @@ impl IoEngineSession {
         sizes: &[usize],
         uid: u64,
     ) -> Arc<TransferStatus> {
-        self.batch(Op::Write, local_offs, remote_offs, sizes, uid)
+        let segs = Segments::many(local_offs, remote_offs, sizes);
+        self.submit(Op::Write, segs, uid)
     }
 
-    fn batch(
-        &self,
-        op: Op,
-        lo: &[usize],
-        ro: &[usize],
-        sz: &[usize],
-        uid: u64,
-    ) -> Arc<TransferStatus> {
-        use crate::engine::as_u64s;
-        self.inner.submit(
+    fn submit(&self, op: Op, segs: Segments<'_>, uid: u64) -> Arc<TransferStatus> {
+        self.core.submit(Xfer {
             op,
-            &self.local,
-            &as_u64s(lo),
-            &self.remote,
-            &as_u64s(ro),
-            &as_u64s(sz),
+            local: &self.local,
+            remote: &self.remote,
+            segs,
             uid,
-        )
+        })
     }
 
     /// Whether the engine's backend still runs (MORI-IO's TCP sessions answer true always;
     /// morio's answer false once the backend is removed or the engine dropped).
     pub fn alive(&self) -> bool {
-        self.inner.has_backend()
+        self.core.has_backend()
     }
 }

@@ -1,0 +1,268 @@
+//! Memory on an engine: registering host and GPU memory (raw or engine-owned), the GPU
+//! runtime, and deregistration, which is safe with transfers in flight.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::desc::{MemoryDesc, MemoryLocationType};
+use crate::error::EngineError;
+use crate::gpu::{self, GpuRuntime};
+use crate::region::{Backing, DeviceMem, Region, SharedRegion};
+use crate::service::ShardMsg;
+use crate::submit::{lock, write_lock};
+
+use super::backend::broadcast;
+use super::{IoEngine, RegisteredBuffer};
+
+/// How long deregistration waits for in-flight chunks without a backend (with one: three
+/// `op_timeout`s, by when every transfer that used the region has ended).
+const NO_BACKEND_RELEASE_LIMIT: Duration = Duration::from_secs(5);
+
+impl IoEngine {
+    /// Register host memory that the caller owns.
+    ///
+    /// # Safety
+    /// `ptr..ptr+size` must stay valid for reads and writes until [`Self::deregister_memory`]
+    /// for it has returned `Ok`. Peers may read and write it at any time in between.
+    pub unsafe fn register_memory(
+        &self,
+        ptr: *mut u8,
+        size: usize,
+        device_id: i32,
+        loc: MemoryLocationType,
+    ) -> Result<MemoryDesc, EngineError> {
+        match loc {
+            MemoryLocationType::Cpu if device_id == -1 => {
+                let id = self.core.allocate_mem_id();
+                // SAFETY: forwarded from the caller's contract.
+                let region = Arc::new(unsafe { Region::from_raw(id, ptr, size) });
+                self.add_region(region)
+            }
+            MemoryLocationType::Gpu => {
+                let dm = self.device_mem(device_id, ptr as u64, size)?;
+                let id = self.core.allocate_mem_id();
+                // SAFETY: checked to be device memory of `device_id`; it stays allocated
+                // until deregistration by the caller's contract.
+                let region =
+                    Arc::new(unsafe { Region::from_device(id, ptr as u64, size, dm, None) });
+                self.add_region(region)
+            }
+            _ => Err(EngineError::UnsupportedMemory(format!(
+                "{loc} memory on device {device_id} (CPU memory takes device -1, GPU memory a \
+                 device ordinal)"
+            ))),
+        }
+    }
+
+    /// Use `rt` for GPU memory (for example [`gpu::fake::FakeGpu`] in tests). Without this
+    /// call the engine detects the runtime at the first GPU registration ([`gpu::detect`]).
+    /// Fails once another runtime is in use.
+    pub fn set_gpu_runtime(&self, rt: Arc<dyn GpuRuntime>) -> Result<(), EngineError> {
+        let mut slot = lock(&self.core.gpu);
+        match &*slot {
+            Some(cur) if !Arc::ptr_eq(cur, &rt) => Err(EngineError::UnsupportedMemory(format!(
+                "GPU runtime {} already in use",
+                cur.name()
+            ))),
+            _ => {
+                *slot = Some(rt);
+                Ok(())
+            }
+        }
+    }
+
+    /// The engine's GPU runtime, detected on first use.
+    pub fn gpu_runtime(&self) -> Result<Arc<dyn GpuRuntime>, EngineError> {
+        let mut slot = lock(&self.core.gpu);
+        if let Some(rt) = &*slot {
+            return Ok(rt.clone());
+        }
+        let rt = gpu::detect()?;
+        *slot = Some(rt.clone());
+        Ok(rt)
+    }
+
+    /// Check that `ptr..ptr+size` is device memory of GPU `dev` in one allocation; how the
+    /// region will reach it.
+    fn device_mem(&self, dev: i32, ptr: u64, size: usize) -> Result<DeviceMem, EngineError> {
+        let gpu = self.gpu_runtime()?;
+        let info = gpu.device_info(dev)?;
+        gpu.check_device_range(dev, ptr, size)?;
+        Ok(DeviceMem {
+            dev,
+            bus_id: info.bus_id,
+            gpu,
+        })
+    }
+
+    /// Allocate `size` bytes on GPU `dev` and register them (the safe form of GPU
+    /// registration; copy data in and out through the returned [`RegisteredBuffer`]).
+    pub fn alloc_gpu_buffer(&self, dev: i32, size: usize) -> Result<RegisteredBuffer, EngineError> {
+        let gpu = self.gpu_runtime()?;
+        let buf = gpu.clone().alloc_device(dev, size)?;
+        let ptr = buf.ptr();
+        let dm = self.device_mem(dev, ptr, size)?;
+        let backing = Backing::device(buf);
+        let id = self.core.allocate_mem_id();
+        // SAFETY: `backing` owns the allocation and outlives both regions.
+        let (reg, handle) = unsafe {
+            (
+                Region::from_device(id, ptr, size, dm.clone(), Some(backing.clone())),
+                Region::from_device(id, ptr, size, dm, Some(backing)),
+            )
+        };
+        let desc = self.add_region(Arc::new(reg))?;
+        Ok(RegisteredBuffer::new(desc, Arc::new(handle)))
+    }
+
+    /// Register a buffer the engine owns (the safe form). Access it through the returned
+    /// [`RegisteredBuffer`].
+    pub fn register_buffer(&self, buf: Vec<u8>) -> Result<RegisteredBuffer, EngineError> {
+        let id = self.core.allocate_mem_id();
+        let backing = Backing::new(buf.into_boxed_slice());
+        let desc = self.add_region(Arc::new(Region::owned(id, backing.clone())))?;
+        // The handle gets its own view: it keeps the memory alive without counting as a user
+        // of the registered region, so deregistration never waits for it.
+        let region = Arc::new(Region::owned(id, backing));
+        Ok(RegisteredBuffer::new(desc, region))
+    }
+
+    /// A zero-filled registered buffer of `size` bytes.
+    pub fn alloc_buffer(&self, size: usize) -> Result<RegisteredBuffer, EngineError> {
+        self.register_buffer(vec![0u8; size])
+    }
+
+    /// Put `region` in the engine's table and on every shard; its descriptor.
+    fn add_region(&self, region: SharedRegion) -> Result<MemoryDesc, EngineError> {
+        let core = &self.core;
+        let mut desc = MemoryDesc::cpu(&core.key, region.id, region.addr(), region.len() as u64);
+        if let Some(dm) = region.device() {
+            desc.device_id = dm.dev;
+            desc.device_bus_id = dm.bus_id.clone();
+            desc.loc = MemoryLocationType::Gpu;
+        }
+        write_lock(&core.regions).insert(region.id, region.clone());
+        if let Some(b) = core.backend() {
+            match broadcast(&b, |ack| ShardMsg::AddRegion(region.clone(), ack)) {
+                // The backend is being removed: the region stays in the engine's table, which
+                // the next backend's shards receive whole.
+                Ok(()) | Err(EngineError::ShuttingDown) => {}
+                Err(e) => {
+                    write_lock(&core.regions).remove(&region.id);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(desc)
+    }
+
+    /// Deregister memory. Safe with transfers in flight: new transfers cannot resolve it once
+    /// this returns, and it returns only when no chunk is placing into or sending from it.
+    /// Transfers that were using it complete or fail within their deadline.
+    ///
+    /// It blocks on the region's release signal (fired when the last chunk holding it lets
+    /// go), for at most three `op_timeout`s (5 s without a backend); past that it fails with
+    /// [`EngineError::Busy`] and the region is never freed.
+    pub fn deregister_memory(&self, desc: &MemoryDesc) -> Result<(), EngineError> {
+        let core = &self.core;
+        if desc.engine_key != core.key {
+            return Err(EngineError::UnknownMemory(desc.id));
+        }
+        let region = write_lock(&core.regions)
+            .remove(&desc.id)
+            .ok_or(EngineError::UnknownMemory(desc.id))?;
+        let mut limit = NO_BACKEND_RELEASE_LIMIT;
+        if let Some(b) = core.backend() {
+            match broadcast(&b, |ack| ShardMsg::RemoveRegion(desc.id, ack)) {
+                // A backend being removed drops every replica as its shards stop.
+                Ok(()) | Err(EngineError::ShuttingDown) => {}
+                Err(e) => return Err(e),
+            }
+            limit = b.shared.cfg.op_timeout * 3;
+        }
+        // Wait for the chunks still holding it: the region signals when its last `Arc` drops.
+        let released = region.released();
+        let weak = Arc::downgrade(&region);
+        drop(region);
+        if released.wait(limit) {
+            return Ok(());
+        }
+        match weak.upgrade() {
+            // Released between the timeout and this look.
+            None => Ok(()),
+            Some(region) => {
+                // Keep it alive forever rather than free it under a placement.
+                std::mem::forget(region);
+                Err(EngineError::Busy(format!(
+                    "memory {} still in use after {limit:?}",
+                    desc.id
+                )))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::mpsc;
+
+    use super::*;
+    use crate::config::{IoEngineConfig, TcpBackendConfig};
+    use crate::submit::read_lock;
+
+    /// `deregister_memory` blocks while a transfer still holds the region and returns `Ok`
+    /// once the last holder drops. Without the release signal it would block until its limit
+    /// (three `op_timeout`s, half an hour here) and trip the watchdog; one that does not wait
+    /// answers before the holder drops (in the window, or with the flag unset).
+    #[test]
+    fn deregister_returns_once_the_last_in_flight_holder_drops_and_not_before() {
+        let engine = IoEngine::new("dereg_signal", IoEngineConfig::new("127.0.0.1", 0)).unwrap();
+        engine
+            .create_backend(TcpBackendConfig {
+                num_shards: Some(1),
+                op_timeout: Duration::from_secs(600),
+                ..Default::default()
+            })
+            .unwrap();
+        let engine = Arc::new(engine);
+        let mut mem = vec![0u8; 64];
+        // SAFETY: `mem` outlives the registration (deregistration returns before the end).
+        let md = unsafe {
+            engine.register_memory(mem.as_mut_ptr(), mem.len(), -1, MemoryLocationType::Cpu)
+        }
+        .unwrap();
+        // What a chunk on a shard holds while it places into or sends from the region.
+        let in_flight = read_lock(&engine.core.regions)[&md.id].clone();
+        let holder_dropped = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = mpsc::channel();
+        {
+            let (engine, md, flag) = (engine.clone(), md.clone(), holder_dropped.clone());
+            std::thread::spawn(move || {
+                let r = engine.deregister_memory(&md);
+                let _ = tx.send((r, flag.load(Ordering::SeqCst)));
+            });
+        }
+        // Once it is out of the table, new transfers cannot resolve it; the holder remains.
+        while read_lock(&engine.core.regions).contains_key(&md.id) {
+            std::thread::yield_now();
+        }
+        // A window in which a deregistration that does not wait would answer (a correct one
+        // cannot: the holder is alive), then the holder goes.
+        assert!(
+            rx.recv_timeout(Duration::from_millis(50)).is_err(),
+            "deregister returned while a transfer still held the region"
+        );
+        holder_dropped.store(true, Ordering::SeqCst);
+        drop(in_flight);
+        let (r, seen) = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("deregister still blocked a minute after the last holder dropped");
+        r.expect("deregister once the holder dropped");
+        assert!(
+            seen,
+            "deregister returned while a transfer still held the region"
+        );
+        drop(mem);
+    }
+}

@@ -1,0 +1,54 @@
+//! Remote engines on an engine: making a peer reachable by its descriptor, and forgetting it
+//! (which closes its connections and fails its transfers).
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use crate::desc::EngineDesc;
+use crate::error::EngineError;
+use crate::service::{Peer, ShardMsg};
+use crate::submit::write_lock;
+
+use super::IoEngine;
+
+impl IoEngine {
+    /// Make a peer reachable by its descriptor (a later call with the same key replaces it;
+    /// open connections to an old address are closed on next use).
+    ///
+    /// As in MORI-IO, the descriptor of a peer that has no backend yet (port 0) is accepted:
+    /// transfers to it fail with an error status naming the cause until its descriptor is
+    /// registered again after its `create_backend`. An empty host (an engine listening on
+    /// all interfaces) is reached at 127.0.0.1.
+    pub fn register_remote_engine(&self, desc: &EngineDesc) -> Result<(), EngineError> {
+        let bad = || EngineError::BadRemoteAddress {
+            key: desc.key.clone(),
+            host: desc.host.clone(),
+            port: desc.port,
+        };
+        let ip: IpAddr = if desc.host.is_empty() {
+            IpAddr::from([127, 0, 0, 1])
+        } else {
+            desc.host.parse().map_err(|_| bad())?
+        };
+        if desc.key.is_empty() {
+            return Err(bad());
+        }
+        let peer = Arc::new(Peer {
+            key: desc.key.as_str().into(),
+            addr: SocketAddr::new(ip, desc.port),
+        });
+        write_lock(&self.core.remotes).insert(desc.key.clone(), peer);
+        Ok(())
+    }
+
+    /// Forget a peer and close its connections; its transfers in flight fail.
+    pub fn deregister_remote_engine(&self, desc: &EngineDesc) {
+        if write_lock(&self.core.remotes).remove(&desc.key).is_some() {
+            if let Some(b) = self.core.backend() {
+                for s in 0..b.n_shards() {
+                    let _ = b.mesh.send(s, ShardMsg::DropPeer(desc.key.as_str().into()));
+                }
+            }
+        }
+    }
+}
