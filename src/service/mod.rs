@@ -89,6 +89,8 @@ pub(crate) struct Shard {
     pub next_conn: Cell<u64>,
     /// Tasks still running on this shard; shutdown waits for them so no socket outlives it.
     pub live_tasks: Cell<usize>,
+    /// Rung when the last live task ends.
+    pub tasks_done: bell::Bell,
     /// This shard's statistics.
     pub stats: RefCell<ShardStats>,
     /// GPU streams and staging, created on the first GPU transfer.
@@ -107,7 +109,11 @@ impl TaskGuard {
 
 impl Drop for TaskGuard {
     fn drop(&mut self) {
-        self.0.live_tasks.set(self.0.live_tasks.get() - 1);
+        let left = self.0.live_tasks.get() - 1;
+        self.0.live_tasks.set(left);
+        if left == 0 {
+            self.0.tasks_done.ring();
+        }
     }
 }
 
@@ -196,6 +202,7 @@ pub(crate) async fn run(ctx: ShardCtx<ShardMsg>, shared: Arc<Shared>) {
         served: RefCell::new(HashMap::new()),
         next_conn: Cell::new(0),
         live_tasks: Cell::new(0),
+        tasks_done: bell::Bell::default(),
         stats: RefCell::new(ShardStats::new(ctx.id)),
         gpu: RefCell::new(gpu_io::GpuShard::default()),
     });
@@ -223,11 +230,16 @@ pub(crate) async fn run(ctx: ShardCtx<ShardMsg>, shared: Arc<Shared>) {
         // Registered by a live ServedConn, whose task still owns the connection.
         closer.close();
     }
-    // Let every task see its socket close and drop it, so nothing outlives the engine.
-    let t0 = Instant::now();
-    while shard.live_tasks.get() > 0 && t0.elapsed() < Duration::from_secs(2) {
-        rt::sleep(Duration::from_millis(1)).await;
-    }
+    // Let every task see its connection close and drop it, so nothing outlives the engine:
+    // the last one to end rings `tasks_done`.
+    let all_ended = async {
+        while shard.live_tasks.get() > 0 {
+            if shard.tasks_done.wait().await.is_err() {
+                break;
+            }
+        }
+    };
+    rt::timeout(Duration::from_secs(2), all_ended).await;
     if shard.live_tasks.get() > 0 {
         log::warn!(
             "shard {}: {} tasks still running at shutdown",
