@@ -20,6 +20,10 @@
 #   scripts/bench/h200-bench.sh ab      # there: the 4 KiB x 256 write row (7 spinning shards and
 #                                       # lanes) from each binary of BINS, interleaved ROUNDS times
 #                                       # (EXTRA_AB: options of every run)
+#   scripts/bench/h200-bench.sh archab  # there (or here): the rows an architecture change must
+#                                       # keep (1 MiB x 256 write and read, 8 B x 256 write, single
+#                                       # 8 B write) from each binary of BINS, interleaved ROUNDS
+#                                       # times (default 3), one summary row per run
 #   scripts/bench/h200-bench.sh ftrace  # there (root): the single 8 B and 8 B x 256 write rows under
 #                                       # ftrace (send syscalls, IPIs, io_uring task work), then
 #                                       # scripts/bench/kernel-sends.py on each buffer
@@ -42,7 +46,7 @@ OUT_DIR="${OUT:-/tmp/morio-bench}"
 ITERS="${ITERS:-128}"
 
 usage() {
-	echo "usage: $0 build|run|tp|gpu|lat|trace|cpus|ab|stripes|ftrace" >&2
+	echo "usage: $0 build|run|tp|gpu|lat|trace|cpus|ab|archab|stripes|ftrace" >&2
 	exit 2
 }
 
@@ -319,6 +323,28 @@ ab() {
 	finish
 }
 
+# archab: behaviour-preserving changes (refactors) A/B, every row from every binary in turn.
+archab() {
+	begin
+	local big=(--buffer-size 1048576 --transfer-batch-size 256 --enable-batch-transfer
+		--enable-sess --batch-contiguous)
+	local extra=()
+	read -ra extra <<<"${EXTRA_AB:-}"
+	local r b tag
+	for ((r = 1; r <= ${ROUNDS:-3}; r++)); do
+		for b in ${BINS:-.dev/morio}; do
+			tag="r${r}-$(basename "${b}")"
+			BIN=${b} add "w1m-${tag}" --op-type write "${big[@]}" "${extra[@]}"
+			BIN=${b} add "r1m-${tag}" --op-type read "${big[@]}" "${extra[@]}"
+			BIN=${b} add "w8b256-${tag}" --op-type write --buffer-size 8 --transfer-batch-size 256 \
+				--enable-batch-transfer --enable-sess --no-ceiling "${extra[@]}"
+			BIN=${b} add "w8b1-${tag}" --op-type write --buffer-size 8 --transfer-batch-size 1 \
+				--no-ceiling "${extra[@]}"
+		done
+	done
+	finish
+}
+
 # ftrace: the kernel's side of the small rows (is a send dearer for morio than for the floor?).
 ftrace() {
 	local t=/sys/kernel/tracing
@@ -352,6 +378,7 @@ ftrace() {
 
 case "${1:-}" in
 ab) ab ;;
+archab) archab ;;
 ftrace) ftrace ;;
 stripes) stripes ;;
 cpus) cpus ;;
