@@ -40,6 +40,7 @@ impl Join {
     }
 
     /// Whether it has been answered (or ended by FINISH).
+    #[cfg(any(test, feature = "testing"))]
     pub fn ended(&self) -> bool {
         self.ended
     }

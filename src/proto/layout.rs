@@ -125,6 +125,7 @@ impl Layout {
     }
 
     /// The last piece.
+    #[cfg(any(test, feature = "testing"))]
     pub fn last(&self) -> Option<Piece> {
         match self {
             Self::List(p) => p.last().copied(),
