@@ -45,6 +45,7 @@ mod service;
 mod session;
 mod stats;
 pub mod status;
+mod sync;
 #[doc(hidden)]
 pub mod trace;
 

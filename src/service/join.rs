@@ -2,14 +2,19 @@
 //! table ([`Joins`]), from whichever shard serves it, and the chunk whose report completes
 //! its transfer's join is answered for the whole transfer (inbound status, then COMPLETE on
 //! its own connection). Entries are bounded in number and age.
+//!
+//! Its lock comes from `crate::sync` (std's), so `tests/loom.rs` can compile this file
+//! against loom's and model-check the table; the file names nothing else of the crate but
+//! `crate::proto` and its parent's `now_ns`.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use super::now_ns;
 use crate::proto::frame::Op;
 use crate::proto::join::Join;
 use crate::proto::limits::MAX_JOINS;
+use crate::sync::{Mutex, MutexGuard};
 
 /// One chunk's result.
 #[derive(Debug)]
@@ -127,25 +132,28 @@ mod tests {
         }
     }
 
+    /// Runs directly here, and as a (one-thread) loom model in `tests/loom.rs`.
     #[test]
     fn the_last_report_answers_and_the_entry_goes() {
-        let j = Joins::default();
-        let p: Arc<str> = "peer".into();
-        assert_eq!(j.report(&rep(&p, 7, 1, codes::SUCCESS)), None);
-        assert_eq!(j.report(&rep(&p, 8, 0, codes::SUCCESS)), None);
-        assert_eq!(j.report(&rep(&p, 7, 2, codes::ERR_NOT_FOUND)), None);
-        assert_eq!(j.len(), 2);
-        let v = j.report(&rep(&p, 7, 0, codes::SUCCESS));
-        assert_eq!(v.map(|v| v.0), Some(codes::ERR_NOT_FOUND));
-        assert_eq!(j.len(), 1, "transfer 7 is spent");
-        // FINISH ends 8; its late chunks are counted, never answered, and it goes.
-        j.end((&p, 1, 8), Op::Write, 3);
-        assert_eq!(j.report(&rep(&p, 8, 1, codes::SUCCESS)), None);
-        assert_eq!(j.report(&rep(&p, 8, 2, codes::SUCCESS)), None);
-        assert_eq!(j.len(), 0);
-        // Stale joins are pruned by age.
-        assert_eq!(j.report(&rep(&p, 9, 0, codes::SUCCESS)), None);
-        j.prune(now_ns() + 10, 5);
-        assert_eq!(j.len(), 0);
+        crate::sync::model(|| {
+            let j = Joins::default();
+            let p: Arc<str> = "peer".into();
+            assert_eq!(j.report(&rep(&p, 7, 1, codes::SUCCESS)), None);
+            assert_eq!(j.report(&rep(&p, 8, 0, codes::SUCCESS)), None);
+            assert_eq!(j.report(&rep(&p, 7, 2, codes::ERR_NOT_FOUND)), None);
+            assert_eq!(j.len(), 2);
+            let v = j.report(&rep(&p, 7, 0, codes::SUCCESS));
+            assert_eq!(v.map(|v| v.0), Some(codes::ERR_NOT_FOUND));
+            assert_eq!(j.len(), 1, "transfer 7 is spent");
+            // FINISH ends 8; its late chunks are counted, never answered, and it goes.
+            j.end((&p, 1, 8), Op::Write, 3);
+            assert_eq!(j.report(&rep(&p, 8, 1, codes::SUCCESS)), None);
+            assert_eq!(j.report(&rep(&p, 8, 2, codes::SUCCESS)), None);
+            assert_eq!(j.len(), 0);
+            // Stale joins are pruned by age.
+            assert_eq!(j.report(&rep(&p, 9, 0, codes::SUCCESS)), None);
+            j.prune(now_ns() + 10, 5);
+            assert_eq!(j.len(), 0);
+        });
     }
 }
