@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# (The loom model checks, tests/loom.rs, are an ordinary test target: no special flags.)
 HIP_PATH="${HIP_PATH:-/usr}" cargo test --workspace --all-targets --all-features --locked
 
 venv="${MORIO_VENV:-.venv}"

@@ -35,7 +35,7 @@ pub struct TcpBackendConfig {
     /// dialing sockets before the handshake so TCP window scaling follows it.
     pub sock_rcvbuf_bytes: usize,
     /// Deadline of every transfer from submission to terminal status (MORI default 30 s).
-    /// Also bounds a stalled frame on the target side.
+    /// Also bounds each read of a begun frame, on either side of a connection.
     pub op_timeout: Duration,
     /// `SO_KEEPALIVE` and the three settings below.
     pub enable_keepalive: bool,

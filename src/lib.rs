@@ -20,28 +20,45 @@
 //!
 //! See `ARCHITECTURE.md` for the code map and invariants, `PROTOCOL.md` for the wire format.
 
-pub mod config;
+// The API is the items re-exported here plus the modules `gpu`, `placement` and `status`;
+// the other modules are internals. `proto` is public (hidden) only under the `testing`
+// feature, which this package's own tests and benches turn on; `trace` and `stripe_bytes`
+// are hidden public items the `morio` command uses (tests/tidy.rs keeps this list closed).
+mod config;
 mod cpu_claim;
-pub mod desc;
+mod desc;
 mod engine;
-pub mod error;
+mod error;
 pub mod gpu;
 mod inbound_status;
 pub mod placement;
+#[cfg(feature = "testing")]
+#[doc(hidden)]
 pub mod proto;
+#[cfg(not(feature = "testing"))]
+mod proto;
 mod region;
 mod service;
 mod session;
-pub mod stats;
+mod stats;
 pub mod status;
 mod submit;
+mod sync;
+#[doc(hidden)]
 pub mod trace;
 mod transport;
 
 pub use config::{ConfigError, IoEngineConfig, TcpBackendConfig};
-pub use desc::{BackendType, DescError, EngineDesc, MemoryDesc, MemoryLocationType};
+pub use desc::{
+    BackendType, DescError, EngineDesc, EngineKey, MemoryDesc, MemoryLocationType, MemoryUniqueId,
+    TransferUniqueId, HANDLE_LEN, NODE_ID_ENV,
+};
 pub use engine::{IoEngine, RegisteredBuffer};
 pub use error::EngineError;
 pub use session::IoEngineSession;
 pub use stats::{EngineStats, ShardStats};
 pub use status::{wait_all, StatusCode, TransferStatus};
+
+/// The stripe size a striped transfer uses (for the `morio` command's raw-TCP floor).
+#[doc(hidden)]
+pub use proto::plan::stripe_bytes;

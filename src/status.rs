@@ -4,14 +4,16 @@
 //! returning and later to a terminal code (`SUCCESS` or an error). The first error wins:
 //! [`TransferStatus::update`] is ignored once the status holds an error.
 //!
-//! The code lives in an atomic so predicates are lock-free. Every store of the code happens
-//! under the message mutex, and waiters re-check the code under that mutex before sleeping
-//! on the condition variable, so no wake-up can be lost.
+//! `TransferStatus` itself is in `status/transfer.rs` (model-checked by `tests/loom.rs`).
 
 use std::fmt;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+mod transfer;
+
+pub use transfer::TransferStatus;
 
 /// Status of a transfer. The numeric values are part of MORI's API.
 #[repr(u32)]
@@ -90,184 +92,6 @@ impl fmt::Display for StatusCode {
     }
 }
 
-/// Completion object of one transfer, shared between the caller and the backend
-/// (typically as `Arc<TransferStatus>`). Starts as `INIT`.
-pub struct TransferStatus {
-    code: AtomicU32,
-    message: Mutex<String>,
-    changed: Condvar,
-    /// Threads asleep on `changed` (changed under `message`'s lock): a completion with no
-    /// sleeper skips the futex wake-up syscall.
-    sleepers: AtomicU32,
-}
-
-impl TransferStatus {
-    /// A fresh status in `INIT`.
-    pub fn new() -> Self {
-        Self::with_code(StatusCode::Init)
-    }
-
-    /// A fresh status already `IN_PROGRESS` (what the engine hands out for a submitted
-    /// transfer; nobody can be waiting on it yet, so nothing needs waking).
-    pub(crate) fn started() -> Self {
-        Self::with_code(StatusCode::InProgress)
-    }
-
-    fn with_code(code: StatusCode) -> Self {
-        TransferStatus {
-            code: AtomicU32::new(code.as_u32()),
-            message: Mutex::new(String::new()),
-            changed: Condvar::new(),
-            sleepers: AtomicU32::new(0),
-        }
-    }
-
-    /// Wake sleepers, if any. Called after a store made under the lock: a waiter checks the
-    /// code and registers as a sleeper under that same lock, so it either saw the store or
-    /// is counted here.
-    fn wake_sleepers(&self) {
-        if self.sleepers.load(Ordering::SeqCst) > 0 {
-            self.changed.notify_all();
-        }
-    }
-
-    /// Current code (lock-free).
-    pub fn code(&self) -> StatusCode {
-        // Only valid codes are ever stored; the fallback is unreachable.
-        StatusCode::from_u32(self.code.load(Ordering::Acquire)).unwrap_or(StatusCode::ErrBadState)
-    }
-
-    /// Current message (empty unless set).
-    pub fn message(&self) -> String {
-        self.lock().clone()
-    }
-
-    /// Code is `INIT`.
-    pub fn is_init(&self) -> bool {
-        self.code() == StatusCode::Init
-    }
-
-    /// Code is `IN_PROGRESS`.
-    pub fn in_progress(&self) -> bool {
-        self.code() == StatusCode::InProgress
-    }
-
-    /// Code is `SUCCESS`.
-    pub fn succeeded(&self) -> bool {
-        self.code() == StatusCode::Success
-    }
-
-    /// Code is an error (`> ERR_BEGIN`).
-    pub fn failed(&self) -> bool {
-        self.code().is_error()
-    }
-
-    /// Stores `msg` and `code` and wakes waiters, unless the status already holds an error
-    /// (first error wins; the call is then ignored entirely, message included).
-    pub fn update(&self, code: StatusCode, msg: impl Into<String>) {
-        let mut guard = self.lock();
-        if self.code().is_error() {
-            return;
-        }
-        *guard = msg.into();
-        self.code.store(code.as_u32(), Ordering::Release);
-        drop(guard);
-        self.wake_sleepers();
-    }
-
-    /// Stores `code` unconditionally (even over an error) and wakes waiters.
-    pub fn set_code(&self, code: StatusCode) {
-        let guard = self.lock();
-        self.code.store(code.as_u32(), Ordering::Release);
-        drop(guard);
-        self.wake_sleepers();
-    }
-
-    /// Replaces the message, leaving the code alone.
-    pub fn set_message(&self, msg: impl Into<String>) {
-        *self.lock() = msg.into();
-    }
-
-    /// Blocks until the code is not `IN_PROGRESS` and returns it. Returns at once for
-    /// any other code, `INIT` included.
-    pub fn wait(&self) -> StatusCode {
-        self.wait_until(None)
-    }
-
-    /// Like [`wait`](Self::wait) but gives up after `timeout`, returning `IN_PROGRESS`.
-    /// A zero timeout polls once. Timeouts too large to represent wait forever.
-    pub fn wait_for(&self, timeout: Duration) -> StatusCode {
-        let c = self.code();
-        if c != StatusCode::InProgress || timeout.is_zero() {
-            return c;
-        }
-        self.wait_until(Instant::now().checked_add(timeout))
-    }
-
-    /// MORI's `WaitFor(timeout_ms)`: `< 0` blocks until not `IN_PROGRESS`, `0` polls once,
-    /// `> 0` waits at most that many milliseconds (may return `IN_PROGRESS`).
-    pub fn wait_for_ms(&self, timeout_ms: i64) -> StatusCode {
-        match u64::try_from(timeout_ms) {
-            Err(_) => self.wait(),
-            Ok(ms) => self.wait_for(Duration::from_millis(ms)),
-        }
-    }
-
-    /// Waits until not `IN_PROGRESS` or until `deadline` (`None` = forever).
-    fn wait_until(&self, deadline: Option<Instant>) -> StatusCode {
-        let c = self.code();
-        if c != StatusCode::InProgress {
-            return c;
-        }
-        // Small transfers complete within a few microseconds of a round trip: spin briefly
-        // before paying for a futex sleep and wake-up.
-        let spin = Duration::from_nanos(WAIT_SPIN_NS.load(Ordering::Relaxed));
-        let spin_until = Instant::now() + spin;
-        let spin_until = deadline.map_or(spin_until, |d| d.min(spin_until));
-        while Instant::now() < spin_until {
-            for _ in 0..64 {
-                std::hint::spin_loop();
-            }
-            let c = self.code();
-            if c != StatusCode::InProgress {
-                return c;
-            }
-        }
-        let mut guard = self.lock();
-        loop {
-            // Stores happen under the mutex we hold, so this cannot miss a notify.
-            let c = self.code();
-            if c != StatusCode::InProgress {
-                return c;
-            }
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
-                return c;
-            }
-            self.sleepers.fetch_add(1, Ordering::SeqCst);
-            guard = match deadline {
-                None => self
-                    .changed
-                    .wait(guard)
-                    .unwrap_or_else(PoisonError::into_inner),
-                Some(d) => {
-                    self.changed
-                        .wait_timeout(guard, d - now)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0
-                }
-            };
-            self.sleepers.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, String> {
-        // A panic elsewhere while holding the lock cannot leave a String half-written in a
-        // way that matters here; keep going rather than propagate the panic.
-        self.message.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
 /// How long a waiter spins on the status before sleeping (process-wide, in ns).
 static WAIT_SPIN_NS: AtomicU64 = AtomicU64::new(50_000);
 
@@ -279,26 +103,9 @@ pub fn set_wait_spin(d: Duration) {
 }
 
 /// The current spin window of waiters.
+#[inline]
 pub fn wait_spin() -> Duration {
     Duration::from_nanos(WAIT_SPIN_NS.load(Ordering::Relaxed))
-}
-
-impl Default for TransferStatus {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl fmt::Debug for TransferStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut d = f.debug_struct("TransferStatus");
-        d.field("code", &self.code());
-        match self.message.try_lock() {
-            Ok(m) => d.field("message", &*m),
-            Err(_) => d.field("message", &"<locked>"),
-        };
-        d.finish()
-    }
 }
 
 /// MORI's `IOEngine::WaitAll`.

@@ -1,5 +1,5 @@
-//! Repository rules checked as a test: module docs, the purity of `src/proto`, and glommio
-//! confined to `morio-shards`.
+//! Repository rules checked as a test: module docs, the purity of `src/proto`, glommio
+//! confined to `morio-shards`, and the library's public boundary.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -117,5 +117,85 @@ fn glommio_is_named_only_in_morio_shards() {
     assert!(
         !topo.contains("glommio") && !topo.contains("morio-shards"),
         "topology is pure"
+    );
+}
+
+/// The API is the root's re-exports and the modules `gpu`, `placement` and `status`; every
+/// other module is private, or public only as a hidden item under the `testing` feature (for
+/// this package's tests and benches), or hidden for the `morio` command (`trace`). Nothing the
+/// default features build turns `testing` on.
+#[test]
+fn internals_are_public_only_under_testing() {
+    const API: [&str; 3] = ["gpu", "placement", "status"];
+    const COMMAND: [&str; 1] = ["trace"];
+    let lib = fs::read_to_string(root().join("src/lib.rs")).unwrap();
+    let mut attrs: Vec<&str> = Vec::new();
+    let mut public = Vec::new();
+    for (i, line) in lib.lines().enumerate() {
+        let line = line.trim();
+        if line.starts_with("#[") {
+            attrs.push(line);
+            continue;
+        }
+        if line.starts_with("//") || line.is_empty() {
+            continue;
+        }
+        let hidden = attrs.contains(&"#[doc(hidden)]");
+        let testing = attrs.contains(&"#[cfg(feature = \"testing\")]");
+        let at = format!("src/lib.rs:{}: `{line}`", i + 1);
+        if let Some(name) = line.strip_prefix("pub mod ") {
+            let name = name.trim_end_matches(';');
+            public.push(name.to_string());
+            if API.contains(&name) {
+                assert!(!hidden, "{at}: an API module is documented");
+            } else if COMMAND.contains(&name) {
+                assert!(hidden, "{at}: the command's module is #[doc(hidden)]");
+            } else {
+                assert!(
+                    hidden && testing,
+                    "{at}: an internal module is public only as \
+                     #[cfg(feature = \"testing\")] #[doc(hidden)] (and private otherwise)"
+                );
+            }
+        } else if line.starts_with("pub(crate) mod ") || line.starts_with("pub(super) mod ") {
+            panic!("{at}: write a private module as `mod`");
+        } else if let Some(path) = line.strip_prefix("pub use ") {
+            let module = path.split("::").next().unwrap_or("");
+            assert!(
+                hidden || !["proto", "trace", "service", "region"].contains(&module),
+                "{at}: an internal item re-exported visibly"
+            );
+        }
+        attrs.clear();
+    }
+    for m in API {
+        assert!(
+            public.iter().any(|p| p == m),
+            "src/lib.rs: `pub mod {m}` is gone"
+        );
+    }
+    let toml = fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let features = toml
+        .split("\n[features]\n")
+        .nth(1)
+        .and_then(|f| f.split("\n[").next())
+        .expect("Cargo.toml has [features]");
+    // `name = [ ... ]` entries, comments dropped, lists possibly over several lines.
+    let text: String = features
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or(""))
+        .collect();
+    for entry in text.split(']').filter(|e| e.contains('=')) {
+        let (name, list) = entry.split_once('=').unwrap();
+        assert!(
+            name.trim() == "testing" || !list.contains("\"testing\""),
+            "Cargo.toml: feature `{}` turns on `testing`",
+            name.trim()
+        );
+    }
+    assert!(
+        toml.contains("morio = { path = \".\", features = [\"testing\"] }"),
+        "the tests and benches reach the internals through the dev-dependency on the package \
+         itself with `testing`"
     );
 }

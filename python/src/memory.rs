@@ -131,15 +131,18 @@ fn dlpack_bytes(t: &DlTensor) -> PyResult<usize> {
     if ndim > 0 && t.shape.is_null() {
         return Err(PyValueError::new_err("DLPack tensor without a shape"));
     }
-    // SAFETY: DLPack guarantees `shape` (and `strides` when not null) hold `ndim` entries,
-    // valid while the capsule lives (the caller holds it).
     let shape = if ndim == 0 {
         &[][..]
     } else {
+        // SAFETY: `shape` is not null (checked above), and DLPack guarantees it holds `ndim`
+        // entries, valid while the capsule lives (the caller holds it).
         unsafe { std::slice::from_raw_parts(t.shape, ndim) }
     };
-    let strides = (!t.strides.is_null() && ndim > 0)
-        .then(|| unsafe { std::slice::from_raw_parts(t.strides, ndim) });
+    let strides = (!t.strides.is_null() && ndim > 0).then(|| {
+        // SAFETY: not null (checked), and DLPack guarantees a non-null `strides` holds
+        // `ndim` entries, valid while the capsule lives.
+        unsafe { std::slice::from_raw_parts(t.strides, ndim) }
+    });
     let mut count: usize = 1;
     for &d in shape {
         let d = usize::try_from(d).map_err(|_| PyValueError::new_err("negative dimension"))?;

@@ -450,10 +450,15 @@ mod tests {
         d.write_at(0, &[5u8; 1000]).unwrap();
         let s = gpu.create_stream(1).unwrap();
         let mut p = gpu.alloc_pinned(100).unwrap();
+        // SAFETY: here and in the copies below, the device ranges lie inside `d`'s 1000
+        // bytes on GPU 1, the stream's device, and the host ones inside the 100 pinned bytes
+        // of `p`; both outlive the stream, and neither is touched until the fence after the
+        // copy has been waited for.
         unsafe { s.d2h(p.as_mut_slice().as_mut_ptr(), d.ptr() + 900, 100) }.unwrap();
         s.fence().unwrap().wait_blocking().unwrap();
         assert_eq!(p.as_slice(), &[5u8; 100]);
         p.as_mut_slice().fill(9);
+        // SAFETY: as above.
         unsafe { s.h2d(d.ptr(), p.as_slice().as_ptr(), 100) }.unwrap();
         s.fence().unwrap().wait_blocking().unwrap();
         let mut back = [0u8; 101];
@@ -461,8 +466,10 @@ mod tests {
         assert_eq!(&back[..100], &[9u8; 100]);
         assert_eq!(back[100], 5);
         gpu.inject_fault(Some(0), FaultAt::Submit);
+        // SAFETY: as above (and this copy is refused before it is queued).
         assert!(unsafe { s.h2d(d.ptr(), p.as_slice().as_ptr(), 1) }.is_err());
         gpu.inject_fault(Some(0), FaultAt::Complete);
+        // SAFETY: as above.
         unsafe { s.h2d(d.ptr(), p.as_slice().as_ptr(), 1) }.unwrap();
         assert!(s.fence().unwrap().wait_blocking().is_err(), "sticky error");
         assert_eq!(gpu.pinned_live_bytes(), 100);

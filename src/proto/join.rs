@@ -73,6 +73,7 @@ impl Join {
     }
 
     /// Whether it has been answered (or ended by FINISH).
+    #[cfg(any(test, feature = "testing"))]
     pub fn ended(&self) -> bool {
         self.ended
     }
@@ -187,11 +188,13 @@ impl JoinMap {
     }
 
     /// Transfers being joined.
+    #[cfg(any(test, feature = "testing"))]
     pub fn len(&self) -> usize {
         self.map.len()
     }
 
     /// Whether none is.
+    #[cfg(any(test, feature = "testing"))]
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }

@@ -184,11 +184,6 @@ impl<L> LaneBook<L> {
         self.dead
     }
 
-    /// Frames queued.
-    pub fn queued(&self) -> usize {
-        self.queue.len()
-    }
-
     /// The tag of the next frame.
     pub fn next_tag(&mut self) -> u64 {
         let t = self.next_tag;

@@ -125,6 +125,7 @@ impl Layout {
     }
 
     /// The last piece.
+    #[cfg(any(test, feature = "testing"))]
     pub fn last(&self) -> Option<Piece> {
         match self {
             Self::List(p) => p.last().copied(),
@@ -185,8 +186,9 @@ fn whole_pieces(layout: &Layout, stripe: u64, chunk_bytes: u64) -> u64 {
 }
 
 /// Cut a layout into chunks of at most `chunk_bytes` bytes and [`MAX_SEGS_PER_CHUNK`]
-/// pieces, covering its logical byte stream exactly as [`cut`] does. A strided layout whose
-/// pieces fit the chunks whole is cut into strided chunks; any other is cut as a list.
+/// pieces, covering its logical byte stream exactly as [`cut`](super::plan::cut) does. A
+/// strided layout whose pieces fit the chunks whole is cut into strided chunks; any other is
+/// cut as a list.
 pub fn layout_chunks(layout: Layout, chunk_bytes: u64) -> Vec<Layout> {
     let chunk_bytes = chunk_bytes.max(1);
     if let Layout::Strided(s) = layout {

@@ -92,6 +92,7 @@ impl Outbound {
     }
 
     /// Current phase.
+    #[cfg(any(test, feature = "testing"))]
     pub fn phase(&self) -> Phase {
         self.phase
     }

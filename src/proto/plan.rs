@@ -33,9 +33,6 @@ pub enum PlanError {
     /// Offsets or the total length overflow u64.
     #[error("offset+size overflows")]
     Overflow,
-    /// Destination segments overlap, so concurrent chunks would race.
-    #[error("overlapping destination segments cannot be striped")]
-    OverlappingDestination,
 }
 
 /// Check and normalise a request: drop empty entries, check every range against both region
@@ -121,7 +118,7 @@ pub fn remote_extent(pieces: &[Piece]) -> (u64, u64) {
 }
 
 /// Stripe size for spreading `total` bytes over `n_lanes`: an even share, at least
-/// [`MIN_STRIPE_BYTES`] (unless the cap is smaller) and at most `chunk_bytes`.
+/// `limits::MIN_STRIPE_BYTES` (unless the cap is smaller) and at most `chunk_bytes`.
 pub fn stripe_bytes(total: u64, n_lanes: u64, chunk_bytes: u64) -> u64 {
     let share = total.div_ceil(n_lanes.max(1));
     share.max(MIN_STRIPE_BYTES).min(chunk_bytes).max(1)

@@ -1,56 +1,45 @@
 //! Target side of multi-chunk transfers: every served chunk reports to the engine's one join
 //! table ([`Joins`]), from whichever shard serves it, and the chunk whose report completes
 //! its transfer's join is answered for the whole transfer (inbound status, then COMPLETE on
-//! its own connection). Entries are bounded in number and age.
+//! its own connection). The table is `proto::join::JoinMap` (bounded in number and age)
+//! behind one lock, with the clock and the log added here.
+//!
+//! Its lock comes from `crate::sync` (std's), so `tests/loom.rs` can compile this file
+//! against loom's and model-check the table; the file names nothing else of the crate but
+//! `crate::proto` and its parent's `now_ns`.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use super::now_ns;
 use crate::proto::frame::Op;
-use crate::proto::join::Join;
+pub(crate) use crate::proto::join::JoinReport;
+use crate::proto::join::{JoinMap, JoinTable};
 use crate::proto::limits::MAX_JOINS;
-
-/// One chunk's result.
-#[derive(Debug)]
-pub(crate) struct JoinReport<'a> {
-    pub peer: &'a Arc<str>,
-    /// The initiator's instance ([`crate::proto::frame::Hello::instance`]).
-    pub instance: u64,
-    pub uid: u64,
-    pub op: Op,
-    pub n_chunks: u32,
-    pub chunk: u32,
-    pub code: u32,
-    pub msg: &'a str,
-}
-
-/// A joined transfer: initiator key and instance, uid. The instance keeps a restarted
-/// initiator (same key, uids from the start again) clear of its predecessor's leftovers.
-type Key = (Arc<str>, u64, u64);
+use crate::sync::{Mutex, MutexGuard};
 
 /// The transfers the engine joins, shared by its shards: a report is one short critical
 /// section on the shard that served the chunk, so the last chunk's shard answers at once
 /// instead of handing its report to another shard.
 #[derive(Debug, Default)]
 pub(crate) struct Joins {
-    map: Mutex<HashMap<Key, Join>>,
+    map: Mutex<JoinMap>,
 }
 
 impl Joins {
-    fn lock(&self) -> MutexGuard<'_, HashMap<Key, Join>> {
+    fn lock(&self) -> MutexGuard<'_, JoinMap> {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A chunk's result: the verdict when it completed its transfer's join (the caller then
     /// records the inbound status and answers COMPLETE on the chunk's connection).
     pub fn report(&self, r: &JoinReport<'_>) -> Option<(u32, String)> {
-        let key = (r.peer.clone(), r.instance, r.uid);
         let mut t = self.lock();
-        let j = entry(&mut t, key.clone(), r.op, r.n_chunks);
-        let verdict = j.report(r.op, r.n_chunks, r.chunk, r.code, r.msg);
-        if j.spent() {
-            t.remove(&key);
+        let evicted = t.evicted();
+        let verdict = t.report(r, now_ns());
+        if t.evicted() > evicted {
+            log::warn!(
+                "more than {MAX_JOINS} striped transfers in flight: dropped the oldest join"
+            );
         }
         verdict
     }
@@ -58,23 +47,16 @@ impl Joins {
     /// FINISH ended a transfer (a chunk never left the initiator): its join answers nothing
     /// more, and reports still on their way are only counted.
     pub fn end(&self, (peer, instance, uid): (&Arc<str>, u64, u64), op: Op, n_chunks: u32) {
-        let key = (peer.clone(), instance, uid);
-        let mut t = self.lock();
-        let j = entry(&mut t, key.clone(), op, n_chunks);
-        j.end();
-        if j.spent() {
-            t.remove(&key);
-        }
+        self.lock()
+            .end((peer.clone(), instance, uid), op, n_chunks, now_ns());
     }
 
     /// Drop joins older than `max_age_ns`: a chunk of theirs never arrived (its lane was
     /// lost), and the initiator has failed the transfer by its own deadline.
     pub fn prune(&self, now: u64, max_age_ns: u64) {
-        let mut t = self.lock();
-        let before = t.len();
-        t.retain(|_, j| now.saturating_sub(j.created()) < max_age_ns);
-        if t.len() < before {
-            log::debug!("dropped {} incomplete striped transfers", before - t.len());
+        let dropped = self.lock().prune(now, max_age_ns);
+        if dropped > 0 {
+            log::debug!("dropped {dropped} incomplete striped transfers");
         }
     }
 
@@ -85,27 +67,14 @@ impl Joins {
     }
 }
 
-/// The join of `key`, created (evicting the oldest when full) if this is its first word.
-fn entry(t: &mut HashMap<Key, Join>, key: Key, op: Op, n_chunks: u32) -> &mut Join {
-    if !t.contains_key(&key) && t.len() >= MAX_JOINS {
-        evict_oldest(t);
+/// The engine's join table as the target's decisions see it.
+impl JoinTable for Joins {
+    fn report(&self, r: &JoinReport<'_>) -> Option<(u32, String)> {
+        Joins::report(self, r)
     }
-    t.entry(key)
-        .or_insert_with(|| Join::new(op, n_chunks, now_ns()))
-}
 
-fn evict_oldest(t: &mut HashMap<Key, Join>) {
-    let oldest = t
-        .iter()
-        .min_by_key(|(_, j)| j.created())
-        .map(|(k, _)| k.clone());
-    if let Some(k) = oldest {
-        log::warn!(
-            "more than {MAX_JOINS} striped transfers in flight: dropping {} from {}",
-            k.2,
-            k.0
-        );
-        t.remove(&k);
+    fn end(&self, peer: &Arc<str>, instance: u64, uid: u64, op: Op, n_chunks: u32) {
+        Joins::end(self, (peer, instance, uid), op, n_chunks);
     }
 }
 
@@ -127,25 +96,28 @@ mod tests {
         }
     }
 
+    /// Runs directly here, and as a (one-thread) loom model in `tests/loom.rs`.
     #[test]
     fn the_last_report_answers_and_the_entry_goes() {
-        let j = Joins::default();
-        let p: Arc<str> = "peer".into();
-        assert_eq!(j.report(&rep(&p, 7, 1, codes::SUCCESS)), None);
-        assert_eq!(j.report(&rep(&p, 8, 0, codes::SUCCESS)), None);
-        assert_eq!(j.report(&rep(&p, 7, 2, codes::ERR_NOT_FOUND)), None);
-        assert_eq!(j.len(), 2);
-        let v = j.report(&rep(&p, 7, 0, codes::SUCCESS));
-        assert_eq!(v.map(|v| v.0), Some(codes::ERR_NOT_FOUND));
-        assert_eq!(j.len(), 1, "transfer 7 is spent");
-        // FINISH ends 8; its late chunks are counted, never answered, and it goes.
-        j.end((&p, 1, 8), Op::Write, 3);
-        assert_eq!(j.report(&rep(&p, 8, 1, codes::SUCCESS)), None);
-        assert_eq!(j.report(&rep(&p, 8, 2, codes::SUCCESS)), None);
-        assert_eq!(j.len(), 0);
-        // Stale joins are pruned by age.
-        assert_eq!(j.report(&rep(&p, 9, 0, codes::SUCCESS)), None);
-        j.prune(now_ns() + 10, 5);
-        assert_eq!(j.len(), 0);
+        crate::sync::model(|| {
+            let j = Joins::default();
+            let p: Arc<str> = "peer".into();
+            assert_eq!(j.report(&rep(&p, 7, 1, codes::SUCCESS)), None);
+            assert_eq!(j.report(&rep(&p, 8, 0, codes::SUCCESS)), None);
+            assert_eq!(j.report(&rep(&p, 7, 2, codes::ERR_NOT_FOUND)), None);
+            assert_eq!(j.len(), 2);
+            let v = j.report(&rep(&p, 7, 0, codes::SUCCESS));
+            assert_eq!(v.map(|v| v.0), Some(codes::ERR_NOT_FOUND));
+            assert_eq!(j.len(), 1, "transfer 7 is spent");
+            // FINISH ends 8; its late chunks are counted, never answered, and it goes.
+            j.end((&p, 1, 8), Op::Write, 3);
+            assert_eq!(j.report(&rep(&p, 8, 1, codes::SUCCESS)), None);
+            assert_eq!(j.report(&rep(&p, 8, 2, codes::SUCCESS)), None);
+            assert_eq!(j.len(), 0);
+            // Stale joins are pruned by age.
+            assert_eq!(j.report(&rep(&p, 9, 0, codes::SUCCESS)), None);
+            j.prune(now_ns() + 10, 5);
+            assert_eq!(j.len(), 0);
+        });
     }
 }

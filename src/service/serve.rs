@@ -3,7 +3,6 @@
 //! memory.
 
 use std::rc::Rc;
-use std::sync::Arc;
 
 use morio_shards::rt;
 
@@ -14,7 +13,7 @@ use crate::proto::codes;
 use crate::proto::frame::{Chunk, Frame, Hello};
 use crate::proto::handshake;
 use crate::proto::inbound::Refusal;
-use crate::proto::target::{self, Inbound, JoinReport, JoinTable, Record, Response, Served};
+use crate::proto::target::{self, Inbound, Record, Response, Served};
 use crate::region::SharedRegion;
 use crate::status::StatusCode;
 use crate::trace;
@@ -183,27 +182,6 @@ async fn step(
         }
     }
     Ok(true)
-}
-
-/// The engine's join table as the target's decisions see it.
-impl JoinTable for super::join::Joins {
-    fn report(&self, r: &JoinReport<'_>) -> Option<(u32, String)> {
-        let r = super::join::JoinReport {
-            peer: r.peer,
-            instance: r.instance,
-            uid: r.uid,
-            op: r.op,
-            n_chunks: r.n_chunks,
-            chunk: r.chunk,
-            code: r.code,
-            msg: r.msg,
-        };
-        super::join::Joins::report(self, &r)
-    }
-
-    fn end(&self, peer: &Arc<str>, instance: u64, uid: u64, op: crate::proto::frame::Op, n: u32) {
-        super::join::Joins::end(self, (peer, instance, uid), op, n);
-    }
 }
 
 /// Record an inbound status (before the answer that follows can leave) and count it.

@@ -315,8 +315,12 @@ fn gpu_copy_faults_fail_only_their_transfer() {
 #[test]
 fn bad_gpu_registrations_are_refused() {
     let fake: Arc<dyn GpuRuntime> = Arc::new(FakeGpu::new(1));
-    let (a, _b) = gpu_pair("gpu_reg", test_cfg(), &fake);
+    // Declared before the engines, so both outlive them (registrations are never undone).
     let mut host = vec![0u8; 64];
+    let d = fake.clone().alloc_device(0, 64).unwrap();
+    let (a, _b) = gpu_pair("gpu_reg", test_cfg(), &fake);
+    // SAFETY: `host` outlives the engine, and no transfer touches it (the registration is
+    // refused anyway: host memory is not device memory).
     let r = unsafe { a.register_memory(host.as_mut_ptr(), 64, 0, MemoryLocationType::Gpu) };
     assert!(
         matches!(r, Err(EngineError::Gpu(_))),
@@ -326,9 +330,12 @@ fn bad_gpu_registrations_are_refused() {
         matches!(a.alloc_gpu_buffer(3, 64), Err(EngineError::Gpu(_))),
         "no GPU 3"
     );
-    let d = fake.clone().alloc_device(0, 64).unwrap();
+    // SAFETY: `d`'s 64 bytes of device memory outlive the engine, and no transfer touches
+    // them.
     let ok = unsafe { a.register_memory(d.ptr() as *mut u8, 64, 0, MemoryLocationType::Gpu) };
     assert!(ok.is_ok());
+    // SAFETY: the range overruns `d` by one byte on purpose: GPU registrations are checked
+    // against the runtime's allocations and refused before anything uses the pointer.
     let over = unsafe { a.register_memory(d.ptr() as *mut u8, 65, 0, MemoryLocationType::Gpu) };
     assert!(
         matches!(over, Err(EngineError::Gpu(_))),

@@ -274,19 +274,22 @@ async fn write_host_chunk(
         local,
         final_,
     } = out;
-    // SAFETY (every `slice` below): the ranges were checked against the region at
-    // submission and the region lives while `local` does; reading it is the transfer.
+    // Every `slice` below reads ranges checked against the region at submission; the region
+    // lives while `local` does, and reading it is the transfer.
     let (bytes, in_range) = match pieces {
         // Strides do not go backwards, so the first and last pieces bound all of them.
         Layout::Strided(s) => {
             let (first, last) = (s.first, s.last());
+            // SAFETY: as above (the slices are only checked for presence, not read).
             let ok = unsafe { local.slice(first.local, first.len) }.is_some()
+                // SAFETY: as above.
                 && unsafe { local.slice(last.local, last.len) }.is_some();
             (s.total_bytes(), ok)
         }
         Layout::List(list) => {
             let ok = list
                 .iter()
+                // SAFETY: as above (only checked for presence).
                 .all(|p| unsafe { local.slice(p.local, p.len) }.is_some());
             (total_bytes(list), ok)
         }

@@ -41,7 +41,7 @@ impl Shape {
     pub fn of_batch(total: u64, write: bool, cfg: &morio::TcpBackendConfig) -> Self {
         let lanes = cfg.num_data_conns.max(1) as u64;
         let streams = if lanes > 1 && total >= cfg.striping_threshold_bytes as u64 {
-            let stripe = morio::proto::plan::stripe_bytes(total, lanes, cfg.chunk_bytes as u64);
+            let stripe = morio::stripe_bytes(total, lanes, cfg.chunk_bytes as u64);
             total.div_ceil(stripe).clamp(1, lanes)
         } else {
             1
