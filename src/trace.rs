@@ -65,7 +65,7 @@ pub mod stage {
     /// inbox and queued on the lane (between PLANNED and ENCODE).
     pub const HANDED: u8 = 21;
     /// Initiator, lane shard: the first send of a large chunk (its header and first bytes,
-    /// `io::send_head_first`) returned (between ENCODE and PUSHED).
+    /// `transport::framed::send_head_first`) returned (between ENCODE and PUSHED).
     pub const HEAD_SENT: u8 = 22;
     /// Target: the first bytes of the frame were read from the socket (between SENT and
     /// T_RECV: how long the bytes waited to be noticed, against how long they took to
