@@ -303,6 +303,10 @@ pub struct Sim {
     burst: usize,
     /// Most bytes one writer step puts on the wire.
     wburst: usize,
+    /// A connection's send buffer: its writer waits while this many bytes are in flight
+    /// (so a slow lane takes fewer shared stripes, and a transfer may end while a lane is
+    /// half-way through one of its WRITEs).
+    pub sndbuf: usize,
     pub n_lanes: u16,
     pub n_shards: usize,
     pub local: Vec<u8>,
@@ -375,11 +379,15 @@ impl Sim {
         rng.fill(&mut target[..]);
         let burst = *[1usize, 3, 16, 64, 512, 8192].choose(&mut rng).unwrap();
         let wburst = *[7usize, 64, 1024, usize::MAX].choose(&mut rng).unwrap();
+        let sndbuf = *[256usize, 4096, 1 << 16, usize::MAX]
+            .choose(&mut rng)
+            .unwrap();
         let mut sim = Self {
             seed,
             rng,
             burst,
             wburst,
+            sndbuf,
             n_lanes,
             n_shards,
             init_local: local.clone(),
@@ -1393,9 +1401,11 @@ impl Sim {
                 if lane.book.dead() || !lane.ready {
                     continue;
                 }
+                let conn = &self.conns[lane.conn];
+                let room = !conn.target_open || conn.up.in_flight() < self.sndbuf;
                 if lane.staging.is_some() {
                     v.push(Step::Staging(l));
-                } else if lane.out.is_some() || lane.book.queued() > 0 {
+                } else if room && (lane.out.is_some() || lane.book.queued() > 0) {
                     v.push(Step::Write(l));
                 }
             }
