@@ -184,6 +184,20 @@ impl<L> LaneBook<L> {
         self.dead
     }
 
+    /// Frames queued.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Frames sent that still wait for their own answer (a final chunk's COMPLETE, a READ's
+    /// data, FINISH's COMPLETE); chunks of several kept for their transfer's COMPLETE are
+    /// not counted.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn waiting(&self) -> usize {
+        self.outstanding.len()
+    }
+
     /// The tag of the next frame.
     pub fn next_tag(&mut self) -> u64 {
         let t = self.next_tag;
@@ -389,6 +403,7 @@ mod tests {
         ));
         // A second COMPLETE with the same tag has nothing left to match.
         assert!(matches!(b.answer(tag, 1, ok()), Ok(Matched::Stale)));
+        assert_eq!(b.waiting(), 0);
     }
 
     #[test]
@@ -434,6 +449,7 @@ mod tests {
         );
         let tag = b.next_tag();
         b.sending_read(tag, to(1, 0), read_wait(3, false));
+        assert_eq!(b.waiting(), 1, "the request waits for its data");
         let right = Answer::ReadData {
             chunk: 3,
             final_: false,

@@ -2,7 +2,7 @@
 //! the owner-side transfer state machine. No sockets, no clock, no logging.
 //!
 //! Everything here is a pure function or a state machine fed by its caller, the same code
-//! the shard service runs and `tests/proto_sim.rs` drives over simulated lanes:
+//! the shard service runs and `tests/proto_sim/` drives over simulated lanes:
 //! - [`handshake`]: HELLO / HELLO_ACK and their checks;
 //! - [`dispatch`]: the owner cuts a transfer into chunks on lanes;
 //! - [`lane`]: an initiator lane's book of sent frames and the answers they wait for;
