@@ -18,6 +18,7 @@ use crate::region::SharedRegion;
 use crate::service::{self, ShardMsg, Shared};
 use crate::stats::{EngineStats, ShardStats};
 use crate::submit::{lock, read_lock, write_lock, Backend, Core};
+use crate::transport::Kind;
 
 use super::IoEngine;
 
@@ -28,6 +29,19 @@ impl IoEngine {
     /// while a backend exists is ignored with a warning, as in MORI-IO; after
     /// [`Self::remove_backend`] it creates a new one. On error nothing is left running.
     pub fn create_backend(&self, cfg: TcpBackendConfig) -> Result<(), EngineError> {
+        self.create_backend_over(cfg, Kind::Tcp)
+    }
+
+    /// [`Self::create_backend`] over in-process pipes instead of TCP: the engine binds a port
+    /// in the process's own table and reaches only engines of this process that did the
+    /// same. For tests of the engine without sockets.
+    #[cfg(any(test, feature = "testing"))]
+    #[doc(hidden)]
+    pub fn create_backend_in_process(&self, cfg: TcpBackendConfig) -> Result<(), EngineError> {
+        self.create_backend_over(cfg, Kind::InProcess)
+    }
+
+    fn create_backend_over(&self, cfg: TcpBackendConfig, kind: Kind) -> Result<(), EngineError> {
         cfg.validate()?;
         let core = &self.core;
         let _life = lock(&core.lifecycle);
@@ -39,7 +53,7 @@ impl IoEngine {
             );
             return Ok(());
         }
-        let (listener, port) = listen(&core.cfg, &cfg)?;
+        let (listener, port) = listen(&core.cfg, &cfg, kind)?;
         let placed = placement::place_shards(&cfg)?;
         let n_shards = placed.cpus.len();
         cfg.check_staging(n_shards)?;
@@ -50,6 +64,7 @@ impl IoEngine {
             key: core.key.clone(),
             instance: rand::random(),
             cfg: cfg.clone(),
+            transport: kind,
             inbound: inbound.clone(),
             listener: Mutex::new(Some(listener)),
             low_water: (0..n_shards).map(|_| AtomicU64::new(0)).collect(),
@@ -178,6 +193,7 @@ pub(super) fn broadcast(
 fn listen(
     ecfg: &IoEngineConfig,
     cfg: &TcpBackendConfig,
+    kind: Kind,
 ) -> Result<(crate::transport::Bound, u16), EngineError> {
     let ip: IpAddr = if ecfg.host.is_empty() {
         IpAddr::from([0, 0, 0, 0])
@@ -191,6 +207,6 @@ fn listen(
         addr: addr.to_string(),
         source,
     };
-    let (bound, local) = crate::transport::bind(addr, cfg).map_err(bind_err)?;
+    let (bound, local) = crate::transport::bind(addr, cfg, kind).map_err(bind_err)?;
     Ok((bound, local.port()))
 }

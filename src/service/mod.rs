@@ -49,6 +49,8 @@ pub(crate) struct Shared {
     pub instance: u64,
     pub cfg: TcpBackendConfig,
     pub inbound: Arc<InboundStatuses>,
+    /// The transport the backend dials and accepts with.
+    pub transport: crate::transport::Kind,
     /// Where the engine accepts connections, taken by shard 0 when it starts.
     pub listener: Mutex<Option<Bound>>,
     /// Per owner shard, the lowest generation among the transfers it still owns (or its next

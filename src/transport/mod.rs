@@ -8,10 +8,14 @@
 //! frame followed by slices of registered memory in one gather ([`Tx`], written through
 //! [`framed::FrameWriter`]), and a [`Closer`] that shuts it down from anywhere on the shard.
 //!
-//! TCP ([`tcp`]) is the first implementation. Another (shared memory, RDMA, AF_XDP) is a new
-//! file here and one more variant of these types; nothing in `service/` changes.
+//! TCP ([`tcp`]) is the first implementation; in-process pipes ([`mem`], built for tests) the
+//! second, which runs the engine's shards with no socket at all. Another (shared memory,
+//! RDMA, AF_XDP) is a new file here and one more variant of these types; nothing in
+//! `service/` changes.
 
 pub(crate) mod framed;
+#[cfg(any(test, feature = "testing"))]
+pub(crate) mod mem;
 pub(crate) mod tcp;
 
 use std::io;
@@ -24,11 +28,25 @@ use morio_shards::rt;
 
 use crate::config::TcpBackendConfig;
 
+/// Which transport an engine's backend uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// TCP.
+    #[default]
+    Tcp,
+    /// Pipes between engines of one process ([`mem`]; tests only).
+    #[cfg(any(test, feature = "testing"))]
+    InProcess,
+}
+
 /// A connection, whole (before it is split): for the handshake and the hand-off.
 #[derive(Debug)]
 pub(crate) enum Conn {
     /// A TCP stream.
     Tcp(rt::TcpStream),
+    /// An in-process pipe pair.
+    #[cfg(any(test, feature = "testing"))]
+    Mem(mem::MemConn),
 }
 
 /// A connection on its way to another shard (`Send`, unlike [`Conn`]).
@@ -36,6 +54,9 @@ pub(crate) enum Conn {
 pub(crate) enum Handoff {
     /// A TCP socket.
     Tcp(std::os::fd::OwnedFd),
+    /// An in-process connection.
+    #[cfg(any(test, feature = "testing"))]
+    Mem(mem::MemConn),
 }
 
 /// The receiving half of a connection.
@@ -43,6 +64,9 @@ pub(crate) enum Handoff {
 pub(crate) enum Rx {
     /// TCP.
     Tcp(rt::ReadHalf),
+    /// In-process.
+    #[cfg(any(test, feature = "testing"))]
+    Mem(mem::MemRx),
 }
 
 /// The sending half of a connection.
@@ -50,16 +74,22 @@ pub(crate) enum Rx {
 pub(crate) enum Tx {
     /// TCP.
     Tcp(rt::WriteHalf),
+    /// In-process.
+    #[cfg(any(test, feature = "testing"))]
+    Mem(mem::MemTx),
 }
 
 /// Shuts a connection down: its peer sees it closed and its own receiving half wakes with
-/// an error. Cheap to copy; valid while the connection's halves live (closing a connection
-/// that is gone is a harmless no-op only as long as its descriptor was not reused, so the
-/// owner drops its closers with the connection).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// an error. Cheap to clone; valid while the connection's halves live (closing a TCP
+/// connection that is gone is a harmless no-op only as long as its descriptor was not
+/// reused, so the owner drops its closers with the connection).
+#[derive(Clone, Debug)]
 pub(crate) enum Closer {
     /// A TCP socket's descriptor.
     Tcp(std::os::fd::RawFd),
+    /// An in-process connection or listener.
+    #[cfg(any(test, feature = "testing"))]
+    Mem(mem::MemCloser),
 }
 
 /// Accepts connections peers open to this engine.
@@ -67,6 +97,9 @@ pub(crate) enum Closer {
 pub(crate) enum Listener {
     /// A listening TCP socket.
     Tcp(rt::TcpListener),
+    /// An in-process address.
+    #[cfg(any(test, feature = "testing"))]
+    Mem(mem::MemListener),
 }
 
 /// What the engine binds before its shards start (taken by the shard that accepts).
@@ -74,17 +107,41 @@ pub(crate) enum Listener {
 pub(crate) enum Bound {
     /// A listening TCP socket.
     Tcp(socket2::Socket),
+    /// An in-process address.
+    #[cfg(any(test, feature = "testing"))]
+    Mem(mem::MemBound),
 }
 
 /// Dial the engine at `addr` within the configured timeout.
-pub(crate) async fn dial(addr: SocketAddr, cfg: &TcpBackendConfig) -> Result<Conn, String> {
-    tcp::dial(addr, cfg).await.map(Conn::Tcp)
+pub(crate) async fn dial(
+    addr: SocketAddr,
+    cfg: &TcpBackendConfig,
+    kind: Kind,
+) -> Result<Conn, String> {
+    match kind {
+        Kind::Tcp => tcp::dial(addr, cfg).await.map(Conn::Tcp),
+        #[cfg(any(test, feature = "testing"))]
+        Kind::InProcess => mem::dial(addr).map(Conn::Mem),
+    }
 }
 
 /// Bind where the engine accepts connections; the address it got.
-pub(crate) fn bind(addr: SocketAddr, cfg: &TcpBackendConfig) -> io::Result<(Bound, SocketAddr)> {
-    let (sock, addr) = tcp::bind(addr, cfg)?;
-    Ok((Bound::Tcp(sock), addr))
+pub(crate) fn bind(
+    addr: SocketAddr,
+    cfg: &TcpBackendConfig,
+    kind: Kind,
+) -> io::Result<(Bound, SocketAddr)> {
+    match kind {
+        Kind::Tcp => {
+            let (sock, addr) = tcp::bind(addr, cfg)?;
+            Ok((Bound::Tcp(sock), addr))
+        }
+        #[cfg(any(test, feature = "testing"))]
+        Kind::InProcess => {
+            let (b, addr) = mem::bind(addr)?;
+            Ok((Bound::Mem(b), addr))
+        }
+    }
 }
 
 impl Bound {
@@ -92,6 +149,8 @@ impl Bound {
     pub(crate) fn into_listener(self) -> Listener {
         match self {
             Bound::Tcp(s) => Listener::Tcp(rt::listener_from_socket(s)),
+            #[cfg(any(test, feature = "testing"))]
+            Bound::Mem(b) => Listener::Mem(b.into_listener()),
         }
     }
 
@@ -99,6 +158,8 @@ impl Bound {
     pub(crate) fn closer(&self) -> Closer {
         match self {
             Bound::Tcp(s) => Closer::Tcp(std::os::fd::AsRawFd::as_raw_fd(s)),
+            #[cfg(any(test, feature = "testing"))]
+            Bound::Mem(b) => Closer::Mem(b.closer()),
         }
     }
 }
@@ -108,6 +169,8 @@ impl Listener {
     pub(crate) async fn accept(&self) -> io::Result<Conn> {
         match self {
             Listener::Tcp(l) => l.accept().await.map(Conn::Tcp).map_err(io::Error::from),
+            #[cfg(any(test, feature = "testing"))]
+            Listener::Mem(l) => l.accept().await.map(Conn::Mem),
         }
     }
 }
@@ -118,6 +181,8 @@ impl Conn {
         use futures_lite::AsyncWriteExt;
         match self {
             Conn::Tcp(s) => s.write_all(bytes).await,
+            #[cfg(any(test, feature = "testing"))]
+            Conn::Mem(c) => c.send_all(&[bytes]).await,
         }
     }
 
@@ -125,6 +190,8 @@ impl Conn {
     pub(crate) fn closer(&self) -> Closer {
         match self {
             Conn::Tcp(s) => Closer::Tcp(std::os::fd::AsRawFd::as_raw_fd(s)),
+            #[cfg(any(test, feature = "testing"))]
+            Conn::Mem(c) => Closer::Mem(c.closer()),
         }
     }
 
@@ -132,6 +199,8 @@ impl Conn {
     pub(crate) fn hand_off(self) -> io::Result<Handoff> {
         match self {
             Conn::Tcp(s) => tcp::hand_off(s).map(Handoff::Tcp),
+            #[cfg(any(test, feature = "testing"))]
+            Conn::Mem(c) => Ok(Handoff::Mem(c)),
         }
     }
 
@@ -139,6 +208,8 @@ impl Conn {
     pub(crate) fn configure(&self, cfg: &TcpBackendConfig) -> io::Result<()> {
         match self {
             Conn::Tcp(s) => tcp::configure_accepted(s, cfg),
+            #[cfg(any(test, feature = "testing"))]
+            Conn::Mem(_) => Ok(()),
         }
     }
 
@@ -150,6 +221,11 @@ impl Conn {
                 let (r, w) = rt::split(s);
                 (Rx::Tcp(r), Tx::Tcp(w), closer)
             }
+            #[cfg(any(test, feature = "testing"))]
+            Conn::Mem(c) => {
+                let (r, w, _) = c.split();
+                (Rx::Mem(r), Tx::Mem(w), closer)
+            }
         }
     }
 }
@@ -159,15 +235,19 @@ impl Handoff {
     pub(crate) fn adopt(self) -> io::Result<Conn> {
         match self {
             Handoff::Tcp(fd) => tcp::adopt(fd).map(Conn::Tcp),
+            #[cfg(any(test, feature = "testing"))]
+            Handoff::Mem(c) => Ok(Conn::Mem(c)),
         }
     }
 }
 
 impl Closer {
     /// Shut the connection down (both directions).
-    pub(crate) fn close(self) {
+    pub(crate) fn close(&self) {
         match self {
-            Closer::Tcp(fd) => tcp::shutdown(fd),
+            Closer::Tcp(fd) => tcp::shutdown(*fd),
+            #[cfg(any(test, feature = "testing"))]
+            Closer::Mem(c) => c.close(),
         }
     }
 }
@@ -179,6 +259,8 @@ impl Tx {
     pub(crate) async fn send_all(&mut self, parts: &[&[u8]]) -> io::Result<()> {
         match self {
             Tx::Tcp(w) => w.send_all(parts).await,
+            #[cfg(any(test, feature = "testing"))]
+            Tx::Mem(w) => w.send_all(parts).await,
         }
     }
 }
@@ -191,6 +273,8 @@ impl AsyncRead for Rx {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Rx::Tcp(r) => Pin::new(r).poll_read(cx, buf),
+            #[cfg(any(test, feature = "testing"))]
+            Rx::Mem(r) => Pin::new(r).poll_read_vectored(cx, &mut [io::IoSliceMut::new(buf)]),
         }
     }
 
@@ -201,6 +285,8 @@ impl AsyncRead for Rx {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Rx::Tcp(r) => Pin::new(r).poll_read_vectored(cx, bufs),
+            #[cfg(any(test, feature = "testing"))]
+            Rx::Mem(r) => Pin::new(r).poll_read_vectored(cx, bufs),
         }
     }
 }
@@ -213,6 +299,8 @@ impl AsyncRead for Conn {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Conn::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            #[cfg(any(test, feature = "testing"))]
+            Conn::Mem(c) => c.poll_read(cx, buf),
         }
     }
 }

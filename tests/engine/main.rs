@@ -6,6 +6,7 @@ mod common;
 mod concurrency;
 mod failures;
 mod gpu;
+mod in_process;
 mod mori_cases;
 mod sizes;
 mod spin;

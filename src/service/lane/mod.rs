@@ -231,7 +231,7 @@ async fn connect(shard: &Rc<Shard>, lane: &Rc<Lane>) -> Result<transport::Conn, 
         ));
     }
     let handshake = async {
-        let mut conn = transport::dial(addr, cfg).await?;
+        let mut conn = transport::dial(addr, cfg, shard.shared.transport).await?;
         let hello = Frame::Hello(Hello {
             version: VERSION,
             lane: lane.lane,
