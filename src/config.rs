@@ -94,6 +94,59 @@ pub struct TcpBackendConfig {
     /// Size of one staging slot: the unit of the copy/network pipeline (the D2H of slot i+1
     /// overlaps the send of slot i; the receive of slot i+1 overlaps the H2D of slot i).
     pub gpu_slot_bytes: usize,
+    /// The deployment secret (at least 16 bytes) every engine that may talk to this one
+    /// shares. With it, every connection authenticates both ends in its handshake
+    /// (HMAC-SHA-256 over fresh nonces, PROTOCOL.md "Authentication") and a peer without it
+    /// gets a generic refusal: no engine key, no region, no byte. `None`: the environment
+    /// variable `MORIO_AUTH_SECRET` when set and not empty ([`AuthSecret::from_env`]), else
+    /// no authentication, as in MORI-IO: any peer that reaches the port can read and write
+    /// registered memory.
+    pub auth_secret: Option<AuthSecret>,
+}
+
+/// A deployment secret. Its `Debug` output never shows the bytes.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AuthSecret(Vec<u8>);
+
+/// Shortest secret accepted.
+pub const MIN_AUTH_SECRET_BYTES: usize = 16;
+
+/// The environment variable that holds the deployment secret when the configuration does not.
+pub const AUTH_SECRET_ENV: &str = "MORIO_AUTH_SECRET";
+
+impl AuthSecret {
+    /// A secret of these bytes (checked by [`TcpBackendConfig::validate`]: at least
+    /// [`MIN_AUTH_SECRET_BYTES`]).
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Self {
+        Self(bytes.into())
+    }
+
+    /// The secret in [`AUTH_SECRET_ENV`], if set and not empty (its bytes as given, without
+    /// a trailing newline).
+    pub fn from_env() -> Option<Self> {
+        let v = std::env::var_os(AUTH_SECRET_ENV)?;
+        let b = std::os::unix::ffi::OsStrExt::as_bytes(v.as_os_str());
+        let b = b.strip_suffix(b"\n").unwrap_or(b);
+        (!b.is_empty()).then(|| Self(b.to_vec()))
+    }
+
+    /// The secret in a file (a key file: its bytes, without a trailing newline).
+    pub fn from_file(path: &std::path::Path) -> std::io::Result<Self> {
+        let b = std::fs::read(path)?;
+        let b = b.strip_suffix(b"\n").unwrap_or(&b);
+        Ok(Self(b.to_vec()))
+    }
+
+    /// Its bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for AuthSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AuthSecret(<{} bytes>)", self.0.len())
+    }
 }
 
 impl Default for TcpBackendConfig {
@@ -120,6 +173,7 @@ impl Default for TcpBackendConfig {
             handshake_timeout: Duration::from_secs(10),
             gpu_staging_bytes: 64 << 20,
             gpu_slot_bytes: 1 << 20,
+            auth_secret: None,
         }
     }
 }
@@ -136,6 +190,9 @@ pub enum ConfigError {
     /// `chunk_bytes` outside 4 KiB..=64 MiB.
     #[error("chunk_bytes must be in [4096, {MAX_CHUNK_BYTES}], got {0}")]
     ChunkBytes(usize),
+    /// `auth_secret` shorter than [`MIN_AUTH_SECRET_BYTES`].
+    #[error("auth_secret must be at least {MIN_AUTH_SECRET_BYTES} bytes, got {0}")]
+    AuthSecretTooShort(usize),
     /// `num_shards` is zero.
     #[error("num_shards must be at least 1")]
     ZeroShards,
@@ -208,6 +265,11 @@ impl TcpBackendConfig {
         if self.sock_sndbuf_bytes > i32::MAX as usize || self.sock_rcvbuf_bytes > i32::MAX as usize
         {
             return Err(ConfigError::SockBuf);
+        }
+        if let Some(s) = &self.auth_secret {
+            if s.as_bytes().len() < MIN_AUTH_SECRET_BYTES {
+                return Err(ConfigError::AuthSecretTooShort(s.as_bytes().len()));
+            }
         }
         if self.gpu_slot_bytes < 4096 || self.gpu_slot_bytes as u64 > MAX_CHUNK_BYTES {
             return Err(ConfigError::GpuSlot(self.gpu_slot_bytes));

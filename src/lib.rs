@@ -48,7 +48,10 @@ mod sync;
 pub mod trace;
 mod transport;
 
-pub use config::{ConfigError, IoEngineConfig, TcpBackendConfig};
+pub use config::{
+    AuthSecret, ConfigError, IoEngineConfig, TcpBackendConfig, AUTH_SECRET_ENV,
+    MIN_AUTH_SECRET_BYTES,
+};
 pub use desc::{
     BackendType, DescError, EngineDesc, EngineKey, MemoryDesc, MemoryLocationType, MemoryUniqueId,
     TransferUniqueId, HANDLE_LEN, NODE_ID_ENV,

@@ -145,37 +145,46 @@ fn frame_and_payload() -> impl Strategy<Value = (Frame, u64)> {
         text(MAX_KEY_BYTES),
         text(MAX_KEY_BYTES),
         any::<u64>(),
+        any::<[u8; 16]>(),
     )
-        .prop_map(|(version, lane, n_lanes, src_key, dst_key, instance)| {
-            (
-                Frame::Hello(Hello {
-                    version,
-                    lane,
-                    n_lanes,
-                    src_key,
-                    dst_key,
-                    instance,
-                }),
-                0,
-            )
-        });
+        .prop_map(
+            |(version, lane, n_lanes, src_key, dst_key, instance, nonce)| {
+                (
+                    Frame::Hello(Hello {
+                        version,
+                        lane,
+                        n_lanes,
+                        src_key,
+                        dst_key,
+                        instance,
+                        nonce,
+                    }),
+                    0,
+                )
+            },
+        );
     let hello_ack = (
         any::<u32>(),
         terminal_code(),
         text(MAX_KEY_BYTES),
         text(MAX_MSG_BYTES),
+        any::<[u8; 16]>(),
+        proptest::option::of(any::<[u8; 32]>()),
     )
-        .prop_map(|(version, code, key, msg)| {
+        .prop_map(|(version, code, key, msg, nonce, proof)| {
             (
                 Frame::HelloAck(HelloAck {
                     version,
                     code,
                     key,
                     msg,
+                    nonce,
+                    proof,
                 }),
                 0,
             )
         });
+    let auth = any::<[u8; 32]>().prop_map(|p| (Frame::Auth(p), 0));
     // FINAL marks a chunk that is the whole transfer: such chunks have n_chunks == 1.
     let as_final = |mut c: Chunk, final_: bool| {
         if final_ {
@@ -233,7 +242,7 @@ fn frame_and_payload() -> impl Strategy<Value = (Frame, u64)> {
     let complete = reply().prop_map(|r| (Frame::Complete(r), 0));
     let go_away = (terminal_code(), text(MAX_MSG_BYTES))
         .prop_map(|(code, msg)| (Frame::GoAway { code, msg }, 0));
-    prop_oneof![hello, hello_ack, write, read, read_data, finish, complete, go_away]
+    prop_oneof![hello, hello_ack, auth, write, read, read_data, finish, complete, go_away]
 }
 
 fn encoded(frame: &Frame, payload_len: u64) -> Vec<u8> {
@@ -375,6 +384,7 @@ proptest! {
                 src_key: key.clone(),
                 dst_key: key.clone(),
                 instance: u64::MAX,
+                nonce: [0xA5; 16],
             }),
         ];
         for f in frames {
@@ -1182,6 +1192,8 @@ fn final_on_partial_chunk_and_odd_hello_ack_code_are_rejected() {
         code: 3,
         key: "k".into(),
         msg: String::new(),
+        nonce: [0; 16],
+        proof: None,
     };
     Frame::HelloAck(ack).encode(0, &mut buf);
     assert_eq!(decode_frame(&buf), Err(DecodeError::BadCode(3)));

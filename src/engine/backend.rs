@@ -41,7 +41,14 @@ impl IoEngine {
         self.create_backend_over(cfg, Kind::InProcess)
     }
 
-    fn create_backend_over(&self, cfg: TcpBackendConfig, kind: Kind) -> Result<(), EngineError> {
+    fn create_backend_over(
+        &self,
+        mut cfg: TcpBackendConfig,
+        kind: Kind,
+    ) -> Result<(), EngineError> {
+        if cfg.auth_secret.is_none() {
+            cfg.auth_secret = crate::config::AuthSecret::from_env();
+        }
         cfg.validate()?;
         let core = &self.core;
         let _life = lock(&core.lifecycle);

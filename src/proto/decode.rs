@@ -6,7 +6,7 @@ use super::frame::{
 };
 use super::limits::{
     FRAME_MAGIC, HEADER_BYTES, MAX_BODY_BYTES, MAX_CHUNK_BYTES, MAX_KEY_BYTES, MAX_LANES,
-    MAX_MSG_BYTES, MAX_SEGS_PER_CHUNK, RUN_BYTES, SEG_BYTES,
+    MAX_MSG_BYTES, MAX_SEGS_PER_CHUNK, PROOF_BYTES, RUN_BYTES, SEG_BYTES,
 };
 
 /// Why bytes from the wire are not a valid frame. Any of these closes the connection.
@@ -68,6 +68,9 @@ pub enum DecodeError {
     /// Unknown op byte in FINISH.
     #[error("unknown op {0}")]
     BadOp(u8),
+    /// A HELLO_ACK proof of another length than [`PROOF_BYTES`].
+    #[error("handshake proof of {0} bytes")]
+    BadProofLen(u8),
 }
 
 /// A decoded fixed header.
@@ -150,13 +153,21 @@ pub fn decode_body(h: &Header, body: &[u8]) -> Result<Frame, DecodeError> {
             src_key: r.str16(MAX_KEY_BYTES)?,
             dst_key: r.str16(MAX_KEY_BYTES)?,
             instance: r.u64()?,
+            nonce: r.array()?,
         }),
         Kind::HelloAck => Frame::HelloAck(HelloAck {
             version: r.u32()?,
             code: r.code()?,
             key: r.str16(MAX_KEY_BYTES)?,
             msg: r.msg()?,
+            nonce: r.array()?,
+            proof: match r.u8()? {
+                0 => None,
+                n if n as usize == PROOF_BYTES => Some(r.array()?),
+                n => return Err(DecodeError::BadProofLen(n)),
+            },
         }),
+        Kind::Auth => Frame::Auth(r.array()?),
         Kind::Write => Frame::Write {
             chunk: r.chunk(final_, as_runs)?,
             final_,
@@ -226,6 +237,12 @@ impl<'a> Reader<'a> {
         self.b = rest;
         Ok(head)
     }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+
     fn u8(&mut self) -> Result<u8, DecodeError> {
         Ok(self.take(1)?[0])
     }

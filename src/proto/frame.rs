@@ -1,6 +1,6 @@
 //! Frame types and their encoding. Layout (little-endian) is documented in `PROTOCOL.md`.
 
-use super::limits::{FRAME_MAGIC, HEADER_BYTES};
+use super::limits::{FRAME_MAGIC, HEADER_BYTES, NONCE_BYTES, PROOF_BYTES};
 
 /// Frame kinds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,6 +23,9 @@ pub enum Kind {
     Complete = 8,
     /// Target → initiator, before closing a connection for a protocol error.
     GoAway = 9,
+    /// Dialer → acceptor, after a HELLO_ACK that carried a proof: the dialer's proof that it
+    /// holds the deployment secret (the connection's last handshake frame).
+    Auth = 10,
 }
 
 impl Kind {
@@ -38,6 +41,7 @@ impl Kind {
             7 => Self::Finish,
             8 => Self::Complete,
             9 => Self::GoAway,
+            10 => Self::Auth,
             _ => return None,
         })
     }
@@ -159,6 +163,9 @@ pub struct Hello {
     /// tells a restarted engine with the same key (whose uids start over) from its
     /// predecessor, whose unfinished transfers the target may still hold.
     pub instance: u64,
+    /// Fresh random bytes of this connection, bound into both proofs of an authenticated
+    /// handshake ([`super::handshake`]).
+    pub nonce: [u8; NONCE_BYTES],
 }
 
 /// Answer to HELLO.
@@ -168,10 +175,15 @@ pub struct HelloAck {
     pub version: u32,
     /// SUCCESS, or why the connection is refused.
     pub code: u32,
-    /// The acceptor's engine key.
+    /// The acceptor's engine key (empty in a refusal, and when the acceptor authenticates:
+    /// its proof names the key instead).
     pub key: String,
     /// Reason for a refusal.
     pub msg: String,
+    /// Fresh random bytes of the acceptor (zero when it does not authenticate).
+    pub nonce: [u8; NONCE_BYTES],
+    /// The acceptor's proof that it holds the deployment secret, when it has one.
+    pub proof: Option<[u8; PROOF_BYTES]>,
 }
 
 /// A decoded frame (the payload, if any, follows on the stream and is not part of it).
@@ -206,6 +218,8 @@ pub enum Frame {
     Finish(Finish),
     /// See [`Kind::Complete`].
     Complete(Reply),
+    /// See [`Kind::Auth`]: the dialer's proof.
+    Auth([u8; PROOF_BYTES]),
     /// See [`Kind::GoAway`].
     GoAway {
         /// Why.
@@ -227,6 +241,7 @@ impl Frame {
             Self::Finish(_) => Kind::Finish,
             Self::Complete(_) => Kind::Complete,
             Self::GoAway { .. } => Kind::GoAway,
+            Self::Auth(_) => Kind::Auth,
         }
     }
 
@@ -266,13 +281,23 @@ impl Frame {
                 put_str16(out, &h.src_key, super::limits::MAX_KEY_BYTES);
                 put_str16(out, &h.dst_key, super::limits::MAX_KEY_BYTES);
                 put_u64(out, h.instance);
+                out.extend_from_slice(&h.nonce);
             }
             Self::HelloAck(a) => {
                 put_u32(out, a.version);
                 put_u32(out, a.code);
                 put_str16(out, &a.key, super::limits::MAX_KEY_BYTES);
                 put_msg(out, &a.msg);
+                out.extend_from_slice(&a.nonce);
+                match &a.proof {
+                    Some(p) => {
+                        out.push(PROOF_BYTES as u8);
+                        out.extend_from_slice(p);
+                    }
+                    None => out.push(0),
+                }
             }
+            Self::Auth(p) => out.extend_from_slice(p),
             Self::Write { .. } | Self::Read { .. } => unreachable!("encoded above"),
             Self::Complete(r) | Self::ReadData { reply: r, .. } => {
                 put_u64(out, r.tag);

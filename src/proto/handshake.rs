@@ -1,9 +1,28 @@
-//! The connection handshake: HELLO from the dialer, HELLO_ACK from the acceptor, and the
-//! checks each side makes before a single request is served.
+//! The connection handshake: HELLO from the dialer, HELLO_ACK from the acceptor, and, when the
+//! deployment has a secret, AUTH from the dialer; the checks each side makes before a single
+//! request is served.
+//!
+//! With a secret, both sides prove they hold it, bound to this connection: the dialer's HELLO
+//! carries a fresh nonce, the acceptor answers with its own nonce and
+//! `HMAC-SHA-256(secret, "morio acceptor" ‖ transcript)`, the dialer checks that and answers
+//! AUTH with `HMAC-SHA-256(secret, "morio dialer" ‖ transcript)`, where the transcript is the
+//! version, lane, lane count, both engine keys, the dialer's instance and both nonces. Proofs
+//! are compared in constant time. A recorded handshake cannot be replayed (the other side's
+//! nonce differs), a proof for one lane or engine is no proof for another, and neither side's
+//! proof can stand in for the other's. Until the dialer's proof is checked, an acceptor with a
+//! secret tells a peer nothing but a generic refusal: no engine key, no reason.
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
 
 use super::codes;
 use super::frame::{Hello, HelloAck};
-use super::limits::{MAX_LANES, VERSION};
+use super::limits::{MAX_LANES, NONCE_BYTES, PROOF_BYTES, VERSION};
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// The refusal an acceptor with a secret sends for any reason, before it knows its peer.
+pub const GENERIC_REFUSAL: &str = "connection refused";
 
 /// Why an acceptor refuses a HELLO: the code and message of its HELLO_ACK.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -12,6 +31,55 @@ pub struct Refused {
     pub code: u32,
     /// The reason.
     pub msg: String,
+}
+
+/// Which side a proof is from (domain separation: one side's proof is never the other's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    Acceptor,
+    Dialer,
+}
+
+/// The proof of `role` for the handshake of `hello` answered with `nonce`.
+fn proof(secret: &[u8], role: Role, hello: &Hello, nonce: &[u8; NONCE_BYTES]) -> [u8; PROOF_BYTES] {
+    let mac = transcript(secret, role, hello, nonce);
+    let mut out = [0u8; PROOF_BYTES];
+    out.copy_from_slice(&mac.finalize().into_bytes());
+    out
+}
+
+/// The keyed MAC over the handshake's transcript, ready to finalize or verify.
+fn transcript(secret: &[u8], role: Role, hello: &Hello, nonce: &[u8; NONCE_BYTES]) -> HmacSha256 {
+    // HMAC takes keys of any length.
+    let mut mac = HmacSha256::new_from_slice(secret).unwrap_or_else(|_| unreachable!());
+    mac.update(match role {
+        Role::Acceptor => b"morio acceptor\0",
+        Role::Dialer => b"morio dialer\0\0\0",
+    });
+    mac.update(&hello.version.to_le_bytes());
+    mac.update(&hello.lane.to_le_bytes());
+    mac.update(&hello.n_lanes.to_le_bytes());
+    for key in [&hello.src_key, &hello.dst_key] {
+        mac.update(&(key.len() as u64).to_le_bytes());
+        mac.update(key.as_bytes());
+    }
+    mac.update(&hello.instance.to_le_bytes());
+    mac.update(&hello.nonce);
+    mac.update(nonce);
+    mac
+}
+
+/// Whether `got` is `role`'s proof for this handshake (constant time).
+fn verify(
+    secret: &[u8],
+    role: Role,
+    hello: &Hello,
+    nonce: &[u8; NONCE_BYTES],
+    got: &[u8; PROOF_BYTES],
+) -> bool {
+    transcript(secret, role, hello, nonce)
+        .verify_slice(got)
+        .is_ok()
 }
 
 /// The acceptor's check of a HELLO sent to engine `me`.
@@ -39,46 +107,107 @@ pub fn check_hello(hello: &Hello, me: &str) -> Result<(), Refused> {
     }
 }
 
-/// The acceptor's answer: `Ok` accepts as engine `me`, `Err` refuses.
-pub fn ack(me: &str, verdict: Result<(), Refused>) -> HelloAck {
-    match verdict {
-        Ok(()) => HelloAck {
+/// A refusal as an acceptor sends it: with a secret, the same generic refusal whatever the
+/// reason (the peer is not known to be one of ours).
+pub fn refusal(r: Refused, secret: Option<&[u8]>) -> HelloAck {
+    let (code, msg) = match secret {
+        Some(_) => (codes::ERR_NOT_FOUND, GENERIC_REFUSAL.to_string()),
+        None => (r.code, r.msg),
+    };
+    HelloAck {
+        version: VERSION,
+        code,
+        key: String::new(),
+        msg,
+        nonce: [0; NONCE_BYTES],
+        proof: None,
+    }
+}
+
+/// The acceptor's answer to a HELLO it accepts, as engine `me`: with a secret, no key but a
+/// proof over the acceptor's fresh `nonce` (the dialer must then answer AUTH).
+pub fn accept(
+    me: &str,
+    hello: &Hello,
+    secret: Option<&[u8]>,
+    nonce: [u8; NONCE_BYTES],
+) -> HelloAck {
+    match secret {
+        Some(s) => HelloAck {
+            version: VERSION,
+            code: codes::SUCCESS,
+            key: String::new(),
+            msg: String::new(),
+            nonce,
+            proof: Some(proof(s, Role::Acceptor, hello, &nonce)),
+        },
+        None => HelloAck {
             version: VERSION,
             code: codes::SUCCESS,
             key: me.to_string(),
             msg: String::new(),
-        },
-        Err(r) => HelloAck {
-            version: VERSION,
-            code: r.code,
-            key: String::new(),
-            msg: r.msg,
+            nonce: [0; NONCE_BYTES],
+            proof: None,
         },
     }
 }
 
-/// The dialer's check of the HELLO_ACK of the engine it expects, `expected`.
-pub fn check_ack(ack: &HelloAck, expected: &str) -> Result<(), String> {
+/// The acceptor's check of the dialer's AUTH for the handshake of `hello`, which it answered
+/// with `nonce`.
+pub fn check_auth(
+    secret: &[u8],
+    hello: &Hello,
+    nonce: &[u8; NONCE_BYTES],
+    got: &[u8; PROOF_BYTES],
+) -> bool {
+    verify(secret, Role::Dialer, hello, nonce, got)
+}
+
+/// The dialer's check of the HELLO_ACK to its `hello`: `Ok(Some(proof))` when it must send
+/// AUTH with that proof, `Ok(None)` when the connection is ready.
+pub fn check_ack(
+    ack: &HelloAck,
+    hello: &Hello,
+    secret: Option<&[u8]>,
+) -> Result<Option<[u8; PROOF_BYTES]>, String> {
+    let expected = &hello.dst_key;
     if ack.code != codes::SUCCESS {
-        Err(format!("peer refused the connection: {}", ack.msg))
-    } else if ack.version != VERSION {
-        Err(format!(
+        return Err(format!("peer refused the connection: {}", ack.msg));
+    }
+    if ack.version != VERSION {
+        return Err(format!(
             "peer speaks protocol version {}, we speak {VERSION}",
             ack.version
-        ))
-    } else if ack.key != expected {
-        Err(format!(
+        ));
+    }
+    match (secret, &ack.proof) {
+        (Some(s), Some(p)) => {
+            if !verify(s, Role::Acceptor, hello, &ack.nonce, p) {
+                return Err(format!(
+                    "peer {expected:?} failed authentication (a different secret?)"
+                ));
+            }
+            Ok(Some(proof(s, Role::Dialer, hello, &ack.nonce)))
+        }
+        (Some(_), None) => Err(format!(
+            "peer {expected:?} does not authenticate (no secret configured there?): refusing it"
+        )),
+        (None, Some(_)) => Err(format!(
+            "peer {expected:?} requires authentication: configure the deployment secret"
+        )),
+        (None, None) if ack.key != *expected => Err(format!(
             "peer is engine {:?}, expected {expected:?}",
             ack.key
-        ))
-    } else {
-        Ok(())
+        )),
+        (None, None) => Ok(None),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const SECRET: &[u8] = b"0123456789abcdef-deployment";
 
     fn hello() -> Hello {
         Hello {
@@ -88,6 +217,7 @@ mod tests {
             src_key: "a".into(),
             dst_key: "b".into(),
             instance: 3,
+            nonce: [7; NONCE_BYTES],
         }
     }
 
@@ -127,11 +257,101 @@ mod tests {
     }
 
     #[test]
-    fn acks_are_checked() {
-        assert_eq!(check_ack(&ack("b", Ok(())), "b"), Ok(()));
-        assert!(check_ack(&ack("b", Ok(())), "x").is_err());
-        let no = ack("b", check_hello(&hello(), "c"));
+    fn without_a_secret_the_ack_names_the_engine() {
+        let h = hello();
+        assert_eq!(
+            check_ack(&accept("b", &h, None, [0; 16]), &h, None),
+            Ok(None)
+        );
+        let other = Hello {
+            dst_key: "x".into(),
+            ..hello()
+        };
+        assert!(check_ack(&accept("b", &h, None, [0; 16]), &other, None).is_err());
+        let no = refusal(check_hello(&h, "c").unwrap_err(), None);
         assert!(no.key.is_empty(), "a refusal names no engine");
-        assert!(check_ack(&no, "b").unwrap_err().contains("refused"));
+        assert!(no.msg.contains("this is engine"), "{}", no.msg);
+        assert!(check_ack(&no, &h, None).unwrap_err().contains("refused"));
+    }
+
+    #[test]
+    fn with_a_secret_both_sides_prove_it_for_this_connection() {
+        let h = hello();
+        let ack = accept("b", &h, Some(SECRET), [9; NONCE_BYTES]);
+        assert!(
+            ack.key.is_empty(),
+            "nothing about the engine before the dialer's proof"
+        );
+        let auth = check_ack(&ack, &h, Some(SECRET))
+            .unwrap()
+            .expect("must send AUTH");
+        assert!(check_auth(SECRET, &h, &[9; NONCE_BYTES], &auth));
+        // Another connection (another nonce of either side), lane or dialer: no proof.
+        assert!(
+            !check_auth(SECRET, &h, &[8; NONCE_BYTES], &auth),
+            "replayed"
+        );
+        for other in [
+            Hello {
+                nonce: [1; NONCE_BYTES],
+                ..hello()
+            },
+            Hello { lane: 0, ..hello() },
+            Hello {
+                src_key: "mallory".into(),
+                ..hello()
+            },
+            Hello {
+                instance: 4,
+                ..hello()
+            },
+        ] {
+            assert!(
+                !check_auth(SECRET, &other, &[9; NONCE_BYTES], &auth),
+                "{other:?}"
+            );
+        }
+        // One side's proof is not the other's.
+        let acceptors = ack.proof.unwrap();
+        assert!(!check_auth(SECRET, &h, &[9; NONCE_BYTES], &acceptors));
+        // A wrong secret fails on either side.
+        assert!(check_ack(&ack, &h, Some(b"another secret, long enough"))
+            .unwrap_err()
+            .contains("failed authentication"));
+        assert!(!check_auth(
+            b"another secret, long enough",
+            &h,
+            &[9; NONCE_BYTES],
+            &auth
+        ));
+    }
+
+    #[test]
+    fn a_secret_on_one_side_only_fails_clearly() {
+        let h = hello();
+        let plain = accept("b", &h, None, [0; NONCE_BYTES]);
+        assert!(check_ack(&plain, &h, Some(SECRET))
+            .unwrap_err()
+            .contains("does not authenticate"));
+        let authed = accept("b", &h, Some(SECRET), [5; NONCE_BYTES]);
+        assert!(check_ack(&authed, &h, None)
+            .unwrap_err()
+            .contains("requires authentication"));
+    }
+
+    #[test]
+    fn with_a_secret_every_refusal_is_generic() {
+        let h = hello();
+        for r in [
+            check_hello(&h, "c").unwrap_err(),
+            check_hello(&Hello { lane: 5, ..hello() }, "b").unwrap_err(),
+        ] {
+            let ack = refusal(r, Some(SECRET));
+            assert_eq!(
+                (ack.code, ack.msg.as_str()),
+                (codes::ERR_NOT_FOUND, GENERIC_REFUSAL)
+            );
+            assert!(ack.key.is_empty() && ack.proof.is_none());
+        }
     }
 }

@@ -2,7 +2,11 @@
 //! allocates or places a byte.
 
 /// Protocol version carried in HELLO; peers must match exactly.
-pub const VERSION: u32 = 5;
+pub const VERSION: u32 = 6;
+/// Random bytes each side of a handshake contributes ([`super::handshake`]).
+pub const NONCE_BYTES: usize = 16;
+/// An HMAC-SHA-256 proof in the handshake.
+pub const PROOF_BYTES: usize = 32;
 /// Magic at the start of every frame header ("MO" little-endian).
 pub const FRAME_MAGIC: u16 = 0x4F4D;
 /// Size of the fixed frame header.

@@ -10,9 +10,10 @@ use super::gpu_io::{self, SendError};
 use super::msg::ShardMsg;
 use super::{ServedConn, Shard, TaskGuard};
 use crate::proto::codes;
-use crate::proto::frame::{Chunk, Frame, Hello};
+use crate::proto::frame::{Chunk, Frame, Hello, HelloAck};
 use crate::proto::handshake;
 use crate::proto::inbound::Refusal;
+use crate::proto::limits::NONCE_BYTES;
 use crate::proto::target::{self, Inbound, Record, Response, Served};
 use crate::region::SharedRegion;
 use crate::status::StatusCode;
@@ -45,41 +46,76 @@ pub(crate) async fn accept_loop(shard: Rc<Shard>, bound: Bound) {
     }
 }
 
-async fn refuse(conn: &mut Conn, refused: handshake::Refused) {
-    let ack = Frame::HelloAck(handshake::ack("", Err(refused)));
+async fn refuse(conn: &mut Conn, ack: HelloAck) {
     let mut buf = Vec::new();
-    ack.encode(0, &mut buf);
+    Frame::HelloAck(ack).encode(0, &mut buf);
     let _ = conn.send(&buf).await;
+}
+
+/// Shake hands with a new connection: its HELLO checked, HELLO_ACK sent and, with a
+/// secret, the dialer's AUTH checked, all within `handshake_timeout`. The HELLO of a
+/// connection that may be served, or `None` (refused or closed).
+async fn shake(shard: &Shard, conn: &mut Conn) -> Option<Hello> {
+    let cfg = &shard.shared.cfg;
+    let secret = cfg.auth_secret.as_ref().map(|s| s.as_bytes());
+    let hello = match read_frame_exact(conn).await {
+        Ok(Frame::Hello(h)) => h,
+        Ok(f) => {
+            let refused = handshake::Refused {
+                code: codes::ERR_INVALID_ARGS,
+                msg: format!("expected HELLO, got {:?}", f.kind()),
+            };
+            refuse(conn, handshake::refusal(refused, secret)).await;
+            return None;
+        }
+        Err(e) => {
+            log::debug!("dropping connection before HELLO: {e}");
+            return None;
+        }
+    };
+    if let Err(refused) = handshake::check_hello(&hello, &shard.shared.key) {
+        refuse(conn, handshake::refusal(refused, secret)).await;
+        return None;
+    }
+    let nonce: [u8; NONCE_BYTES] = rand::random();
+    let ack = handshake::accept(&shard.shared.key, &hello, secret, nonce);
+    let mut buf = Vec::new();
+    Frame::HelloAck(ack).encode(0, &mut buf);
+    conn.send(&buf).await.ok()?;
+    let Some(secret) = secret else {
+        return Some(hello);
+    };
+    match read_frame_exact(conn).await {
+        Ok(Frame::Auth(proof)) if handshake::check_auth(secret, &hello, &nonce, &proof) => {
+            Some(hello)
+        }
+        other => {
+            // Nothing more to say to a peer that cannot prove the secret: close.
+            log::debug!(
+                "closing a connection claiming to be {:?}: authentication failed ({})",
+                hello.src_key,
+                match other {
+                    Ok(f) => format!("{:?}", f.kind()),
+                    Err(e) => e.to_string(),
+                }
+            );
+            None
+        }
+    }
 }
 
 async fn handshake(shard: Rc<Shard>, mut conn: Conn) {
     let _live = TaskGuard::new(&shard);
     let served = ServedConn::new(&shard, conn.closer());
-    let cfg = &shard.shared.cfg;
-    let hello = match rt::timeout(cfg.handshake_timeout, read_frame_exact(&mut conn)).await {
-        Some(Ok(Frame::Hello(h))) => h,
-        Some(Ok(f)) => {
-            let refused = handshake::Refused {
-                code: codes::ERR_INVALID_ARGS,
-                msg: format!("expected HELLO, got {:?}", f.kind()),
-            };
-            return refuse(&mut conn, refused).await;
-        }
-        Some(Err(e)) => {
-            log::debug!("dropping connection before HELLO: {e}");
-            return;
-        }
+    let limit = shard.shared.cfg.handshake_timeout;
+    let hello = match rt::timeout(limit, shake(&shard, &mut conn)).await {
+        Some(Some(h)) => h,
+        Some(None) => return,
         None => {
-            log::debug!(
-                "dropping connection: no HELLO within {:?}",
-                cfg.handshake_timeout
-            );
+            log::debug!("dropping connection: no handshake within {limit:?}");
             return;
         }
     };
-    if let Err(refused) = handshake::check_hello(&hello, &shard.shared.key) {
-        return refuse(&mut conn, refused).await;
-    }
     let to = shard.lane_shard(hello.lane);
     drop(served);
     if to == shard.id {
@@ -116,10 +152,6 @@ async fn serve(shard: Rc<Shard>, conn: Conn, hello: Hello) {
     let (r, w, closer) = conn.split();
     let mut reader = FrameReader::new(r, cfg.op_timeout);
     let mut writer = FrameWriter::new(w, cfg.inline_write_bytes);
-    let ack = Frame::HelloAck(handshake::ack(&shard.shared.key, Ok(())));
-    if writer.send(&ack, &[]).await.is_err() {
-        return;
-    }
     let conn = Served {
         peer: hello.src_key.as_str().into(),
         instance: hello.instance,

@@ -203,6 +203,7 @@ pub fn hello(src: &str, dst: &str) -> Vec<u8> {
             src_key: src.into(),
             dst_key: dst.into(),
             instance: 1,
+            nonce: [0; 16],
         }),
         0,
     )
@@ -216,6 +217,8 @@ pub fn hello_ack(key: &str) -> Vec<u8> {
             code: 0,
             key: key.into(),
             msg: String::new(),
+            nonce: [0; 16],
+            proof: None,
         }),
         0,
     )

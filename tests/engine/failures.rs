@@ -756,6 +756,7 @@ fn hostile_bad_hellos_are_refused_with_a_code() {
                 src_key: src.into(),
                 dst_key: dst.into(),
                 instance: 1,
+                nonce: [3; 16],
             }),
             0,
         )

@@ -4,7 +4,7 @@
 use std::fmt;
 
 use morio::proto::decode::{decode_frame, DecodeError};
-use morio::proto::frame::Frame;
+use morio::proto::frame::{Frame, Hello};
 use morio::proto::limits::{HEADER_BYTES, MAX_BODY_BYTES};
 use morio::proto::target::Served;
 
@@ -158,13 +158,15 @@ pub struct Conn {
     /// Bytes that follow the HELLO_ACK on `down` (garbage scenarios; put on the wire once
     /// the initiator has read the HELLO_ACK, which nothing else can have followed yet).
     pub garbage_after_ack: Option<Vec<u8>>,
+    /// The HELLO the initiator sent (its HELLO_ACK is checked against it).
+    pub hello: Hello,
 }
 
 impl Conn {
     /// A connection of instance `inst` on `lane` whose `up` starts with `hello`.
-    pub fn new(inst: usize, lane: u16, hello: &Frame) -> Self {
+    pub fn new(inst: usize, lane: u16, hello: Hello) -> Self {
         let mut up = Pipe::default();
-        up.send(hello, &[]);
+        up.send(&Frame::Hello(hello.clone()), &[]);
         Self {
             inst,
             lane,
@@ -179,6 +181,7 @@ impl Conn {
             stall_when_ready: false,
             lag_when_ready: false,
             garbage_after_ack: None,
+            hello,
         }
     }
 }

@@ -15,7 +15,7 @@ use morio::proto::dispatch::{
     Work,
 };
 use morio::proto::frame::{encode_chunk_segs, Chunk, Finish, Frame, Hello, Kind, Op};
-use morio::proto::handshake::{ack, check_ack, check_hello};
+use morio::proto::handshake::{accept, check_ack, check_hello, refusal};
 use morio::proto::inbound::Refusal;
 use morio::proto::join::JoinMap;
 use morio::proto::lane::{Answer, LaneBook, Matched, ReadWait, Report, Sendable};
@@ -455,15 +455,16 @@ impl Sim {
 
     /// A fresh connection for lane `l` of instance `i`, HELLO on its way.
     fn dial(&mut self, i: usize, l: u16) -> Lane {
-        let hello = Frame::Hello(Hello {
+        let hello = Hello {
             version: VERSION,
             lane: l,
             n_lanes: self.n_lanes,
             src_key: INIT_KEY.into(),
             dst_key: TARGET_KEY.into(),
             instance: self.inits[i].instance,
-        });
-        let mut conn = Conn::new(i, l, &hello);
+            nonce: self.rng.gen(),
+        };
+        let mut conn = Conn::new(i, l, hello);
         conn.weight = *[1, 3, 9].choose(&mut self.rng).expect("weights");
         self.conns.push(conn);
         Lane {
@@ -1003,8 +1004,8 @@ impl Sim {
                 let why = format!("expected HELLO_ACK, got {:?}", frame.kind());
                 return self.die(l, Cause::Handshake(why));
             };
-            match check_ack(&a, TARGET_KEY) {
-                Ok(()) => {
+            match check_ack(&a, &self.conns[c].hello, None) {
+                Ok(_) => {
                     self.inits[i].lanes[l as usize].ready = true;
                     let conn = &mut self.conns[c];
                     conn.stalled |= conn.stall_when_ready;
@@ -1165,7 +1166,11 @@ impl Sim {
             };
             let verdict = check_hello(&h, TARGET_KEY);
             let ok = verdict.clone();
-            self.answer(c, &Frame::HelloAck(ack(TARGET_KEY, verdict)), &[]);
+            let ack = match verdict {
+                Ok(()) => accept(TARGET_KEY, &h, None, [0; 16]),
+                Err(r) => refusal(r, None),
+            };
+            self.answer(c, &Frame::HelloAck(ack), &[]);
             match ok {
                 Ok(()) => {
                     self.conns[c].served = Some(Served {

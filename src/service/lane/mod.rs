@@ -232,26 +232,36 @@ async fn connect(shard: &Rc<Shard>, lane: &Rc<Lane>) -> Result<transport::Conn, 
     }
     let handshake = async {
         let mut conn = transport::dial(addr, cfg, shard.shared.transport).await?;
-        let hello = Frame::Hello(Hello {
+        let hello = Hello {
             version: VERSION,
             lane: lane.lane,
             n_lanes: cfg.num_data_conns as u16,
             src_key: shard.shared.key.clone(),
             dst_key: lane.peer.key.to_string(),
             instance: shard.shared.instance,
-        });
+            nonce: rand::random(),
+        };
         let mut buf = Vec::new();
-        hello.encode(0, &mut buf);
+        Frame::Hello(hello.clone()).encode(0, &mut buf);
         conn.send(&buf)
             .await
             .map_err(|e| format!("send HELLO: {e}"))?;
-        match read_frame_exact(&mut conn).await {
-            Ok(Frame::HelloAck(a)) => handshake::check_ack(&a, &lane.peer.key)
-                .map(|()| conn)
-                .map_err(|e| format!("{addr}: {e}")),
-            Ok(f) => Err(format!("expected HELLO_ACK, got {:?}", f.kind())),
-            Err(e) => Err(format!("handshake: {e}")),
+        let secret = cfg.auth_secret.as_ref().map(|s| s.as_bytes());
+        let auth = match read_frame_exact(&mut conn).await {
+            Ok(Frame::HelloAck(a)) => {
+                handshake::check_ack(&a, &hello, secret).map_err(|e| format!("{addr}: {e}"))?
+            }
+            Ok(f) => return Err(format!("expected HELLO_ACK, got {:?}", f.kind())),
+            Err(e) => return Err(format!("handshake: {e}")),
+        };
+        if let Some(proof) = auth {
+            buf.clear();
+            Frame::Auth(proof).encode(0, &mut buf);
+            conn.send(&buf)
+                .await
+                .map_err(|e| format!("send AUTH: {e}"))?;
         }
+        Ok(conn)
     };
     rt::timeout(cfg.op_timeout, handshake)
         .await
