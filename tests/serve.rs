@@ -65,7 +65,9 @@ size = 4096
     let mut child = Command::new(env!("CARGO_BIN_EXE_morio"))
         .args(["serve", "--config"])
         .arg(&cfg)
+        .env_remove(morio::AUTH_SECRET_ENV)
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap());
@@ -144,6 +146,17 @@ size = 4096
     out.read_to_string(&mut rest).unwrap();
     assert!(status.success(), "exit {status:?}: {rest}");
     assert!(rest.contains("shut down cleanly"), "{rest}");
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(
+        err.contains("WARNING: no deployment secret"),
+        "no warning without a secret: {err}"
+    );
     // The transfer node is gone: a new transfer to it fails instead of hanging.
     let st = me.write(src.desc(), 0, &kv, 0, 4096, me.allocate_transfer_uid());
     assert_eq!(
@@ -178,5 +191,127 @@ fn dump_config_is_the_commented_default_and_bad_configs_fail_clearly() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("num_data_conns"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// With `[auth] secret_file`, the node serves a peer holding the secret, refuses one that
+/// does not (nothing placed), and does not warn.
+#[test]
+fn serve_with_a_secret_serves_only_peers_that_hold_it() {
+    let dir = std::env::temp_dir().join(format!("morio-serve-auth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let secret = b"serve node secret, long enough";
+    std::fs::write(dir.join("secret"), secret).unwrap();
+    let cfg = dir.join("serve.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+[engine]
+key = "auth-node"
+host = "127.0.0.1"
+[tcp]
+shards = 2
+pin_shards = false
+op_timeout_ms = 5000
+[auth]
+secret_file = {:?}
+[control]
+listen = "127.0.0.1:0"
+[stats]
+interval_s = 0
+[[memory]]
+name = "kv"
+size = "1MiB"
+"#,
+            dir.join("secret").display().to_string()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_morio"))
+        .args(["serve", "--config"])
+        .arg(&cfg)
+        .env_remove(morio::AUTH_SECRET_ENV)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    let addr: SocketAddr = first
+        .strip_prefix("MORIO_SERVE_CONTROL ")
+        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+        .trim()
+        .parse()
+        .unwrap();
+    let d: Descriptors = rmp_serde::from_slice(&ask(addr, "descriptors")).unwrap();
+    let node = EngineDesc::unpack(&d.engine).unwrap();
+    let kv = MemoryDesc::unpack(&d.memory[0].desc).unwrap();
+    let client = |key: &str, secret: Option<&[u8]>| {
+        let e = IoEngine::new(key, IoEngineConfig::new("127.0.0.1", 0)).unwrap();
+        e.create_backend(TcpBackendConfig {
+            num_shards: Some(1),
+            pin_shards: false,
+            op_timeout: Duration::from_secs(5),
+            auth_secret: secret.map(morio::AuthSecret::new),
+            ..Default::default()
+        })
+        .unwrap();
+        e.register_remote_engine(&node).unwrap();
+        e
+    };
+    let n = 64 << 10;
+    let outsider = client("outsider", None);
+    let junk = outsider.register_buffer(vec![0xEE; n]).unwrap();
+    let st = outsider.write(junk.desc(), 0, &kv, 0, n, 1);
+    assert_ne!(st.wait_for(Duration::from_secs(30)), StatusCode::Success);
+    assert!(
+        st.message().contains("requires authentication"),
+        "{}",
+        st.message()
+    );
+    let member = client("member", Some(secret));
+    let back = member.alloc_buffer(n).unwrap();
+    let st = member.read(back.desc(), 0, &kv, 0, n, 1);
+    assert_eq!(
+        st.wait_for(Duration::from_secs(30)),
+        StatusCode::Success,
+        "{}",
+        st.message()
+    );
+    assert!(
+        back.to_vec().iter().all(|&x| x == 0),
+        "the outsider's bytes landed"
+    );
+    let data: Vec<u8> = (0..n).map(|i| (i % 253) as u8).collect();
+    let src = member.register_buffer(data.clone()).unwrap();
+    let st = member.write(src.desc(), 0, &kv, 0, n, 2);
+    assert_eq!(
+        st.wait_for(Duration::from_secs(30)),
+        StatusCode::Success,
+        "{}",
+        st.message()
+    );
+    let st = member.read(back.desc(), 0, &kv, 0, n, 3);
+    assert_eq!(
+        st.wait_for(Duration::from_secs(30)),
+        StatusCode::Success,
+        "{}",
+        st.message()
+    );
+    assert!(back.to_vec() == data);
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let status = child.wait().unwrap();
+    assert!(status.success(), "exit {status:?}");
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(!err.contains("WARNING"), "warned with a secret: {err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -36,6 +36,13 @@ pin_shards = true
 # Spin this many microseconds before sleeping (lower latency, burns the core).
 spin_us = 0
 
+[auth]
+# A file holding the deployment secret (at least 16 bytes; a trailing newline is ignored)
+# that every engine allowed to reach this node shares. Without it (and without the
+# MORIO_AUTH_SECRET environment variable), any peer that reaches the data port can read and
+# write this node's memory.
+# secret_file = "/etc/morio/secret"
+
 [control]
 # Where initiators fetch descriptors and operators read stats (host:port; port 0: ephemeral).
 listen = "127.0.0.1:7070"
@@ -59,6 +66,8 @@ pub struct ServeConfig {
     pub engine: EngineSection,
     #[serde(default)]
     pub tcp: TcpSection,
+    #[serde(default)]
+    pub auth: AuthSection,
     pub control: ControlSection,
     #[serde(default)]
     pub stats: StatsSection,
@@ -102,6 +111,12 @@ impl Default for TcpSection {
             spin_us: 0,
         }
     }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSection {
+    pub secret_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -167,7 +182,26 @@ impl ServeConfig {
             }
         }
         c.tcp_config().validate().context("invalid [tcp] section")?;
+        c.auth_secret()?;
         Ok(c)
+    }
+
+    /// The deployment secret from `[auth] secret_file`, if one is named (checked: readable,
+    /// long enough).
+    pub fn auth_secret(&self) -> anyhow::Result<Option<morio::AuthSecret>> {
+        let Some(path) = &self.auth.secret_file else {
+            return Ok(None);
+        };
+        let s = morio::AuthSecret::from_file(path)
+            .with_context(|| format!("[auth] secret_file {}", path.display()))?;
+        let check = morio::TcpBackendConfig {
+            auth_secret: Some(s.clone()),
+            ..Default::default()
+        };
+        check
+            .validate()
+            .with_context(|| format!("[auth] secret_file {}", path.display()))?;
+        Ok(Some(s))
     }
 
     /// The engine's TCP backend configuration.
@@ -222,6 +256,34 @@ mod tests {
         let floating = cpus.replace("pin_shards = true", "pin_shards = false");
         let c = ServeConfig::parse(&floating).unwrap().tcp_config();
         assert_eq!((c.pin_shards, c.cpus, c.num_shards), (false, None, Some(2)));
+    }
+
+    #[test]
+    fn the_secret_comes_from_its_file() {
+        let dir = std::env::temp_dir().join(format!("morio-auth-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("secret");
+        std::fs::write(&file, b"sixteen bytes or more\n").unwrap();
+        let with = |p: &std::path::Path| {
+            DEFAULT_TOML.replace(
+                "# secret_file = \"/etc/morio/secret\"",
+                &format!("secret_file = {:?}", p.display().to_string()),
+            )
+        };
+        let c = ServeConfig::parse(&with(&file)).unwrap();
+        let s = c.auth_secret().unwrap().unwrap();
+        assert_eq!(s.as_bytes(), b"sixteen bytes or more");
+        assert!(ServeConfig::parse(DEFAULT_TOML)
+            .unwrap()
+            .auth_secret()
+            .unwrap()
+            .is_none());
+        std::fs::write(&file, b"short").unwrap();
+        let e = ServeConfig::parse(&with(&file)).unwrap_err();
+        assert!(format!("{e:#}").contains("at least 16 bytes"), "{e:#}");
+        let e = ServeConfig::parse(&with(&dir.join("missing"))).unwrap_err();
+        assert!(format!("{e:#}").contains("secret_file"), "{e:#}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

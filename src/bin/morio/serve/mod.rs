@@ -66,8 +66,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         &cfg.engine.key,
         IoEngineConfig::new(&cfg.engine.host, cfg.engine.port),
     )?;
+    let mut tcp = cfg.tcp_config();
+    tcp.auth_secret = cfg.auth_secret()?;
+    if tcp.auth_secret.is_none() && morio::AuthSecret::from_env().is_none() {
+        eprintln!(
+            "morio serve: WARNING: no deployment secret ([auth] secret_file or {}): any peer \
+             that reaches the data port can read and write this node's memory",
+            morio::AUTH_SECRET_ENV
+        );
+    }
     engine
-        .create_backend(cfg.tcp_config())
+        .create_backend(tcp)
         .context("start the TCP backend")?;
     let mut regions: Vec<(String, RegisteredBuffer)> = Vec::new();
     for m in &cfg.memory {
