@@ -76,6 +76,7 @@ class TcpBackendConfig:
     handshake_timeout_ms: int
     gpu_staging_bytes: int
     gpu_slot_bytes: int
+    auth_secret: bool  # write bytes | str | None; reads whether a secret is set
     def __init__(
         self,
         sock_sndbuf_bytes: int = 33554432,
@@ -99,6 +100,7 @@ class TcpBackendConfig:
         handshake_timeout_ms: Optional[int] = None,
         gpu_staging_bytes: Optional[int] = None,
         gpu_slot_bytes: Optional[int] = None,
+        auth_secret: Union[bytes, str, None] = None,
     ) -> None: ...
 
 class RdmaBackendConfig:

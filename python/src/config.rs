@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 use morio::{IoEngineConfig, TcpBackendConfig};
@@ -116,6 +116,7 @@ impl PyTcpBackendConfig {
         handshake_timeout_ms = None,
         gpu_staging_bytes = None,
         gpu_slot_bytes = None,
+        auth_secret = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -139,6 +140,7 @@ impl PyTcpBackendConfig {
         handshake_timeout_ms: Option<u64>,
         gpu_staging_bytes: Option<usize>,
         gpu_slot_bytes: Option<usize>,
+        auth_secret: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let mut me = Self {
             cfg: TcpBackendConfig::default(),
@@ -180,8 +182,35 @@ impl PyTcpBackendConfig {
         if let Some(b) = gpu_slot_bytes {
             me.cfg.gpu_slot_bytes = b;
         }
+        me.set_auth_secret(auth_secret)?;
         me.validated()?;
         Ok(me)
+    }
+
+    /// morio: the deployment secret (`bytes` or `str`, at least 16 bytes) every engine allowed
+    /// to talk to this one shares; `None`: `MORIO_AUTH_SECRET` when set, else no
+    /// authentication. Write-only: reading gives whether one is set.
+    #[getter]
+    fn auth_secret(&self) -> bool {
+        self.cfg.auth_secret.is_some()
+    }
+    #[setter]
+    fn set_auth_secret(&mut self, v: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        self.cfg.auth_secret = match v {
+            None => None,
+            Some(o) if o.is_none() => None,
+            Some(o) => {
+                let bytes: Vec<u8> = if let Ok(s) = o.extract::<String>() {
+                    s.into_bytes()
+                } else {
+                    o.extract::<Vec<u8>>().map_err(|_| {
+                        PyTypeError::new_err("auth_secret must be bytes, str or None")
+                    })?
+                };
+                Some(morio::AuthSecret::new(bytes))
+            }
+        };
+        Ok(())
     }
 
     /// `SO_SNDBUF` on data connections if > 0 (MORI default 32 MiB).
@@ -393,7 +422,7 @@ impl PyTcpBackendConfig {
             "TcpBackendConfig(sock_sndbuf_bytes={}, sock_rcvbuf_bytes={}, op_timeout_ms={}, \
              enable_keepalive={}, keepalive_idle_sec={}, keepalive_intvl_sec={}, keepalive_cnt={}, \
              enable_ctrl_nodelay={}, num_data_conns={}, striping_threshold_bytes={}, \
-             num_shards={:?}, cpus={:?}, pin_shards={}, chunk_bytes={}, spin_us={})",
+             num_shards={:?}, cpus={:?}, pin_shards={}, chunk_bytes={}, spin_us={}, auth={})",
             self.sndbuf,
             self.rcvbuf,
             self.op_timeout_ms,
@@ -409,6 +438,7 @@ impl PyTcpBackendConfig {
             py_bool(c.pin_shards),
             c.chunk_bytes,
             self.spin_us(),
+            py_bool(c.auth_secret.is_some()),
         )
     }
 }

@@ -1,0 +1,53 @@
+"""Peer authentication from Python: the auth_secret keyword, wrong and one-sided secrets."""
+
+import numpy as np
+import pytest
+
+from morio import StatusCode, TcpBackendConfig
+
+from _util import pattern, small_config, wait_done, wait_ok
+
+SECRET = b"a python deployment secret"
+
+
+def test_engines_sharing_a_secret_transfer(engines):
+    cfg = small_config(auth_secret=SECRET, num_data_conns=4, chunk_bytes=4096, striping_threshold_bytes=8192)
+    a, b = engines.pair("auth_ok", config=cfg)
+    n = (1 << 20) + 5
+    src, dst = pattern(n, 3), np.zeros(n, np.uint8)
+    wait_ok(a.write(a.register_array(src), 0, b.register_array(dst), 0, n, a.allocate_transfer_uid()))
+    assert np.array_equal(dst, src)
+
+
+def test_a_str_secret_is_its_utf8_bytes(engines):
+    a, b = engines.pair("auth_str", config=small_config(auth_secret=SECRET.decode()), config_b=small_config(auth_secret=SECRET))
+    src, dst = pattern(64, 1), np.zeros(64, np.uint8)
+    wait_ok(a.write(a.register_array(src), 0, b.register_array(dst), 0, 64, a.allocate_transfer_uid()))
+
+
+@pytest.mark.parametrize("mine,theirs,why", [
+    (SECRET, b"a different secret, long enough", "failed authentication"),
+    (SECRET, None, "does not authenticate"),
+    (None, SECRET, "requires authentication"),
+])
+def test_mismatched_secrets_fail_and_place_nothing(engines, monkeypatch, mine, theirs, why):
+    monkeypatch.delenv("MORIO_AUTH_SECRET", raising=False)
+    cfg = lambda s: small_config(auth_secret=s, op_timeout_ms=5000)  # noqa: E731
+    a, b = engines.pair("auth_bad", config=cfg(mine), config_b=cfg(theirs))
+    src, dst = pattern(4096, 2), np.zeros(4096, np.uint8)
+    st = a.write(a.register_array(src), 0, b.register_array(dst), 0, 4096, a.allocate_transfer_uid())
+    assert wait_done(st, 30) != StatusCode.SUCCESS
+    assert why in st.Message()
+    assert not dst.any()
+
+
+def test_bad_secrets_are_clear_errors():
+    with pytest.raises(ValueError, match="at least 16 bytes"):
+        TcpBackendConfig(auth_secret=b"short")
+    with pytest.raises(TypeError, match="auth_secret"):
+        TcpBackendConfig(auth_secret=12345)
+    c = TcpBackendConfig(auth_secret=SECRET)
+    assert c.auth_secret is True and "auth=True" in repr(c)
+    assert SECRET.decode() not in repr(c)
+    c.auth_secret = None
+    assert c.auth_secret is False
