@@ -102,6 +102,14 @@ pub struct TcpBackendConfig {
     /// no authentication, as in MORI-IO: any peer that reaches the port can read and write
     /// registered memory.
     pub auth_secret: Option<AuthSecret>,
+    /// Connections still in their handshake, at most (further ones are closed at once): a
+    /// client that opens connections and says nothing holds at most this many.
+    pub max_handshakes: usize,
+    /// Served connections in total, at most (about 340 KiB of buffers each).
+    pub max_connections: usize,
+    /// Served connections of one peer (engine key), at most; its records go with its last
+    /// connection.
+    pub max_connections_per_peer: usize,
 }
 
 /// A deployment secret. Its `Debug` output never shows the bytes.
@@ -174,6 +182,9 @@ impl Default for TcpBackendConfig {
             gpu_staging_bytes: 64 << 20,
             gpu_slot_bytes: 1 << 20,
             auth_secret: None,
+            max_handshakes: 128,
+            max_connections: 1024,
+            max_connections_per_peer: 4 * MAX_LANES as usize,
         }
     }
 }
@@ -190,6 +201,9 @@ pub enum ConfigError {
     /// `chunk_bytes` outside 4 KiB..=64 MiB.
     #[error("chunk_bytes must be in [4096, {MAX_CHUNK_BYTES}], got {0}")]
     ChunkBytes(usize),
+    /// `max_handshakes`, `max_connections` or `max_connections_per_peer` is zero.
+    #[error("max_handshakes, max_connections and max_connections_per_peer must be at least 1")]
+    ZeroConnections,
     /// `auth_secret` shorter than [`MIN_AUTH_SECRET_BYTES`].
     #[error("auth_secret must be at least {MIN_AUTH_SECRET_BYTES} bytes, got {0}")]
     AuthSecretTooShort(usize),
@@ -265,6 +279,12 @@ impl TcpBackendConfig {
         if self.sock_sndbuf_bytes > i32::MAX as usize || self.sock_rcvbuf_bytes > i32::MAX as usize
         {
             return Err(ConfigError::SockBuf);
+        }
+        if self.max_handshakes == 0
+            || self.max_connections == 0
+            || self.max_connections_per_peer == 0
+        {
+            return Err(ConfigError::ZeroConnections);
         }
         if let Some(s) = &self.auth_secret {
             if s.as_bytes().len() < MIN_AUTH_SECRET_BYTES {

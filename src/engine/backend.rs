@@ -76,6 +76,7 @@ impl IoEngine {
             listener: Mutex::new(Some(listener)),
             low_water: (0..n_shards).map(|_| AtomicU64::new(0)).collect(),
             joins: Default::default(),
+            admission: Arc::new(service::admission_for(&cfg)),
         });
         let mut pool_cfg = PoolConfig::unpinned(0, "morio-shard");
         pool_cfg.cpus = placed.cpus.clone();

@@ -10,6 +10,7 @@
 //! drives [`crate::proto::outbound::Outbound`] and completes the user's status. On the target,
 //! every connection is served by the shard it was handed to ([`serve`]).
 
+mod admission;
 mod bell;
 mod gpu_io;
 mod join;
@@ -35,6 +36,15 @@ use crate::transport::{Bound, Closer};
 
 pub(crate) use msg::{Peer, ShardMsg, Submission};
 
+/// The connection caps of a backend with `cfg`.
+pub(crate) fn admission_for(cfg: &TcpBackendConfig) -> admission::Admission {
+    admission::Admission::new(
+        cfg.max_handshakes,
+        cfg.max_connections,
+        cfg.max_connections_per_peer,
+    )
+}
+
 /// Nanoseconds since the process-wide epoch: the time base of every deadline.
 pub(crate) fn now_ns() -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
@@ -57,6 +67,8 @@ pub(crate) struct Shared {
     /// generation when it owns none): every transfer of that shard below it has ended. Lanes
     /// read it to forget chunks that get no answer of their own without being told.
     pub low_water: Box<[AtomicU64]>,
+    /// Caps on served connections (in their handshake, in total, per peer).
+    pub admission: Arc<admission::Admission>,
     /// Target side: the joins of multi-chunk transfers, whichever shards serve their chunks.
     pub joins: join::Joins,
 }
@@ -178,7 +190,7 @@ impl Shard {
                 let _ = ack.send(());
             }
             ShardMsg::DropPeer(key) => lane::drop_peer(self, &key),
-            ShardMsg::Adopt(conn, hello) => serve::adopt(self, conn, hello),
+            ShardMsg::Adopt(conn, hello, admitted) => serve::adopt(self, conn, hello, admitted),
             ShardMsg::Stats(tx) => {
                 let mut st = self.stats.borrow().clone();
                 (st.gpu_staging_bytes, st.gpu_staging_peak_bytes) =

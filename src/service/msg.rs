@@ -71,8 +71,9 @@ pub(crate) enum ShardMsg {
     RemoveRegion(u32, mpsc::Sender<()>),
     /// Close every lane to this peer (it was deregistered).
     DropPeer(Arc<str>),
-    /// Serve a connection a peer opened (accepted and HELLO-checked by shard 0).
-    Adopt(Handoff, Hello),
+    /// Serve a connection a peer opened (accepted, its handshake done and admitted by shard
+    /// 0; the admission is given back when the connection ends).
+    Adopt(Handoff, Hello, super::admission::Admitted),
     /// Answer with a snapshot of this shard's statistics.
     Stats(mpsc::Sender<ShardStats>),
 }

@@ -3,9 +3,11 @@
 //! memory.
 
 use std::rc::Rc;
+use std::sync::Arc;
 
 use morio_shards::rt;
 
+use super::admission::{Admitted, Handshaking};
 use super::gpu_io::{self, SendError};
 use super::msg::ShardMsg;
 use super::{ServedConn, Shard, TaskGuard};
@@ -24,21 +26,36 @@ use crate::transport::framed::{
 use crate::transport::{Bound, Conn, Handoff, Rx};
 
 /// Accept connections forever (shard 0). Each gets its own task, so a slow or hostile client
-/// holds up nobody.
+/// holds up nobody; past `max_handshakes` connections in their handshake, new ones are closed
+/// at once.
 pub(crate) async fn accept_loop(shard: Rc<Shard>, bound: Bound) {
     let _live = TaskGuard::new(&shard);
     // Registered like a served connection: shutdown wakes the pending accept and ends the
     // loop, and the listener is closed before the engine is gone.
     let _served = ServedConn::new(&shard, bound.closer());
     let listener = bound.into_listener();
+    let adm = shard.shared.admission.clone();
     while !shard.closing.get() {
         match listener.accept().await {
-            Ok(conn) if !shard.closing.get() => {
-                rt::spawn_local(handshake(shard.clone(), conn)).detach();
-            }
+            Ok(conn) if !shard.closing.get() => match adm.handshake() {
+                Some(ticket) => {
+                    rt::spawn_local(handshake(shard.clone(), conn, ticket)).detach();
+                }
+                None => {
+                    adm.log.warn(|| {
+                        format!(
+                            "engine {}: closing a new connection: {} connections are in \
+                             their handshake (max_handshakes)",
+                            shard.shared.key, shard.shared.cfg.max_handshakes
+                        )
+                    });
+                    conn.closer().close();
+                }
+            },
             Ok(_) => break,
             Err(e) if !shard.closing.get() => {
-                log::warn!("accept failed: {e}");
+                adm.log
+                    .warn(|| format!("engine {}: accept failed: {e}", shard.shared.key));
                 rt::sleep(std::time::Duration::from_millis(10)).await;
             }
             Err(_) => break,
@@ -104,7 +121,7 @@ async fn shake(shard: &Shard, conn: &mut Conn) -> Option<Hello> {
     }
 }
 
-async fn handshake(shard: Rc<Shard>, mut conn: Conn) {
+async fn handshake(shard: Rc<Shard>, mut conn: Conn, ticket: Handshaking) {
     let _live = TaskGuard::new(&shard);
     let served = ServedConn::new(&shard, conn.closer());
     let limit = shard.shared.cfg.handshake_timeout;
@@ -116,30 +133,52 @@ async fn handshake(shard: Rc<Shard>, mut conn: Conn) {
             return;
         }
     };
+    drop(ticket);
+    let peer: Arc<str> = hello.src_key.as_str().into();
+    let admitted = match shard.shared.admission.admit(&peer) {
+        Ok(a) => a,
+        Err(why) => {
+            shard.shared.admission.log.warn(|| {
+                format!(
+                    "engine {}: refusing a connection of {peer:?}: {why}",
+                    shard.shared.key
+                )
+            });
+            // The peer is past its handshake: it may know why.
+            let bye = Frame::GoAway {
+                code: codes::ERR_BAD_STATE,
+                msg: why.to_string(),
+            };
+            let mut buf = Vec::new();
+            bye.encode(0, &mut buf);
+            let _ = conn.send(&buf).await;
+            return;
+        }
+    };
     let to = shard.lane_shard(hello.lane);
     drop(served);
     if to == shard.id {
-        rt::spawn_local(serve(shard.clone(), conn, hello)).detach();
+        rt::spawn_local(serve(shard.clone(), conn, hello, admitted)).detach();
         return;
     }
     // Hand the connection to the lane's shard.
     match conn.hand_off() {
-        Ok(h) => shard.send(to, ShardMsg::Adopt(h, hello)),
+        Ok(h) => shard.send(to, ShardMsg::Adopt(h, hello, admitted)),
         Err(e) => log::warn!("cannot hand a connection to shard {to}: {e}"),
     }
 }
 
 /// Serve a connection handed over by the accepting shard.
-pub(crate) fn adopt(shard: &Rc<Shard>, h: Handoff, hello: Hello) {
+pub(crate) fn adopt(shard: &Rc<Shard>, h: Handoff, hello: Hello, admitted: Admitted) {
     match h.adopt() {
         Ok(conn) => {
-            rt::spawn_local(serve(shard.clone(), conn, hello)).detach();
+            rt::spawn_local(serve(shard.clone(), conn, hello, admitted)).detach();
         }
         Err(e) => log::warn!("cannot adopt a connection: {e}"),
     }
 }
 
-async fn serve(shard: Rc<Shard>, conn: Conn, hello: Hello) {
+async fn serve(shard: Rc<Shard>, conn: Conn, hello: Hello, _admitted: Admitted) {
     let _live = TaskGuard::new(&shard);
     let _served = ServedConn::new(&shard, conn.closer());
     if shard.closing.get() {

@@ -1,5 +1,6 @@
 //! Two engines in one process over loopback: MORI-IO's TCP test cases and morio's own.
 
+mod admission;
 mod auth;
 mod backend_lifecycle;
 mod basic;
