@@ -24,9 +24,33 @@ struct NamedDesc {
 }
 
 fn ask(addr: SocketAddr, what: &str) -> Vec<u8> {
+    ask_as(addr, what, None)
+}
+
+/// A control request, with the proof of `secret` when given (the service's nonce first).
+fn ask_as(addr: SocketAddr, what: &str, secret: Option<&[u8]>) -> Vec<u8> {
+    use hmac::Mac;
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(format!("{what}\n").as_bytes()).unwrap();
+    let mut nonce = [0u8; 16];
+    s.read_exact(&mut nonce).unwrap();
+    let line = match secret {
+        Some(k) => {
+            let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(k).unwrap();
+            mac.update(b"morio control\0");
+            mac.update(&nonce);
+            mac.update(what.as_bytes());
+            let p: String = mac
+                .finalize()
+                .into_bytes()
+                .iter()
+                .map(|x| format!("{x:02x}"))
+                .collect();
+            format!("{what} {p}\n")
+        }
+        None => format!("{what}\n"),
+    };
+    s.write_all(line.as_bytes()).unwrap();
     let mut len = [0u8; 4];
     s.read_exact(&mut len).unwrap();
     let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
@@ -245,7 +269,12 @@ size = "1MiB"
         .trim()
         .parse()
         .unwrap();
-    let d: Descriptors = rmp_serde::from_slice(&ask(addr, "descriptors")).unwrap();
+    // Without the secret, the control service hands out nothing.
+    let refused = String::from_utf8(ask(addr, "descriptors")).unwrap();
+    assert_eq!(refused, "error: authentication required");
+    let refused = String::from_utf8(ask(addr, "stats")).unwrap();
+    assert_eq!(refused, "error: authentication required");
+    let d: Descriptors = rmp_serde::from_slice(&ask_as(addr, "descriptors", Some(secret))).unwrap();
     let node = EngineDesc::unpack(&d.engine).unwrap();
     let kv = MemoryDesc::unpack(&d.memory[0].desc).unwrap();
     let client = |key: &str, secret: Option<&[u8]>| {

@@ -41,6 +41,9 @@ pub struct CtlArgs {
     /// What to ask for.
     #[arg(value_parser = ["stats", "descriptors"])]
     what: String,
+    /// A file holding the node's deployment secret (default: `MORIO_AUTH_SECRET`, if set).
+    #[arg(long)]
+    secret_file: Option<PathBuf>,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -111,7 +114,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             other => bail!("unknown request {other:?} (want descriptors or stats)"),
         }
     });
-    let ctl = control::serve(listener, stop.clone(), answer);
+    let ctl = control::serve(
+        listener,
+        stop.clone(),
+        cfg.auth_secret()?.or_else(morio::AuthSecret::from_env),
+        answer,
+    )?;
 
     // The first line is for scripts and tests; the rest for people.
     println!("MORIO_SERVE_CONTROL {control_addr}");
@@ -149,8 +157,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 }
 
 pub fn ctl(a: CtlArgs) -> anyhow::Result<()> {
+    let secret = match &a.secret_file {
+        Some(p) => Some(
+            morio::AuthSecret::from_file(p)
+                .with_context(|| format!("--secret-file {}", p.display()))?,
+        ),
+        None => morio::AuthSecret::from_env(),
+    };
+    let secret = secret.as_ref();
     if a.what == "descriptors" {
-        let d = control::fetch_descriptors(a.connect)?;
+        let d = control::fetch_descriptors(a.connect, secret)?;
         let e = morio::EngineDesc::unpack(&d.engine)?;
         println!(
             "engine {:?} at {}:{} (pid {}, node {})",
@@ -164,7 +180,7 @@ pub fn ctl(a: CtlArgs) -> anyhow::Result<()> {
             );
         }
     } else {
-        let body = control::query(a.connect, &a.what)?;
+        let body = control::query(a.connect, &a.what, secret)?;
         println!("{}", String::from_utf8_lossy(&body));
     }
     Ok(())
