@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::inbound_status::StatusCaps;
+use crate::proto::join::JoinCaps;
 use crate::proto::limits::{MAX_CHUNK_BYTES, MAX_KEY_BYTES, MAX_LANES};
 
 /// `IOEngineConfig`: where the engine listens and what it advertises.
@@ -94,6 +96,23 @@ pub struct TcpBackendConfig {
     /// Size of one staging slot: the unit of the copy/network pipeline (the D2H of slot i+1
     /// overlaps the send of slot i; the receive of slot i+1 overlaps the H2D of slot i).
     pub gpu_slot_bytes: usize,
+
+    /// Target side: join slots one initiator (by engine key) may hold for its multi-chunk
+    /// transfers in flight here. A join takes one slot per started 512 chunks
+    /// (`proto::limits::JOIN_SLOT_CHUNKS`; one slot up to 512 MiB at the default chunk size)
+    /// and costs about 200 bytes per slot, so the default (4096) bounds what one peer makes
+    /// the table hold at about 0.9 MiB. A chunk that would start a join past the cap is
+    /// refused (its transfer fails with `ERR_BAD_STATE`); no other peer's join is evicted.
+    pub max_joins_per_peer: usize,
+    /// Target side: join slots all initiators together may hold (default 65536, about
+    /// 14 MiB at most), refused past it like the per-peer cap.
+    pub max_joins: usize,
+    /// Target side: inbound statuses kept for one initiator until popped (MORI: 4096; its
+    /// oldest goes first). About 130 bytes each plus its message (kept up to 256 bytes).
+    pub max_inbound_statuses_per_peer: usize,
+    /// Target side: inbound statuses kept for all initiators together (default 65536);
+    /// past it the initiator holding the most loses its oldest.
+    pub max_inbound_statuses: usize,
 }
 
 impl Default for TcpBackendConfig {
@@ -120,6 +139,10 @@ impl Default for TcpBackendConfig {
             handshake_timeout: Duration::from_secs(10),
             gpu_staging_bytes: 64 << 20,
             gpu_slot_bytes: 1 << 20,
+            max_joins_per_peer: JoinCaps::DEFAULT.per_peer,
+            max_joins: JoinCaps::DEFAULT.total,
+            max_inbound_statuses_per_peer: StatusCaps::DEFAULT.per_peer,
+            max_inbound_statuses: StatusCaps::DEFAULT.total,
         }
     }
 }
@@ -167,6 +190,9 @@ pub enum ConfigError {
         /// Shards sharing it.
         shards: usize,
     },
+    /// A per-peer cap of zero, or above its total.
+    #[error("{0}_per_peer must be at least 1 and at most {0} ({1} > {2})")]
+    Caps(&'static str, usize, usize),
 }
 
 impl TcpBackendConfig {
@@ -212,6 +238,18 @@ impl TcpBackendConfig {
         if self.gpu_slot_bytes < 4096 || self.gpu_slot_bytes as u64 > MAX_CHUNK_BYTES {
             return Err(ConfigError::GpuSlot(self.gpu_slot_bytes));
         }
+        for (name, per_peer, total) in [
+            ("max_joins", self.max_joins_per_peer, self.max_joins),
+            (
+                "max_inbound_statuses",
+                self.max_inbound_statuses_per_peer,
+                self.max_inbound_statuses,
+            ),
+        ] {
+            if per_peer == 0 || per_peer > total {
+                return Err(ConfigError::Caps(name, per_peer, total));
+            }
+        }
         self.check_staging(1)
     }
 
@@ -249,6 +287,12 @@ mod tests {
         // Library engines float (the embedding policy, `crate::placement`).
         assert!(!c.pin_shards && c.cpus.is_none() && c.num_shards.is_none());
         assert_eq!(c.cpu_claim_dir, None);
+        // Target state caps: MORI keeps 4096 inbound statuses per peer.
+        assert_eq!(
+            (c.max_inbound_statuses_per_peer, c.max_inbound_statuses),
+            (4096, 65536)
+        );
+        assert_eq!((c.max_joins_per_peer, c.max_joins), (4096, 65536));
         c.validate().unwrap();
     }
 
@@ -336,6 +380,21 @@ mod tests {
                     slot: 1 << 20,
                     shards: 1,
                 },
+            ),
+            (
+                TcpBackendConfig {
+                    max_joins_per_peer: 0,
+                    ..d()
+                },
+                ConfigError::Caps("max_joins", 0, 65536),
+            ),
+            (
+                TcpBackendConfig {
+                    max_inbound_statuses_per_peer: 10,
+                    max_inbound_statuses: 9,
+                    ..d()
+                },
+                ConfigError::Caps("max_inbound_statuses", 10, 9),
             ),
         ];
         for (c, e) in cases {

@@ -9,6 +9,7 @@ use super::codes;
 use super::frame::{Chunk, Finish, Frame, Op, Reply};
 use super::inbound::{check_chunk, Refusal};
 pub use super::join::{JoinReport, JoinTable};
+use super::limits::MAX_CHUNKS_PER_TRANSFER;
 
 /// An inbound status to record (before the answer that follows it can leave).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -81,6 +82,7 @@ impl Served {
                 chunk.chunk, chunk.uid, chunk.join_lane, self.lane, self.n_lanes
             )));
         }
+        check_count(chunk)?;
         Ok(check_chunk(chunk, region_size))
     }
 
@@ -202,6 +204,23 @@ impl Served {
     }
 }
 
+/// A transfer's chunk count, checked before any join entry can exist for it: at most
+/// [`MAX_CHUNKS_PER_TRANSFER`], and no more than the bytes of its extent (every chunk carries
+/// at least one byte of it; morio's initiator refuses a transfer it would cut finer). A frame
+/// that claims more would make the target reserve memory its bytes do not justify.
+fn check_count(chunk: &Chunk) -> Result<(), Violation> {
+    let n = chunk.n_chunks;
+    let extent = chunk.extent.1.saturating_sub(chunk.extent.0);
+    if n > MAX_CHUNKS_PER_TRANSFER || (n > 1 && u64::from(n) > extent) {
+        return Err(Violation(format!(
+            "transfer {} claims {n} chunks for an extent of {extent} bytes (at most \
+             {MAX_CHUNKS_PER_TRANSFER}, and no more than its bytes)",
+            chunk.uid
+        )));
+    }
+    Ok(())
+}
+
 /// What to do with a frame from an initiator, before any payload is read.
 #[derive(Debug)]
 pub enum Inbound {
@@ -305,6 +324,34 @@ mod tests {
             Err(GONE),
             "unregistered region"
         );
+    }
+
+    #[test]
+    fn chunk_counts_are_bounded_by_the_limit_and_the_extent() {
+        let s = served();
+        let with = |n_chunks, extent| Chunk {
+            n_chunks,
+            extent,
+            ..chunk(1, 2, 1)
+        };
+        // 2^32 - 1 chunks for a 64-byte extent, or more than the limit: closed.
+        for c in [
+            with(u32::MAX, (0, 64)),
+            with(65, (0, 64)),
+            with(MAX_CHUNKS_PER_TRANSFER + 1, (0, u64::MAX)),
+        ] {
+            assert!(s.check(&c, false, Some(u64::MAX)).is_err(), "{c:?}");
+        }
+        // As many chunks as bytes, up to the limit, passes (then the region decides).
+        assert!(s
+            .check(&with(64, (0, 64)), false, Some(64))
+            .unwrap()
+            .is_ok());
+        let most = with(MAX_CHUNKS_PER_TRANSFER, (0, u64::MAX));
+        assert!(s.check(&most, false, Some(1 << 40)).is_ok());
+        // 256 MiB in 4 KiB chunks.
+        let c = with(65536, (0, 256 << 20));
+        assert!(s.check(&c, false, Some(256 << 20)).unwrap().is_ok());
     }
 
     #[test]
