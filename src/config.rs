@@ -37,7 +37,10 @@ pub struct TcpBackendConfig {
     /// dialing sockets before the handshake so TCP window scaling follows it.
     pub sock_rcvbuf_bytes: usize,
     /// Deadline of every transfer from submission to terminal status (MORI default 30 s).
-    /// Also bounds each read of a begun frame, on either side of a connection.
+    /// Also the progress rule of every connection, on either side: once a frame has begun,
+    /// all of it (header, body and payload) must arrive within `op_timeout` of the first
+    /// wait for more of it, else the connection closes (a 64 MiB chunk needs at least
+    /// 2.2 MB/s at the default). Waiting for a frame to begin is unbounded.
     pub op_timeout: Duration,
     /// `SO_KEEPALIVE` and the three settings below.
     pub enable_keepalive: bool,
