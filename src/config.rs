@@ -103,15 +103,17 @@ pub struct TcpBackendConfig {
     /// Target side: join slots one initiator (by engine key) may hold for its multi-chunk
     /// transfers in flight here. A join takes one slot per started 512 chunks
     /// (`proto::limits::JOIN_SLOT_CHUNKS`; one slot up to 512 MiB at the default chunk size)
-    /// and costs about 200 bytes per slot, so the default (4096) bounds what one peer makes
-    /// the table hold at about 0.9 MiB. A chunk that would start a join past the cap is
-    /// refused (its transfer fails with `ERR_BAD_STATE`); no other peer's join is evicted.
+    /// and costs at most about 250 bytes per slot, so the default (4096) bounds what one
+    /// peer makes the table hold at about 1 MiB. A chunk that would start a join past the cap
+    /// is refused (its transfer fails with `ERR_BAD_STATE`; one that needs more slots than
+    /// the cap, more than 512 × cap chunks, always is); no other peer's join is evicted.
     pub max_joins_per_peer: usize,
     /// Target side: join slots all initiators together may hold (default 65536, about
-    /// 14 MiB at most), refused past it like the per-peer cap.
+    /// 16 MiB at most), refused past it like the per-peer cap.
     pub max_joins: usize,
     /// Target side: inbound statuses kept for one initiator until popped (MORI: 4096; its
-    /// oldest goes first). About 130 bytes each plus its message (kept up to 256 bytes).
+    /// oldest goes first). About 100–200 bytes each plus its message (kept up to 256
+    /// bytes): at most about 1.8 MiB per peer at the default, 0.5 MiB with empty messages.
     pub max_inbound_statuses_per_peer: usize,
     /// Target side: inbound statuses kept for all initiators together (default 65536);
     /// past it the initiator holding the most loses its oldest.

@@ -257,8 +257,8 @@ pub fn dispatch<L: Clone>(
         MAX_CHUNKS_PER_TRANSFER == 1 << 20,
         "update the message below"
     );
-    // A target joins at most MAX_CHUNKS_PER_TRANSFER chunks, and no more than the bytes of
-    // the extent (it closes a connection whose chunk claims more): refuse here instead.
+    // A target joins at most MAX_CHUNKS_PER_TRANSFER chunks (it closes a connection whose
+    // chunk claims more): refuse here instead.
     let n_chunks = match u32::try_from(chunks.len()) {
         Ok(n) if n <= MAX_CHUNKS_PER_TRANSFER => n,
         _ => {
@@ -269,13 +269,6 @@ pub fn dispatch<L: Clone>(
             })
         }
     };
-    if n_chunks > 1 && u64::from(n_chunks) > extent.1 - extent.0 {
-        return Err(Refused {
-            code: codes::ERR_INVALID_ARGS,
-            msg: "transfer has more chunks than bytes in its remote extent (overlapping \
-                  remote ranges): split it",
-        });
-    }
     let final_ = n_chunks == 1;
     let mut per_lane: Vec<Vec<Item<L>>> = (0..n_lanes).map(|_| Vec::new()).collect();
     let mut stripes = None;
@@ -401,21 +394,17 @@ mod tests {
     }
 
     #[test]
-    fn transfers_a_target_would_refuse_to_join_are_refused_here() {
+    fn transfers_of_more_chunks_than_a_target_joins_are_refused_here() {
         let one_lane = |chunk_bytes| DispatchParams {
             chunk_bytes,
             ..params(1, false)
         };
         let piece = |local, remote, len| Piece { local, remote, len };
-        // A read of one remote byte into three places, one byte per chunk: 3 chunks for an
-        // extent of 1 byte.
+        // A read of one remote byte into three places, one byte per chunk: more chunks than
+        // its extent has bytes is legal.
         let read = Layout::List(vec![piece(0, 0, 1), piece(1, 0, 1), piece(2, 0, 1)]);
-        let r = dispatch(req(Op::Read, read), one_lane(1), 0, TO, &()).unwrap_err();
-        assert_eq!(r.code, codes::ERR_INVALID_ARGS);
-        // As many chunks as bytes passes.
-        let write = Layout::List(vec![piece(0, 0, 2)]);
-        let p = dispatch(req(Op::Write, write), one_lane(1), 0, TO, &());
-        assert_eq!(p.unwrap().unwrap().n_chunks, 2);
+        let p = dispatch(req(Op::Read, read), one_lane(1), 0, TO, &());
+        assert_eq!(p.unwrap().unwrap().n_chunks, 3);
         // More chunks than a target joins.
         let n = u64::from(MAX_CHUNKS_PER_TRANSFER);
         let big = Layout::List(vec![piece(0, 0, n + 1)]);

@@ -205,17 +205,15 @@ impl Served {
 }
 
 /// A transfer's chunk count, checked before any join entry can exist for it: at most
-/// [`MAX_CHUNKS_PER_TRANSFER`], and no more than the bytes of its extent (every chunk carries
-/// at least one byte of it; morio's initiator refuses a transfer it would cut finer). A frame
-/// that claims more would make the target reserve memory its bytes do not justify.
+/// [`MAX_CHUNKS_PER_TRANSFER`] (morio's initiator refuses a transfer it would cut finer), so
+/// a join's bitmap is at most 128 KiB, and the join caps count it by its size. (The extent
+/// bounds nothing here: a read may fetch the same remote bytes into many places, so a legal
+/// transfer can have more chunks than its extent has bytes.)
 fn check_count(chunk: &Chunk) -> Result<(), Violation> {
-    let n = chunk.n_chunks;
-    let extent = chunk.extent.1.saturating_sub(chunk.extent.0);
-    if n > MAX_CHUNKS_PER_TRANSFER || (n > 1 && u64::from(n) > extent) {
+    if chunk.n_chunks > MAX_CHUNKS_PER_TRANSFER {
         return Err(Violation(format!(
-            "transfer {} claims {n} chunks for an extent of {extent} bytes (at most \
-             {MAX_CHUNKS_PER_TRANSFER}, and no more than its bytes)",
-            chunk.uid
+            "transfer {} claims {} chunks (at most {MAX_CHUNKS_PER_TRANSFER})",
+            chunk.uid, chunk.n_chunks
         )));
     }
     Ok(())
@@ -327,26 +325,24 @@ mod tests {
     }
 
     #[test]
-    fn chunk_counts_are_bounded_by_the_limit_and_the_extent() {
+    fn chunk_counts_are_bounded_by_the_limit() {
         let s = served();
         let with = |n_chunks, extent| Chunk {
             n_chunks,
             extent,
             ..chunk(1, 2, 1)
         };
-        // 2^32 - 1 chunks for a 64-byte extent, or more than the limit: closed.
+        // 2^32 - 1 chunks, or one more than the limit: closed.
         for c in [
             with(u32::MAX, (0, 64)),
-            with(65, (0, 64)),
             with(MAX_CHUNKS_PER_TRANSFER + 1, (0, u64::MAX)),
         ] {
             assert!(s.check(&c, false, Some(u64::MAX)).is_err(), "{c:?}");
         }
-        // As many chunks as bytes, up to the limit, passes (then the region decides).
-        assert!(s
-            .check(&with(64, (0, 64)), false, Some(64))
-            .unwrap()
-            .is_ok());
+        // Up to the limit passes (then the region decides), whatever the extent: a read of
+        // 64 remote bytes into many places has more chunks than bytes.
+        let c = with(65, (0, 64));
+        assert!(s.check(&c, false, Some(64)).unwrap().is_ok());
         let most = with(MAX_CHUNKS_PER_TRANSFER, (0, u64::MAX));
         assert!(s.check(&most, false, Some(1 << 40)).is_ok());
         // 256 MiB in 4 KiB chunks.
