@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::inbound_status::StatusCaps;
+use crate::proto::join::JoinCaps;
 use crate::proto::limits::{MAX_CHUNK_BYTES, MAX_KEY_BYTES, MAX_LANES};
 
 /// `IOEngineConfig`: where the engine listens and what it advertises.
@@ -35,7 +37,10 @@ pub struct TcpBackendConfig {
     /// dialing sockets before the handshake so TCP window scaling follows it.
     pub sock_rcvbuf_bytes: usize,
     /// Deadline of every transfer from submission to terminal status (MORI default 30 s).
-    /// Also bounds each read of a begun frame, on either side of a connection.
+    /// Also the progress rule of every connection, on either side: once a frame has begun,
+    /// all of it (header, body and payload) must arrive within `op_timeout` of the first
+    /// wait for more of it, else the connection closes (a 64 MiB chunk needs at least
+    /// 2.2 MB/s at the default). Waiting for a frame to begin is unbounded.
     pub op_timeout: Duration,
     /// `SO_KEEPALIVE` and the three settings below.
     pub enable_keepalive: bool,
@@ -110,6 +115,24 @@ pub struct TcpBackendConfig {
     /// Served connections of one peer (engine key), at most; its records go with its last
     /// connection.
     pub max_connections_per_peer: usize,
+    /// Target side: join slots one initiator (by engine key) may hold for its multi-chunk
+    /// transfers in flight here. A join takes one slot per started 512 chunks
+    /// (`proto::limits::JOIN_SLOT_CHUNKS`; one slot up to 512 MiB at the default chunk size)
+    /// and costs at most about 250 bytes per slot, so the default (4096) bounds what one
+    /// peer makes the table hold at about 1 MiB. A chunk that would start a join past the cap
+    /// is refused (its transfer fails with `ERR_BAD_STATE`; one that needs more slots than
+    /// the cap, more than 512 × cap chunks, always is); no other peer's join is evicted.
+    pub max_joins_per_peer: usize,
+    /// Target side: join slots all initiators together may hold (default 65536, about
+    /// 16 MiB at most), refused past it like the per-peer cap.
+    pub max_joins: usize,
+    /// Target side: inbound statuses kept for one initiator until popped (MORI: 4096; its
+    /// oldest goes first). About 100–200 bytes each plus its message (kept up to 256
+    /// bytes): at most about 1.8 MiB per peer at the default, 0.5 MiB with empty messages.
+    pub max_inbound_statuses_per_peer: usize,
+    /// Target side: inbound statuses kept for all initiators together (default 65536);
+    /// past it the initiator holding the most loses its oldest.
+    pub max_inbound_statuses: usize,
 }
 
 /// A deployment secret. Its `Debug` output never shows the bytes.
@@ -185,6 +208,10 @@ impl Default for TcpBackendConfig {
             max_handshakes: 128,
             max_connections: 1024,
             max_connections_per_peer: 4 * MAX_LANES as usize,
+            max_joins_per_peer: JoinCaps::DEFAULT.per_peer,
+            max_joins: JoinCaps::DEFAULT.total,
+            max_inbound_statuses_per_peer: StatusCaps::DEFAULT.per_peer,
+            max_inbound_statuses: StatusCaps::DEFAULT.total,
         }
     }
 }
@@ -238,6 +265,9 @@ pub enum ConfigError {
         /// Shards sharing it.
         shards: usize,
     },
+    /// A per-peer cap of zero, or above its total.
+    #[error("{0}_per_peer must be at least 1 and at most {0} ({1} > {2})")]
+    Caps(&'static str, usize, usize),
 }
 
 impl TcpBackendConfig {
@@ -294,6 +324,18 @@ impl TcpBackendConfig {
         if self.gpu_slot_bytes < 4096 || self.gpu_slot_bytes as u64 > MAX_CHUNK_BYTES {
             return Err(ConfigError::GpuSlot(self.gpu_slot_bytes));
         }
+        for (name, per_peer, total) in [
+            ("max_joins", self.max_joins_per_peer, self.max_joins),
+            (
+                "max_inbound_statuses",
+                self.max_inbound_statuses_per_peer,
+                self.max_inbound_statuses,
+            ),
+        ] {
+            if per_peer == 0 || per_peer > total {
+                return Err(ConfigError::Caps(name, per_peer, total));
+            }
+        }
         self.check_staging(1)
     }
 
@@ -331,6 +373,12 @@ mod tests {
         // Library engines float (the embedding policy, `crate::placement`).
         assert!(!c.pin_shards && c.cpus.is_none() && c.num_shards.is_none());
         assert_eq!(c.cpu_claim_dir, None);
+        // Target state caps: MORI keeps 4096 inbound statuses per peer.
+        assert_eq!(
+            (c.max_inbound_statuses_per_peer, c.max_inbound_statuses),
+            (4096, 65536)
+        );
+        assert_eq!((c.max_joins_per_peer, c.max_joins), (4096, 65536));
         c.validate().unwrap();
     }
 
@@ -418,6 +466,21 @@ mod tests {
                     slot: 1 << 20,
                     shards: 1,
                 },
+            ),
+            (
+                TcpBackendConfig {
+                    max_joins_per_peer: 0,
+                    ..d()
+                },
+                ConfigError::Caps("max_joins", 0, 65536),
+            ),
+            (
+                TcpBackendConfig {
+                    max_inbound_statuses_per_peer: 10,
+                    max_inbound_statuses: 9,
+                    ..d()
+                },
+                ConfigError::Caps("max_inbound_statuses", 10, 9),
             ),
         ];
         for (c, e) in cases {

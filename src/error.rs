@@ -29,6 +29,18 @@ pub enum EngineError {
     /// Memory that cannot be registered as described.
     #[error("unsupported memory: {0}")]
     UnsupportedMemory(String),
+    /// A host memory region larger than this machine's physical memory: it cannot all be
+    /// backed, so peers must not be let at it.
+    #[error(
+        "host memory region of {size} bytes is larger than this machine's physical memory \
+         ({ram} bytes)"
+    )]
+    RegionTooLarge {
+        /// The size asked for.
+        size: u64,
+        /// Total physical memory.
+        ram: u64,
+    },
     /// The GPU runtime is missing or refused (no driver, no such device, not device memory).
     #[error("GPU: {0}")]
     Gpu(#[from] crate::gpu::GpuError),

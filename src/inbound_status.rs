@@ -1,68 +1,239 @@
 //! Target-side inbound statuses: what each remote initiator's transfers ended with here,
-//! popped destructively by the application, bounded by age and count.
+//! popped destructively by the application, bounded by age, per peer and in total.
+//!
+//! Memory: a status costs about 100 bytes (its map entry and its place in the age order, up
+//! to about twice that with the tables' slack) plus its message, kept up to
+//! [`MAX_STATUS_MSG_BYTES`]; a peer holding any costs its key (up to 1 KiB) and about 200
+//! bytes more. A peer's record goes once it holds nothing and has recorded nothing for
+//! [`IDLE_PEER`] ([`InboundStatuses::sweep`]), so neither statuses nor peers pile up.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::status::StatusCode;
 
-/// MORI-compat: at most 4096 inbound statuses kept per peer (oldest evicted).
+/// MORI-compat: at most 4096 inbound statuses kept per peer (oldest evicted); the default of
+/// `TcpBackendConfig::max_inbound_statuses_per_peer`.
 pub const MAX_INBOUND_PER_PEER: usize = 4096;
 
-#[derive(Debug, Default)]
+/// A status message is kept up to this many bytes (cut at a character boundary): a peer's
+/// FINISH may carry 4 KiB, which the store would otherwise hold for every transfer.
+pub const MAX_STATUS_MSG_BYTES: usize = 256;
+
+/// A peer's record that holds no status goes once it has recorded nothing for this long.
+pub const IDLE_PEER: Duration = Duration::from_secs(1);
+
+/// How many statuses the store keeps for one peer and for all of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StatusCaps {
+    /// For one initiator key: its oldest goes first.
+    pub per_peer: usize,
+    /// For all initiators together: past it, the initiator holding the most loses its oldest.
+    pub total: usize,
+}
+
+impl StatusCaps {
+    /// The defaults of `TcpBackendConfig::max_inbound_statuses_per_peer` and
+    /// `max_inbound_statuses`.
+    pub const DEFAULT: StatusCaps = StatusCaps {
+        per_peer: MAX_INBOUND_PER_PEER,
+        total: 65536,
+    };
+}
+
+#[derive(Debug)]
 struct PeerStatuses {
+    /// The peer's key (the map's key too: one allocation).
+    key: Arc<str>,
     by_uid: HashMap<u64, (StatusCode, String, Instant)>,
     order: VecDeque<(u64, Instant)>,
+    /// When it last recorded.
+    last: Instant,
+}
+
+#[derive(Debug, Default)]
+struct Store {
+    peers: HashMap<Arc<str>, PeerStatuses>,
+    /// `(statuses held, key)` of every peer holding any: the largest is the last.
+    by_len: BTreeSet<(usize, Arc<str>)>,
+    /// Statuses held in all.
+    total: usize,
 }
 
 /// The store. Written once per finished inbound transfer (by the shard that finished it) and
 /// read by `pop_inbound_transfer_status`; never touched on the per-byte data path.
 #[derive(Debug)]
 pub struct InboundStatuses {
-    peers: Mutex<HashMap<String, PeerStatuses>>,
+    store: Mutex<Store>,
     max_age: Duration,
+    caps: StatusCaps,
+}
+
+/// `msg`, cut to at most [`MAX_STATUS_MSG_BYTES`] at a character boundary.
+fn kept(msg: &str) -> String {
+    let mut end = msg.len().min(MAX_STATUS_MSG_BYTES);
+    while !msg.is_char_boundary(end) {
+        end -= 1;
+    }
+    msg[..end].to_string()
+}
+
+/// A peer's count went from `before` to `after`: keep the order by size and the total.
+fn resize(
+    store_by_len: &mut BTreeSet<(usize, Arc<str>)>,
+    total: &mut usize,
+    p: &PeerStatuses,
+    before: usize,
+) {
+    let after = p.by_uid.len();
+    if before == after {
+        return;
+    }
+    if before > 0 {
+        store_by_len.remove(&(before, p.key.clone()));
+    }
+    if after > 0 {
+        store_by_len.insert((after, p.key.clone()));
+    }
+    *total = (*total + after).saturating_sub(before);
 }
 
 impl InboundStatuses {
-    /// Entries older than `max_age` are dropped (MORI: max(4 × op timeout, 60 s)).
-    pub fn new(max_age: Duration) -> Self {
+    /// Entries older than `max_age` are dropped (MORI: max(4 × op timeout, 60 s)); at most
+    /// `caps` are kept.
+    pub fn new(max_age: Duration, caps: StatusCaps) -> Self {
         Self {
-            peers: Mutex::new(HashMap::new()),
+            store: Mutex::new(Store::default()),
             max_age,
+            caps,
         }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Record how transfer `uid` from `peer` ended. A second record for the same transfer
     /// keeps the first error (first error wins), else replaces it.
     pub fn record(&self, peer: &str, uid: u64, code: StatusCode, msg: &str) {
         let now = Instant::now();
-        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = self.lock();
+        let Store {
+            peers,
+            by_len,
+            total,
+        } = &mut *guard;
         if !peers.contains_key(peer) {
-            // The key is copied once per peer, not once per transfer.
-            peers.insert(peer.to_string(), PeerStatuses::default());
+            // The key is copied once per peer record, not once per transfer.
+            let key: Arc<str> = peer.into();
+            let p = PeerStatuses {
+                key: key.clone(),
+                by_uid: HashMap::new(),
+                order: VecDeque::new(),
+                last: now,
+            };
+            peers.insert(key, p);
         }
         let Some(p) = peers.get_mut(peer) else { return };
+        p.last = now;
         if let Some(e) = p.by_uid.get_mut(&uid) {
             if !e.0.is_error() {
-                *e = (code, msg.to_string(), e.2);
+                *e = (code, kept(msg), e.2);
             }
             return;
         }
-        p.by_uid.insert(uid, (code, msg.to_string(), now));
+        let before = p.by_uid.len();
+        p.by_uid.insert(uid, (code, kept(msg), now));
         p.order.push_back((uid, now));
-        Self::prune(p, now, self.max_age);
+        Self::prune(p, now, self.max_age, self.caps.per_peer);
+        resize(by_len, total, p, before);
+        let recorder = p.key.clone();
+        while *total > self.caps.total {
+            if !Self::evict_from_largest(peers, by_len, total, &recorder) {
+                break;
+            }
+        }
+    }
+
+    /// Past the total cap: the oldest status of the peer holding the most goes (never the
+    /// status just recorded). A peer left with none goes too. Whether one went.
+    fn evict_from_largest(
+        peers: &mut HashMap<Arc<str>, PeerStatuses>,
+        by_len: &mut BTreeSet<(usize, Arc<str>)>,
+        total: &mut usize,
+        recorder: &Arc<str>,
+    ) -> bool {
+        let victim = by_len
+            .iter()
+            .rev()
+            .find(|(n, k)| *n > 1 || k != recorder)
+            .map(|(_, k)| k.clone());
+        let Some(p) = victim.and_then(|k| peers.get_mut(&k)) else {
+            return false;
+        };
+        let before = p.by_uid.len();
+        while let Some((uid, at)) = p.order.pop_front() {
+            if p.by_uid.get(&uid).is_some_and(|e| e.2 == at) {
+                p.by_uid.remove(&uid);
+                break;
+            }
+        }
+        resize(by_len, total, p, before);
+        if p.by_uid.is_empty() {
+            let key = p.key.clone();
+            peers.remove(&key);
+        }
+        true
     }
 
     /// Remove and return the status of `uid` from `peer`, if recorded and not expired.
     pub fn pop(&self, peer: &str, uid: u64) -> Option<(StatusCode, String)> {
         let now = Instant::now();
-        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = self.lock();
+        let Store {
+            peers,
+            by_len,
+            total,
+        } = &mut *guard;
         let p = peers.get_mut(peer)?;
-        Self::prune(p, now, self.max_age);
+        let before = p.by_uid.len();
+        Self::prune(p, now, self.max_age, self.caps.per_peer);
         let out = p.by_uid.remove(&uid).map(|(c, m, _)| (c, m));
         Self::compact(p);
+        resize(by_len, total, p, before);
         out
+    }
+
+    /// Drop expired statuses of every peer, and the records of peers that hold none and have
+    /// recorded nothing for [`IDLE_PEER`] (their connections are gone, or idle). The engine
+    /// runs it about once a second, so a peer that went away leaves nothing behind.
+    pub fn sweep(&self) {
+        let now = Instant::now();
+        let mut guard = self.lock();
+        let Store {
+            peers,
+            by_len,
+            total,
+        } = &mut *guard;
+        peers.retain(|_, p| {
+            let before = p.by_uid.len();
+            Self::prune(p, now, self.max_age, self.caps.per_peer);
+            Self::compact(p);
+            resize(by_len, total, p, before);
+            !p.by_uid.is_empty() || now.duration_since(p.last) < IDLE_PEER
+        });
+    }
+
+    /// Statuses kept, and peers with a record (for tests of the bounds).
+    #[cfg(test)]
+    fn counts(&self) -> (usize, usize) {
+        let s = self.lock();
+        debug_assert_eq!(
+            s.total,
+            s.peers.values().map(|p| p.by_uid.len()).sum::<usize>()
+        );
+        (s.total, s.peers.len())
     }
 
     /// Drop the order records of popped entries once they outnumber the live ones: an
@@ -76,11 +247,11 @@ impl InboundStatuses {
         }
     }
 
-    fn prune(p: &mut PeerStatuses, now: Instant, max_age: Duration) {
+    fn prune(p: &mut PeerStatuses, now: Instant, max_age: Duration, cap: usize) {
         while let Some(&(uid, at)) = p.order.front() {
             let live = p.by_uid.get(&uid).is_some_and(|e| e.2 == at);
             let expired = now.duration_since(at) > max_age;
-            if live && !expired && p.by_uid.len() <= MAX_INBOUND_PER_PEER {
+            if live && !expired && p.by_uid.len() <= cap {
                 break;
             }
             p.order.pop_front();
@@ -95,9 +266,13 @@ impl InboundStatuses {
 mod tests {
     use super::*;
 
+    fn store(max_age: Duration) -> InboundStatuses {
+        InboundStatuses::new(max_age, StatusCaps::DEFAULT)
+    }
+
     #[test]
     fn pop_is_destructive_and_keyed_by_peer() {
-        let s = InboundStatuses::new(Duration::from_secs(60));
+        let s = store(Duration::from_secs(60));
         s.record("a", 1, StatusCode::Success, "");
         s.record("b", 1, StatusCode::ErrNotFound, "nope");
         assert_eq!(s.pop("a", 1), Some((StatusCode::Success, String::new())));
@@ -106,11 +281,16 @@ mod tests {
             s.pop("b", 1),
             Some((StatusCode::ErrNotFound, "nope".into()))
         );
+        assert_eq!(
+            s.counts(),
+            (0, 2),
+            "records stay while their peers are active"
+        );
     }
 
     #[test]
     fn first_error_wins_and_count_is_bounded() {
-        let s = InboundStatuses::new(Duration::from_secs(60));
+        let s = store(Duration::from_secs(60));
         s.record("a", 9, StatusCode::ErrBadState, "x");
         s.record("a", 9, StatusCode::Success, "");
         assert_eq!(s.pop("a", 9).unwrap().0, StatusCode::ErrBadState);
@@ -119,33 +299,103 @@ mod tests {
         }
         assert_eq!(s.pop("a", 0), None, "oldest evicted");
         assert!(s.pop("a", MAX_INBOUND_PER_PEER as u64 + 9).is_some());
+        assert_eq!(s.counts(), (MAX_INBOUND_PER_PEER - 1, 1));
     }
 
     #[test]
     fn records_of_popped_transfers_do_not_pile_up_behind_an_unpopped_one() {
-        let s = InboundStatuses::new(Duration::from_secs(3600));
+        let s = store(Duration::from_secs(3600));
         s.record("a", 0, StatusCode::Success, "");
         for uid in 1..100_000u64 {
             s.record("a", uid, StatusCode::Success, "");
             assert!(s.pop("a", uid).is_some());
         }
-        let peers = s.peers.lock().unwrap();
-        let p = &peers["a"];
+        let guard = s.lock();
+        let p = &guard.peers["a"];
         assert_eq!(p.by_uid.len(), 1);
         assert!(
             p.order.len() <= 2 * p.by_uid.len() + 65,
             "{}",
             p.order.len()
         );
-        drop(peers);
+        drop(guard);
         assert!(s.pop("a", 0).is_some(), "the unpopped entry is still there");
     }
 
     #[test]
     fn old_entries_expire() {
-        let s = InboundStatuses::new(Duration::from_millis(1));
+        let s = store(Duration::from_millis(1));
         s.record("a", 1, StatusCode::Success, "");
         std::thread::sleep(Duration::from_millis(5));
         assert_eq!(s.pop("a", 1), None);
+    }
+
+    #[test]
+    fn messages_are_kept_short() {
+        let s = store(Duration::from_secs(60));
+        let long = "é".repeat(4096);
+        s.record("a", 1, StatusCode::ErrBadState, &long);
+        let (_, m) = s.pop("a", 1).unwrap();
+        assert!(
+            m.len() <= MAX_STATUS_MSG_BYTES && long.starts_with(&m),
+            "{}",
+            m.len()
+        );
+        assert_eq!(kept("short"), "short");
+    }
+
+    #[test]
+    fn past_the_total_the_largest_holder_pays() {
+        let caps = StatusCaps {
+            per_peer: 8,
+            total: 10,
+        };
+        let s = InboundStatuses::new(Duration::from_secs(60), caps);
+        for uid in 0..3 {
+            s.record("quiet", uid, StatusCode::Success, "");
+        }
+        for uid in 0..8 {
+            s.record("loud", uid, StatusCode::Success, "");
+        }
+        // 11 > 10: loud (8) lost its oldest; quiet kept all of its.
+        assert_eq!(s.counts(), (10, 2));
+        assert!(s.pop("loud", 0).is_none());
+        for uid in 0..3 {
+            assert!(s.pop("quiet", uid).is_some(), "quiet {uid}");
+        }
+        // Many peers with one status each: a new one never loses the status it just
+        // recorded, and a peer left with none goes.
+        let s = InboundStatuses::new(Duration::from_secs(60), caps);
+        for i in 0..25u64 {
+            s.record(&format!("p{i}"), i, StatusCode::Success, "");
+            let (total, peers) = s.counts();
+            assert!(total <= 10 && peers <= 10, "{total} {peers}");
+            assert!(s.lock().peers[format!("p{i}").as_str()]
+                .by_uid
+                .contains_key(&i));
+        }
+    }
+
+    #[test]
+    fn records_of_peers_that_hold_nothing_go_once_idle() {
+        let s = store(Duration::from_millis(20));
+        for i in 0..1000u64 {
+            // Distinct, long keys, as from many connections with distinct source keys.
+            let key = format!("{i:01000}");
+            s.record(&key, 1, StatusCode::Success, "");
+            if i % 2 == 0 {
+                assert!(s.pop(&key, 1).is_some());
+            }
+        }
+        assert_eq!(s.counts(), (500, 1000));
+        std::thread::sleep(Duration::from_millis(30));
+        // Expired statuses went (the records go once idle for IDLE_PEER).
+        s.sweep();
+        assert_eq!(s.counts().0, 0);
+        std::thread::sleep(IDLE_PEER);
+        s.sweep();
+        assert_eq!(s.counts(), (0, 0));
+        let guard = s.lock();
+        assert!(guard.by_len.is_empty());
     }
 }

@@ -26,9 +26,9 @@ use crate::status::{deadline_of, wait_many, PyTransferStatus};
 pub fn engine_err(e: EngineError) -> PyErr {
     match e {
         EngineError::Config(c) => PyValueError::new_err(c.to_string()),
-        EngineError::BadRemoteAddress { .. } | EngineError::UnknownMemory(_) => {
-            PyValueError::new_err(e.to_string())
-        }
+        EngineError::BadRemoteAddress { .. }
+        | EngineError::UnknownMemory(_)
+        | EngineError::RegionTooLarge { .. } => PyValueError::new_err(e.to_string()),
         other => PyRuntimeError::new_err(other.to_string()),
     }
 }

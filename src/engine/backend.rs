@@ -12,8 +12,9 @@ use morio_shards::{PoolConfig, ShardPool};
 use crate::config::{ConfigError, IoEngineConfig, TcpBackendConfig};
 use crate::desc::BackendType;
 use crate::error::EngineError;
-use crate::inbound_status::InboundStatuses;
+use crate::inbound_status::{InboundStatuses, StatusCaps};
 use crate::placement;
+use crate::proto::join::JoinCaps;
 use crate::region::SharedRegion;
 use crate::service::{self, ShardMsg, Shared};
 use crate::stats::{EngineStats, ShardStats};
@@ -66,6 +67,10 @@ impl IoEngine {
         cfg.check_staging(n_shards)?;
         let inbound = Arc::new(InboundStatuses::new(
             (cfg.op_timeout * 4).max(Duration::from_secs(60)),
+            StatusCaps {
+                per_peer: cfg.max_inbound_statuses_per_peer,
+                total: cfg.max_inbound_statuses,
+            },
         ));
         let shared = Arc::new(Shared {
             key: core.key.clone(),
@@ -75,7 +80,10 @@ impl IoEngine {
             inbound: inbound.clone(),
             listener: Mutex::new(Some(listener)),
             low_water: (0..n_shards).map(|_| AtomicU64::new(0)).collect(),
-            joins: Default::default(),
+            joins: service::Joins::new(JoinCaps {
+                per_peer: cfg.max_joins_per_peer,
+                total: cfg.max_joins,
+            }),
             admission: Arc::new(service::admission_for(&cfg)),
         });
         let mut pool_cfg = PoolConfig::unpinned(0, "morio-shard");

@@ -1,7 +1,7 @@
 //! Memory on an engine: registering host and GPU memory (raw or engine-owned), the GPU
 //! runtime, and deregistration, which is safe with transfers in flight.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::desc::{MemoryDesc, MemoryLocationType};
@@ -18,8 +18,34 @@ use super::{IoEngine, RegisteredBuffer};
 /// `op_timeout`s, by when every transfer that used the region has ended).
 const NO_BACKEND_RELEASE_LIMIT: Duration = Duration::from_secs(5);
 
+/// This machine's physical memory in bytes (`sysinfo(2)`, read once); `None` if unknown.
+pub(crate) fn total_ram() -> Option<u64> {
+    static RAM: OnceLock<Option<u64>> = OnceLock::new();
+    *RAM.get_or_init(|| {
+        // SAFETY: `sysinfo` only writes the struct it is given, which is plain data.
+        let mut si: libc::sysinfo = unsafe { std::mem::zeroed() };
+        // SAFETY: `si` is a valid, writable `sysinfo` struct.
+        if unsafe { libc::sysinfo(&mut si) } != 0 {
+            return None;
+        }
+        let ram = (si.totalram as u64).saturating_mul(u64::from(si.mem_unit.max(1)));
+        (ram > 0).then_some(ram)
+    })
+}
+
+/// Refuse a host region larger than physical memory: it cannot all be backed, and a peer
+/// writing it would push the machine into swap or the OOM killer. (GPU regions are checked
+/// against their allocation by the GPU runtime.)
+fn check_host_size(size: u64) -> Result<(), EngineError> {
+    match total_ram() {
+        Some(ram) if size > ram => Err(EngineError::RegionTooLarge { size, ram }),
+        _ => Ok(()),
+    }
+}
+
 impl IoEngine {
-    /// Register host memory that the caller owns.
+    /// Register host memory that the caller owns. A region larger than the machine's
+    /// physical memory is refused ([`EngineError::RegionTooLarge`]).
     ///
     /// # Safety
     /// `ptr..ptr+size` must stay valid for reads and writes until [`Self::deregister_memory`]
@@ -33,6 +59,7 @@ impl IoEngine {
     ) -> Result<MemoryDesc, EngineError> {
         match loc {
             MemoryLocationType::Cpu if device_id == -1 => {
+                check_host_size(size as u64)?;
                 let id = self.core.allocate_mem_id();
                 // SAFETY: forwarded from the caller's contract.
                 let region = Arc::new(unsafe { Region::from_raw(id, ptr, size) });
@@ -118,6 +145,7 @@ impl IoEngine {
     /// Register a buffer the engine owns (the safe form). Access it through the returned
     /// [`RegisteredBuffer`].
     pub fn register_buffer(&self, buf: Vec<u8>) -> Result<RegisteredBuffer, EngineError> {
+        check_host_size(buf.len() as u64)?;
         let id = self.core.allocate_mem_id();
         let backing = Backing::new(buf.into_boxed_slice());
         let desc = self.add_region(Arc::new(Region::owned(id, backing.clone())))?;
@@ -129,6 +157,7 @@ impl IoEngine {
 
     /// A zero-filled registered buffer of `size` bytes.
     pub fn alloc_buffer(&self, size: usize) -> Result<RegisteredBuffer, EngineError> {
+        check_host_size(size as u64)?;
         self.register_buffer(vec![0u8; size])
     }
 
@@ -210,6 +239,34 @@ mod tests {
     use super::*;
     use crate::config::{IoEngineConfig, TcpBackendConfig};
     use crate::submit::read_lock;
+
+    #[test]
+    fn host_regions_larger_than_physical_memory_are_refused() {
+        let ram = total_ram().expect("sysinfo reports the machine's memory");
+        assert!(ram >= 1 << 30, "{ram}");
+        let engine = IoEngine::new("too_large", IoEngineConfig::new("127.0.0.1", 0)).unwrap();
+        let big = ram as usize + 1;
+        // Refused before anything is allocated or registered (the pointer is never used).
+        let ptr = std::ptr::NonNull::<u8>::dangling().as_ptr();
+        // SAFETY: the registration is refused before the range is recorded or touched.
+        let e = unsafe { engine.register_memory(ptr, big, -1, MemoryLocationType::Cpu) };
+        assert!(
+            matches!(e, Err(EngineError::RegionTooLarge { size, ram: r }) if size == big as u64 && r == ram),
+            "{e:?}"
+        );
+        let e = engine.alloc_buffer(1 << 40).unwrap_err();
+        assert!(e.to_string().contains("physical memory"), "{e}");
+        assert!(read_lock(&engine.core.regions).is_empty());
+        // A region within physical memory registers as before.
+        let mut mem = vec![0u8; 64];
+        // SAFETY: `mem` outlives the registration, which is removed below.
+        let md = unsafe {
+            engine.register_memory(mem.as_mut_ptr(), mem.len(), -1, MemoryLocationType::Cpu)
+        }
+        .unwrap();
+        engine.deregister_memory(&md).unwrap();
+        drop(mem);
+    }
 
     /// `deregister_memory` blocks while a transfer still holds the region and returns `Ok`
     /// once the last holder drops. Without the release signal it would block until its limit

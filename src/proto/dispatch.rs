@@ -8,6 +8,7 @@ use std::sync::Arc;
 use super::codes;
 use super::frame::{ChunkHead, Op};
 use super::layout::{self, Layout};
+use super::limits::MAX_CHUNKS_PER_TRANSFER;
 use super::plan;
 
 /// One transfer as its owner names it on lanes and in reports: the owner shard, the uid and
@@ -252,11 +253,21 @@ pub fn dispatch<L: Clone>(
     if chunks.is_empty() {
         return Ok(None);
     }
-    let Ok(n_chunks) = u32::try_from(chunks.len()) else {
-        return Err(Refused {
-            code: codes::ERR_INVALID_ARGS,
-            msg: "transfer has too many chunks",
-        });
+    const _: () = assert!(
+        MAX_CHUNKS_PER_TRANSFER == 1 << 20,
+        "update the message below"
+    );
+    // A target joins at most MAX_CHUNKS_PER_TRANSFER chunks (it closes a connection whose
+    // chunk claims more): refuse here instead.
+    let n_chunks = match u32::try_from(chunks.len()) {
+        Ok(n) if n <= MAX_CHUNKS_PER_TRANSFER => n,
+        _ => {
+            return Err(Refused {
+                code: codes::ERR_INVALID_ARGS,
+                msg: "transfer has more than 1048576 chunks (MAX_CHUNKS_PER_TRANSFER): \
+                      raise chunk_bytes or split it",
+            })
+        }
     };
     let final_ = n_chunks == 1;
     let mut per_lane: Vec<Vec<Item<L>>> = (0..n_lanes).map(|_| Vec::new()).collect();
@@ -380,6 +391,28 @@ mod tests {
         assert_eq!(got, [Some(1), Some(4), Some(7), Some(1)]);
         assert_eq!(home_lane(5, 8, 4, 0), None);
         assert_eq!(home_lane(0, 0, 1, 3), Some(0));
+    }
+
+    #[test]
+    fn transfers_of_more_chunks_than_a_target_joins_are_refused_here() {
+        let one_lane = |chunk_bytes| DispatchParams {
+            chunk_bytes,
+            ..params(1, false)
+        };
+        let piece = |local, remote, len| Piece { local, remote, len };
+        // A read of one remote byte into three places, one byte per chunk: more chunks than
+        // its extent has bytes is legal.
+        let read = Layout::List(vec![piece(0, 0, 1), piece(1, 0, 1), piece(2, 0, 1)]);
+        let p = dispatch(req(Op::Read, read), one_lane(1), 0, TO, &());
+        assert_eq!(p.unwrap().unwrap().n_chunks, 3);
+        // More chunks than a target joins.
+        let n = u64::from(MAX_CHUNKS_PER_TRANSFER);
+        let big = Layout::List(vec![piece(0, 0, n + 1)]);
+        let r = dispatch(req(Op::Write, big), one_lane(1), 0, TO, &()).unwrap_err();
+        assert_eq!(r.code, codes::ERR_INVALID_ARGS);
+        let most = Layout::List(vec![piece(0, 0, n)]);
+        let p = dispatch(req(Op::Write, most), one_lane(1), 0, TO, &());
+        assert_eq!(p.unwrap().unwrap().n_chunks, MAX_CHUNKS_PER_TRANSFER);
     }
 
     #[test]

@@ -4,12 +4,13 @@
 //! inbound status, then answers COMPLETE on that chunk's connection with its tag. No report
 //! travels between shards and no FINISH round trip follows the last chunk.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::codes;
 use super::frame::Op;
-use super::limits::MAX_JOINS;
+use super::limits::{JOIN_SLOT_CHUNKS, MAX_CHUNKS_PER_TRANSFER};
 
 /// One chunk's result, reported to the engine's join table.
 #[derive(Debug)]
@@ -54,8 +55,11 @@ pub struct Join {
 }
 
 impl Join {
-    /// A transfer of `n_chunks` chunks of `op`, first heard of at `now`.
+    /// A transfer of `n_chunks` chunks of `op`, first heard of at `now`: one bit per chunk
+    /// (8 bytes per 64 chunks), nothing else that grows. A target makes one only for a
+    /// checked count (at most [`MAX_CHUNKS_PER_TRANSFER`]: 128 KiB).
     pub fn new(op: Op, n_chunks: u32, now: u64) -> Self {
+        debug_assert!(n_chunks <= MAX_CHUNKS_PER_TRANSFER);
         Self {
             op,
             n_chunks,
@@ -109,11 +113,15 @@ impl Join {
             return None;
         }
         let (word, bit) = ((chunk / 64) as usize, 1u64 << (chunk % 64));
-        if self.seen[word] & bit != 0 {
+        let Some(seen) = self.seen.get_mut(word) else {
+            self.error(bad("chunk out of range"));
+            return None;
+        };
+        if *seen & bit != 0 {
             self.error(bad("a chunk arrived twice"));
             return None;
         }
-        self.seen[word] |= bit;
+        *seen |= bit;
         self.n_seen += 1;
         if code != codes::SUCCESS {
             self.error((code, msg.to_string()));
@@ -147,33 +155,86 @@ impl Join {
 /// leftovers.
 pub type JoinKey = (Arc<str>, u64, u64);
 
-/// The engine's joins of multi-chunk transfers, bounded in number ([`MAX_JOINS`]: the oldest
-/// goes first) and pruned by age. The engine shares one behind a lock; time is a parameter.
+/// What the join table may hold, in slots of [`JOIN_SLOT_CHUNKS`] chunks (a join takes
+/// [`join_slots`] of them): for one peer (by key) and for all peers together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JoinCaps {
+    /// Slots one initiator key may hold.
+    pub per_peer: usize,
+    /// Slots all initiators together may hold.
+    pub total: usize,
+}
+
+impl JoinCaps {
+    /// The defaults of `TcpBackendConfig::max_joins_per_peer` and `max_joins`.
+    pub const DEFAULT: JoinCaps = JoinCaps {
+        per_peer: 4096,
+        total: 65536,
+    };
+}
+
+impl Default for JoinCaps {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// The slots a join of `n_chunks` chunks takes: one per started [`JOIN_SLOT_CHUNKS`].
+pub fn join_slots(n_chunks: u32) -> usize {
+    n_chunks.div_ceil(JOIN_SLOT_CHUNKS).max(1) as usize
+}
+
+/// The engine's joins of multi-chunk transfers, bounded per peer and in total
+/// ([`JoinCaps`]) and pruned by age. A chunk that would start a join past a cap is refused
+/// (no entry is made; chunk 0's report answers the transfer with `ERR_BAD_STATE`); no peer's
+/// join is ever evicted to make room for another's. The engine shares one behind a lock;
+/// time is a parameter.
 #[derive(Debug, Default)]
 pub struct JoinMap {
     map: HashMap<JoinKey, Join>,
-    evicted: u64,
+    /// Slots each initiator key holds; its entry goes with its last join.
+    held: HashMap<Arc<str>, usize>,
+    /// Slots held in all.
+    slots: usize,
+    caps: JoinCaps,
+    refused: u64,
 }
 
 impl JoinMap {
-    /// A chunk's result: the verdict when it completed its transfer's join.
+    /// An empty table with `caps`.
+    pub fn new(caps: JoinCaps) -> Self {
+        Self {
+            caps,
+            ..Self::default()
+        }
+    }
+
+    /// A chunk's result: the verdict when it completed its transfer's join, or when it is
+    /// chunk 0 of a transfer refused for want of room (`ERR_BAD_STATE`: the initiator fails
+    /// it; the target answers each transfer once, on its join lane, like a completed join).
+    /// Another chunk refused for want of room is dropped without an answer.
     pub fn report(&mut self, r: &JoinReport<'_>, now: u64) -> Option<(u32, String)> {
         let key = (r.peer.clone(), r.instance, r.uid);
-        let j = self.entry(key.clone(), r.op, r.n_chunks, now);
+        let j = match self.entry(&key, r.op, r.n_chunks, now) {
+            Ok(j) => j,
+            Err(why) => return (r.chunk == 0).then_some((codes::ERR_BAD_STATE, why)),
+        };
         let verdict = j.report(r.op, r.n_chunks, r.chunk, r.code, r.msg);
         if j.spent() {
-            self.map.remove(&key);
+            self.remove(&key);
         }
         verdict
     }
 
     /// FINISH ended a transfer: its join answers nothing more, and reports still on their
-    /// way are only counted.
+    /// way are only counted. (With no room for its join, nothing is kept: a later report
+    /// starts a join that never completes, and age prunes it.)
     pub fn end(&mut self, key: JoinKey, op: Op, n_chunks: u32, now: u64) {
-        let j = self.entry(key.clone(), op, n_chunks, now);
-        j.end();
-        if j.spent() {
-            self.map.remove(&key);
+        if let Ok(j) = self.entry(&key, op, n_chunks, now) {
+            j.end();
+            if j.spent() {
+                self.remove(&key);
+            }
         }
     }
 
@@ -182,8 +243,14 @@ impl JoinMap {
     /// how many went.
     pub fn prune(&mut self, now: u64, max_age: u64) -> usize {
         let before = self.map.len();
-        self.map
-            .retain(|_, j| now.saturating_sub(j.created()) < max_age);
+        let (held, slots) = (&mut self.held, &mut self.slots);
+        self.map.retain(|k, j| {
+            let keep = now.saturating_sub(j.created()) < max_age;
+            if !keep {
+                release(held, slots, &k.0, join_slots(j.n_chunks));
+            }
+            keep
+        });
         before - self.map.len()
     }
 
@@ -199,27 +266,102 @@ impl JoinMap {
         self.map.is_empty()
     }
 
-    /// Joins dropped so far because the table was full.
-    pub fn evicted(&self) -> u64 {
-        self.evicted
+    /// Slots held by `peer`'s joins, and by all (for tests of the accounting).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn slots(&self, peer: &str) -> (usize, usize) {
+        (self.held.get(peer).copied().unwrap_or(0), self.slots)
     }
 
-    /// The join of `key`, created (evicting the oldest when full) if this is its first word.
-    fn entry(&mut self, key: JoinKey, op: Op, n_chunks: u32, now: u64) -> &mut Join {
-        if !self.map.contains_key(&key) && self.map.len() >= MAX_JOINS {
-            let oldest = self
-                .map
-                .iter()
-                .min_by_key(|(_, j)| j.created())
-                .map(|(k, _)| k.clone());
-            if let Some(k) = oldest {
-                self.map.remove(&k);
-                self.evicted += 1;
+    /// Initiator keys holding a join.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn peers(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Chunks refused so far because a cap was reached (or their count was out of bounds).
+    pub fn refused(&self) -> u64 {
+        self.refused
+    }
+
+    /// The join of `key`, created if this is its first word and there is room for it.
+    fn entry(
+        &mut self,
+        key: &JoinKey,
+        op: Op,
+        n_chunks: u32,
+        now: u64,
+    ) -> Result<&mut Join, String> {
+        match self.map.entry(key.clone()) {
+            Entry::Occupied(e) => Ok(e.into_mut()),
+            Entry::Vacant(v) => {
+                let admitted = admit(&mut self.held, &mut self.slots, self.caps, &key.0, n_chunks);
+                if admitted.is_err() {
+                    self.refused += 1;
+                }
+                admitted?;
+                Ok(v.insert(Join::new(op, n_chunks, now)))
             }
         }
-        self.map
-            .entry(key)
-            .or_insert_with(|| Join::new(op, n_chunks, now))
+    }
+
+    fn remove(&mut self, key: &JoinKey) {
+        if let Some(j) = self.map.remove(key) {
+            release(
+                &mut self.held,
+                &mut self.slots,
+                &key.0,
+                join_slots(j.n_chunks),
+            );
+        }
+    }
+}
+
+/// Take the slots of a new join of `n_chunks` for `peer`, if its count is in bounds and both
+/// caps leave room; else why not.
+fn admit(
+    held: &mut HashMap<Arc<str>, usize>,
+    slots: &mut usize,
+    caps: JoinCaps,
+    peer: &Arc<str>,
+    n_chunks: u32,
+) -> Result<(), String> {
+    if n_chunks == 0 || n_chunks > MAX_CHUNKS_PER_TRANSFER {
+        return Err(format!("a transfer of {n_chunks} chunks cannot be joined"));
+    }
+    let w = join_slots(n_chunks);
+    let mine = held.get(peer).copied().unwrap_or(0);
+    if mine + w > caps.per_peer {
+        return Err(format!(
+            "target busy: this initiator's multi-chunk transfers in flight hold {mine} of its \
+             {} join slots (max_joins_per_peer)",
+            caps.per_peer
+        ));
+    }
+    if *slots + w > caps.total {
+        return Err(format!(
+            "target busy: multi-chunk transfers in flight hold {} of its {} join slots \
+             (max_joins)",
+            *slots, caps.total
+        ));
+    }
+    match held.get_mut(peer) {
+        Some(n) => *n += w,
+        None => {
+            held.insert(peer.clone(), w);
+        }
+    }
+    *slots += w;
+    Ok(())
+}
+
+/// Give back the slots of a join of `peer` that went; the peer's record goes with its last.
+fn release(held: &mut HashMap<Arc<str>, usize>, slots: &mut usize, peer: &Arc<str>, w: usize) {
+    *slots = slots.saturating_sub(w);
+    if let Some(n) = held.get_mut(peer) {
+        *n = n.saturating_sub(w);
+        if *n == 0 {
+            held.remove(peer);
+        }
     }
 }
 
@@ -278,40 +420,123 @@ mod tests {
         assert!(j.spent());
     }
 
-    #[test]
-    fn the_map_answers_once_evicts_the_oldest_and_prunes_by_age() {
-        let mut m = JoinMap::default();
-        let p: Arc<str> = "peer".into();
-        let rep = |uid, chunk| JoinReport {
-            peer: &p,
+    fn rep<'a>(p: &'a Arc<str>, uid: u64, n_chunks: u32, chunk: u32) -> JoinReport<'a> {
+        JoinReport {
+            peer: p,
             instance: 1,
             uid,
             op: Op::Write,
-            n_chunks: 2,
+            n_chunks,
             chunk,
             code: codes::SUCCESS,
             msg: "",
-        };
-        assert_eq!(m.report(&rep(7, 0), 1), None);
+        }
+    }
+
+    #[test]
+    fn the_map_answers_once_and_prunes_by_age() {
+        let mut m = JoinMap::default();
+        let p: Arc<str> = "peer".into();
+        assert_eq!(m.report(&rep(&p, 7, 2, 0), 1), None);
         assert_eq!(
-            m.report(&rep(7, 1), 2),
+            m.report(&rep(&p, 7, 2, 1), 2),
             Some((codes::SUCCESS, String::new()))
         );
         assert!(m.is_empty(), "a spent join goes");
+        assert_eq!((m.slots("peer"), m.peers()), ((0, 0), 0), "and its slots");
         m.end((p.clone(), 1, 8), Op::Write, 2, 3);
-        assert_eq!(m.report(&rep(8, 0), 4), None);
+        assert_eq!(m.report(&rep(&p, 8, 2, 0), 4), None);
         assert_eq!(
-            m.report(&rep(8, 1), 4),
+            m.report(&rep(&p, 8, 2, 1), 4),
             None,
             "ended: counted, never answered"
         );
         assert!(m.is_empty());
-        for uid in 0..MAX_JOINS as u64 + 1 {
-            m.report(&rep(100 + uid, 0), 10 + uid);
+        for uid in 0..100 {
+            m.report(&rep(&p, 100 + uid, 2, 0), 10 + uid);
         }
-        assert_eq!((m.len(), m.evicted()), (MAX_JOINS, 1));
-        // The oldest (uid 100) went: its second chunk starts a new join instead of ending one.
-        assert_eq!(m.report(&rep(100, 1), 1 << 40), None);
-        assert_eq!(m.prune(1 << 40, 1), MAX_JOINS - 1, "all but the newest");
+        assert_eq!(m.prune(19, 10), 0);
+        assert_eq!(m.prune(20, 10), 1, "the oldest");
+        assert_eq!(m.prune(1 << 40, 1), 99);
+        assert_eq!(
+            (m.slots("peer"), m.peers()),
+            ((0, 0), 0),
+            "slots given back"
+        );
+    }
+
+    #[test]
+    fn a_peer_over_its_cap_is_refused_and_no_one_is_evicted() {
+        let caps = JoinCaps {
+            per_peer: 4,
+            total: 6,
+        };
+        let mut m = JoinMap::new(caps);
+        let (a, b, c): (Arc<str>, Arc<str>, Arc<str>) = ("a".into(), "b".into(), "c".into());
+        for uid in 0..4 {
+            assert_eq!(m.report(&rep(&a, uid, 2, 1), 0), None);
+        }
+        assert_eq!(m.slots("a"), (4, 4));
+        // A fifth: chunk 1 is dropped silently, chunk 0 answers the refusal.
+        assert_eq!(m.report(&rep(&a, 4, 2, 1), 0), None);
+        let (code, msg) = m.report(&rep(&a, 4, 2, 0), 0).expect("refused");
+        assert_eq!(code, codes::ERR_BAD_STATE);
+        assert!(msg.contains("max_joins_per_peer"), "{msg}");
+        assert_eq!((m.len(), m.refused()), (4, 2));
+        // Another peer still gets room, up to the total; then it is refused too.
+        assert_eq!(m.report(&rep(&b, 0, 2, 1), 0), None);
+        assert_eq!(m.report(&rep(&b, 1, 2, 1), 0), None);
+        let (_, msg) = m.report(&rep(&c, 0, 2, 0), 0).expect("refused");
+        assert!(msg.contains("max_joins)"), "{msg}");
+        // a's joins were all kept: each still completes.
+        for uid in 0..4 {
+            assert_eq!(
+                m.report(&rep(&a, uid, 2, 0), 0),
+                Some((codes::SUCCESS, String::new()))
+            );
+        }
+        assert_eq!((m.slots("a"), m.peers()), ((0, 2), 1), "a's record went");
+        // Room again for a.
+        assert_eq!(m.report(&rep(&a, 9, 2, 1), 0), None);
+    }
+
+    #[test]
+    fn large_joins_take_slots_by_their_chunks_and_counts_are_bounded() {
+        assert_eq!(join_slots(1), 1);
+        assert_eq!(join_slots(JOIN_SLOT_CHUNKS), 1);
+        assert_eq!(join_slots(JOIN_SLOT_CHUNKS + 1), 2);
+        assert_eq!(join_slots(MAX_CHUNKS_PER_TRANSFER), 2048);
+        let mut m = JoinMap::new(JoinCaps {
+            per_peer: 2048,
+            total: 4096,
+        });
+        let p: Arc<str> = "p".into();
+        assert_eq!(m.report(&rep(&p, 1, MAX_CHUNKS_PER_TRANSFER, 5), 0), None);
+        assert_eq!(m.slots("p"), (2048, 2048));
+        assert!(m.report(&rep(&p, 2, 2, 0), 0).is_some(), "no room left");
+        // Counts a target must never join, whatever got past the frame checks.
+        for n in [0, MAX_CHUNKS_PER_TRANSFER + 1, u32::MAX] {
+            assert_eq!(
+                m.report(&rep(&p, 3, n, 0), 0).map(|v| v.0),
+                Some(codes::ERR_BAD_STATE),
+                "{n}"
+            );
+            m.end((p.clone(), 1, 3), Op::Write, n, 0);
+        }
+        assert_eq!(m.len(), 1);
+    }
+
+    #[test]
+    fn a_join_is_small() {
+        // What the documented estimate (about 160 bytes per join of up to 64 chunks, plus
+        // 8 bytes per further 64) rests on.
+        assert!(
+            std::mem::size_of::<Join>() <= 88,
+            "{}",
+            std::mem::size_of::<Join>()
+        );
+        assert!(std::mem::size_of::<JoinKey>() <= 32);
+        let j = Join::new(Op::Write, MAX_CHUNKS_PER_TRANSFER, 0);
+        assert_eq!(j.seen.capacity() * 8, 128 << 10);
     }
 }

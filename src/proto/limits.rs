@@ -38,6 +38,14 @@ pub const MIN_STRIPE_BYTES: u64 = 64 << 10;
 /// A striped write shares its stripes between its lanes (`share_stripes`) when it has at
 /// least this many full chunks per lane.
 pub const SHARE_MIN_CHUNKS_PER_LANE: u64 = 2;
-/// Most striped transfers an engine joins at once on the target side; past this the oldest
-/// is dropped (its initiator then times out), so a peer cannot grow the table without bound.
-pub const MAX_JOINS: usize = 65536;
+/// Most chunks one transfer may be cut into. A target joins a transfer of `n` chunks with a
+/// bitmap of `n` bits, so this bounds what one frame's `n_chunks` can make it reserve (128 KiB).
+/// It is 1 TiB at the default `chunk_bytes` (1 MiB) and 4 GiB at the smallest (4 KiB):
+/// morio's initiator refuses a larger transfer (`ERR_INVALID_ARGS`) rather than send it, and a
+/// target closes a connection whose chunk claims more.
+pub const MAX_CHUNKS_PER_TRANSFER: u32 = 1 << 20;
+/// A join counts against the join caps (`TcpBackendConfig::max_joins_per_peer`,
+/// `max_joins`) as one slot per started this many chunks: its bitmap grows with its chunk
+/// count, so the caps bound bytes, not only entries. A transfer of up to 512 chunks (512 MiB
+/// at the default chunk size) takes one slot; one of [`MAX_CHUNKS_PER_TRANSFER`], 2048.
+pub const JOIN_SLOT_CHUNKS: u32 = 512;

@@ -9,6 +9,7 @@ use super::codes;
 use super::frame::{Chunk, Finish, Frame, Op, Reply};
 use super::inbound::{check_chunk, Refusal};
 pub use super::join::{JoinReport, JoinTable};
+use super::limits::MAX_CHUNKS_PER_TRANSFER;
 
 /// An inbound status to record (before the answer that follows it can leave).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -81,6 +82,7 @@ impl Served {
                 chunk.chunk, chunk.uid, chunk.join_lane, self.lane, self.n_lanes
             )));
         }
+        check_count(chunk)?;
         Ok(check_chunk(chunk, region_size))
     }
 
@@ -202,6 +204,21 @@ impl Served {
     }
 }
 
+/// A transfer's chunk count, checked before any join entry can exist for it: at most
+/// [`MAX_CHUNKS_PER_TRANSFER`] (morio's initiator refuses a transfer it would cut finer), so
+/// a join's bitmap is at most 128 KiB, and the join caps count it by its size. (The extent
+/// bounds nothing here: a read may fetch the same remote bytes into many places, so a legal
+/// transfer can have more chunks than its extent has bytes.)
+fn check_count(chunk: &Chunk) -> Result<(), Violation> {
+    if chunk.n_chunks > MAX_CHUNKS_PER_TRANSFER {
+        return Err(Violation(format!(
+            "transfer {} claims {} chunks (at most {MAX_CHUNKS_PER_TRANSFER})",
+            chunk.uid, chunk.n_chunks
+        )));
+    }
+    Ok(())
+}
+
 /// What to do with a frame from an initiator, before any payload is read.
 #[derive(Debug)]
 pub enum Inbound {
@@ -305,6 +322,32 @@ mod tests {
             Err(GONE),
             "unregistered region"
         );
+    }
+
+    #[test]
+    fn chunk_counts_are_bounded_by_the_limit() {
+        let s = served();
+        let with = |n_chunks, extent| Chunk {
+            n_chunks,
+            extent,
+            ..chunk(1, 2, 1)
+        };
+        // 2^32 - 1 chunks, or one more than the limit: closed.
+        for c in [
+            with(u32::MAX, (0, 64)),
+            with(MAX_CHUNKS_PER_TRANSFER + 1, (0, u64::MAX)),
+        ] {
+            assert!(s.check(&c, false, Some(u64::MAX)).is_err(), "{c:?}");
+        }
+        // Up to the limit passes (then the region decides), whatever the extent: a read of
+        // 64 remote bytes into many places has more chunks than bytes.
+        let c = with(65, (0, 64));
+        assert!(s.check(&c, false, Some(64)).unwrap().is_ok());
+        let most = with(MAX_CHUNKS_PER_TRANSFER, (0, u64::MAX));
+        assert!(s.check(&most, false, Some(1 << 40)).is_ok());
+        // 256 MiB in 4 KiB chunks.
+        let c = with(65536, (0, 256 << 20));
+        assert!(s.check(&c, false, Some(256 << 20)).unwrap().is_ok());
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! Target side of multi-chunk transfers: every served chunk reports to the engine's one join
 //! table ([`Joins`]), from whichever shard serves it, and the chunk whose report completes
 //! its transfer's join is answered for the whole transfer (inbound status, then COMPLETE on
-//! its own connection). The table is `proto::join::JoinMap` (bounded in number and age)
-//! behind one lock, with the clock and the log added here.
+//! its own connection). The table is `proto::join::JoinMap` (bounded per peer and in total,
+//! and pruned by age) behind one lock, with the clock and the log added here.
 //!
 //! Its lock comes from `crate::sync` (std's), so `tests/loom.rs` can compile this file
 //! against loom's and model-check the table; the file names nothing else of the crate but
@@ -13,8 +13,7 @@ use std::sync::Arc;
 use super::now_ns;
 use crate::proto::frame::Op;
 pub(crate) use crate::proto::join::JoinReport;
-use crate::proto::join::{JoinMap, JoinTable};
-use crate::proto::limits::MAX_JOINS;
+use crate::proto::join::{JoinCaps, JoinMap, JoinTable};
 use crate::sync::{Mutex, MutexGuard};
 
 /// The transfers the engine joins, shared by its shards: a report is one short critical
@@ -26,19 +25,33 @@ pub(crate) struct Joins {
 }
 
 impl Joins {
+    /// An empty table bounded by `caps`.
+    pub fn new(caps: JoinCaps) -> Self {
+        Self {
+            map: Mutex::new(JoinMap::new(caps)),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, JoinMap> {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A chunk's result: the verdict when it completed its transfer's join (the caller then
-    /// records the inbound status and answers COMPLETE on the chunk's connection).
+    /// A chunk's result: the verdict when it completed its transfer's join, or when chunk 0
+    /// found no room for it (the caller then records the inbound status and answers
+    /// COMPLETE on the chunk's connection).
     pub fn report(&self, r: &JoinReport<'_>) -> Option<(u32, String)> {
         let mut t = self.lock();
-        let evicted = t.evicted();
+        let refused = t.refused();
         let verdict = t.report(r, now_ns());
-        if t.evicted() > evicted {
+        let now_refused = t.refused();
+        drop(t);
+        // Logged at the first refusal and then at every power of two, so a flood cannot
+        // flood the log.
+        if now_refused > refused && now_refused.is_power_of_two() {
             log::warn!(
-                "more than {MAX_JOINS} striped transfers in flight: dropped the oldest join"
+                "refused {now_refused} chunks of multi-chunk transfers so far (join caps \
+                 reached; the latest from {:?})",
+                r.peer
             );
         }
         verdict

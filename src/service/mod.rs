@@ -34,6 +34,7 @@ use crate::region::SharedRegion;
 use crate::stats::ShardStats;
 use crate::transport::{Bound, Closer};
 
+pub(crate) use join::Joins;
 pub(crate) use msg::{Peer, ShardMsg, Submission};
 
 /// The connection caps of a backend with `cfg`.
@@ -266,6 +267,7 @@ pub(crate) async fn run(ctx: ShardCtx<ShardMsg>, shared: Arc<Shared>) {
 async fn tick_loop(shard: Rc<Shard>) {
     let every = (shard.shared.cfg.op_timeout / 20)
         .clamp(Duration::from_millis(1), Duration::from_millis(20));
+    let mut swept = now_ns();
     loop {
         rt::sleep(every).await;
         let now = now_ns();
@@ -275,6 +277,12 @@ async fn tick_loop(shard: Rc<Shard>) {
         if shard.id == 0 {
             let max_age = shard.shared.cfg.op_timeout.as_nanos() as u64;
             shard.shared.joins.prune(now, max_age.saturating_mul(2));
+            // Once a second: expired inbound statuses of every peer, and the records of
+            // peers that hold none and went quiet.
+            if now.saturating_sub(swept) >= 1_000_000_000 {
+                swept = now;
+                shard.shared.inbound.sweep();
+            }
         }
     }
 }

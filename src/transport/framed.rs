@@ -3,7 +3,7 @@
 //! large payloads straight from it.
 
 use std::io;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_lite::{AsyncRead, AsyncReadExt};
 use morio_shards::rt;
@@ -25,8 +25,8 @@ pub(crate) enum ConnError {
     /// The peer sent a valid frame that makes no sense here.
     #[error("protocol violation: {0}")]
     Violation(String),
-    /// A frame started but did not finish within the deadline.
-    #[error("peer stalled mid-frame for longer than {0:?}")]
+    /// A frame began but did not finish within the deadline (`op_timeout`).
+    #[error("a begun frame did not complete within {0:?}")]
     Stalled(Duration),
     /// The peer closed the connection.
     #[error("connection closed by peer")]
@@ -36,12 +36,23 @@ pub(crate) enum ConnError {
 /// Reads frames from a stream. Header and body go through an internal buffer that never
 /// holds more than one read's worth beyond `HEADER_BYTES + MAX_BODY_BYTES`; payloads are read
 /// into the caller's destination (registered memory) directly once the buffered part is used.
+///
+/// **Progress rule.** Waiting for a frame to begin is unbounded (idle connections are
+/// normal). Once begun, the whole rest of the frame (header, body and payload) must arrive
+/// within `stall` (`op_timeout`) of the first time the reader has to wait for more of it,
+/// which is right after its first bytes were read: one deadline per frame, not per read, so
+/// a peer that trickles a byte now and then cannot hold the connection. A frame that arrives
+/// in the read that began it never reads the clock; one that needs more reads it once per
+/// wait, next to the timer that wait arms anyway.
 pub(crate) struct FrameReader<R> {
     r: R,
     buf: Box<[u8]>,
     start: usize,
     end: usize,
     stall: Duration,
+    /// When the frame being read must be complete: set at its first wait, cleared when the
+    /// next frame starts.
+    deadline: Option<Instant>,
     /// Payload bytes of the current frame not yet consumed.
     payload_left: u64,
     /// When the first bytes of the frame being read arrived (tracing only, else 0).
@@ -59,7 +70,7 @@ const SMALL_PAYLOAD_BYTES: usize = 64 << 10;
 const _: () = assert!(READ_BUF_BYTES >= HEADER_BYTES + MAX_BODY_BYTES);
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
-    /// A reader that fails a frame which stalls for longer than `stall` once it has begun.
+    /// A reader that fails a frame not complete within `stall` once it has begun.
     pub(crate) fn new(r: R, stall: Duration) -> Self {
         Self {
             r,
@@ -67,9 +78,26 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             start: 0,
             end: 0,
             stall,
+            deadline: None,
             payload_left: 0,
             first_read_ns: 0,
         }
+    }
+
+    /// The time left for the frame being read, starting its clock at its first wait;
+    /// `Stalled` once it is spent.
+    fn time_left(&mut self) -> Result<Duration, ConnError> {
+        let left = match self.deadline {
+            None => {
+                self.deadline = Some(Instant::now() + self.stall);
+                self.stall
+            }
+            Some(d) => d.saturating_duration_since(Instant::now()),
+        };
+        if left.is_zero() {
+            return Err(ConnError::Stalled(self.stall));
+        }
+        Ok(left)
     }
 
     /// When the first bytes of the last frame read from the socket arrived (0 if untraced,
@@ -80,8 +108,10 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
 
     /// The next frame and its payload length; `Ok(None)` on a clean EOF between frames.
     /// Waiting for a frame to *start* is unbounded (idle connections are normal); once its
-    /// first byte is in, the rest must arrive within the stall deadline.
+    /// first byte is in, the rest of it, payload included, must arrive within the stall
+    /// deadline (the progress rule above).
     pub(crate) async fn next_frame(&mut self) -> Result<Option<(Frame, u64)>, ConnError> {
+        self.deadline = None;
         loop {
             if let Some((f, payload, used)) = decode_frame(&self.buf[self.start..self.end])? {
                 self.start += used;
@@ -103,10 +133,10 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             };
             let upto = (self.end + want.max(1)).min(self.buf.len());
             let n = if partial {
-                let stall = self.stall;
-                rt::timeout(stall, self.r.read(&mut self.buf[self.end..upto]))
+                let left = self.time_left()?;
+                rt::timeout(left, self.r.read(&mut self.buf[self.end..upto]))
                     .await
-                    .ok_or(ConnError::Stalled(stall))??
+                    .ok_or(ConnError::Stalled(self.stall))??
             } else {
                 self.r.read(&mut self.buf[self.end..upto]).await?
             };
@@ -181,10 +211,10 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         if rest.is_empty() {
             return Ok(());
         }
-        let stall = self.stall;
-        rt::timeout(stall, self.r.read_exact(rest))
+        let left = self.time_left()?;
+        rt::timeout(left, self.r.read_exact(rest))
             .await
-            .ok_or(ConnError::Stalled(stall))?
+            .ok_or(ConnError::Stalled(self.stall))?
             .map_err(|e| {
                 if e.kind() == io::ErrorKind::UnexpectedEof {
                     ConnError::Closed
@@ -242,17 +272,17 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             self.start += k;
             advance(k, &mut idx, &mut off);
         }
-        let stall = self.stall;
         while idx < dsts.len() {
+            let left = self.time_left()?;
             let n = {
                 let rest = &mut dsts[idx..];
                 let mut iov: Vec<std::io::IoSliceMut<'_>> = Vec::with_capacity(rest.len());
                 let (head, tail) = rest.split_at_mut(1);
                 iov.push(std::io::IoSliceMut::new(&mut head[0][off..]));
                 iov.extend(tail.iter_mut().map(|d| std::io::IoSliceMut::new(d)));
-                rt::timeout(stall, self.r.read_vectored(&mut iov))
+                rt::timeout(left, self.r.read_vectored(&mut iov))
                     .await
-                    .ok_or(ConnError::Stalled(stall))??
+                    .ok_or(ConnError::Stalled(self.stall))??
             };
             if n == 0 {
                 return Err(ConnError::Closed);
@@ -277,10 +307,10 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
         let target = total as usize;
         while self.end < target {
-            let stall = self.stall;
-            let n = rt::timeout(stall, self.r.read(&mut self.buf[self.end..target]))
+            let left = self.time_left()?;
+            let n = rt::timeout(left, self.r.read(&mut self.buf[self.end..target]))
                 .await
-                .ok_or(ConnError::Stalled(stall))??;
+                .ok_or(ConnError::Stalled(self.stall))??;
             if n == 0 {
                 return Err(ConnError::Closed);
             }

@@ -54,9 +54,14 @@ impl Sim {
             .count();
         let joins = self.joins.map.get_mut();
         assert_eq!(joins.len(), left, "seed {seed}: joins left in the table");
-        assert_eq!(joins.evicted(), 0, "seed {seed}");
+        assert_eq!(joins.refused(), 0, "seed {seed}");
         assert_eq!(joins.prune(u64::MAX, 1), left, "seed {seed}: joins pruned");
         assert!(joins.is_empty(), "seed {seed}");
+        assert_eq!(
+            joins.peers(),
+            0,
+            "seed {seed}: per-peer records went with the joins"
+        );
         (ended, left)
     }
 
