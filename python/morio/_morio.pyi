@@ -77,6 +77,13 @@ class TcpBackendConfig:
     gpu_staging_bytes: int
     gpu_slot_bytes: int
     auth_secret: bool  # write bytes | str | None; reads whether a secret is set
+    max_handshakes: int
+    max_connections: int
+    max_connections_per_peer: int
+    max_joins: int
+    max_joins_per_peer: int
+    max_inbound_statuses: int
+    max_inbound_statuses_per_peer: int
     def __init__(
         self,
         sock_sndbuf_bytes: int = 33554432,
@@ -101,6 +108,13 @@ class TcpBackendConfig:
         gpu_staging_bytes: Optional[int] = None,
         gpu_slot_bytes: Optional[int] = None,
         auth_secret: Union[bytes, str, None] = None,
+        max_handshakes: Optional[int] = None,
+        max_connections: Optional[int] = None,
+        max_connections_per_peer: Optional[int] = None,
+        max_joins: Optional[int] = None,
+        max_joins_per_peer: Optional[int] = None,
+        max_inbound_statuses: Optional[int] = None,
+        max_inbound_statuses_per_peer: Optional[int] = None,
     ) -> None: ...
 
 class RdmaBackendConfig:

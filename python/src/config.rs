@@ -117,6 +117,13 @@ impl PyTcpBackendConfig {
         gpu_staging_bytes = None,
         gpu_slot_bytes = None,
         auth_secret = None,
+        max_handshakes = None,
+        max_connections = None,
+        max_connections_per_peer = None,
+        max_joins = None,
+        max_joins_per_peer = None,
+        max_inbound_statuses = None,
+        max_inbound_statuses_per_peer = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -141,6 +148,13 @@ impl PyTcpBackendConfig {
         gpu_staging_bytes: Option<usize>,
         gpu_slot_bytes: Option<usize>,
         auth_secret: Option<&Bound<'_, PyAny>>,
+        max_handshakes: Option<usize>,
+        max_connections: Option<usize>,
+        max_connections_per_peer: Option<usize>,
+        max_joins: Option<usize>,
+        max_joins_per_peer: Option<usize>,
+        max_inbound_statuses: Option<usize>,
+        max_inbound_statuses_per_peer: Option<usize>,
     ) -> PyResult<Self> {
         let mut me = Self {
             cfg: TcpBackendConfig::default(),
@@ -183,10 +197,94 @@ impl PyTcpBackendConfig {
             me.cfg.gpu_slot_bytes = b;
         }
         me.set_auth_secret(auth_secret)?;
+        if let Some(v) = max_handshakes {
+            me.cfg.max_handshakes = v;
+        }
+        if let Some(v) = max_connections {
+            me.cfg.max_connections = v;
+        }
+        if let Some(v) = max_connections_per_peer {
+            me.cfg.max_connections_per_peer = v;
+        }
+        if let Some(v) = max_joins {
+            me.cfg.max_joins = v;
+        }
+        if let Some(v) = max_joins_per_peer {
+            me.cfg.max_joins_per_peer = v;
+        }
+        if let Some(v) = max_inbound_statuses {
+            me.cfg.max_inbound_statuses = v;
+        }
+        if let Some(v) = max_inbound_statuses_per_peer {
+            me.cfg.max_inbound_statuses_per_peer = v;
+        }
         me.validated()?;
         Ok(me)
     }
 
+    /// morio: connections still in their handshake, at most (default 128).
+    #[getter]
+    fn max_handshakes(&self) -> usize {
+        self.cfg.max_handshakes
+    }
+    #[setter]
+    fn set_max_handshakes(&mut self, v: usize) {
+        self.cfg.max_handshakes = v;
+    }
+    /// morio: served connections in total, at most (default 1024).
+    #[getter]
+    fn max_connections(&self) -> usize {
+        self.cfg.max_connections
+    }
+    #[setter]
+    fn set_max_connections(&mut self, v: usize) {
+        self.cfg.max_connections = v;
+    }
+    /// morio: served connections of one peer, at most (default 64).
+    #[getter]
+    fn max_connections_per_peer(&self) -> usize {
+        self.cfg.max_connections_per_peer
+    }
+    #[setter]
+    fn set_max_connections_per_peer(&mut self, v: usize) {
+        self.cfg.max_connections_per_peer = v;
+    }
+    /// morio: join slots of multi-chunk transfers, all peers (default 65536).
+    #[getter]
+    fn max_joins(&self) -> usize {
+        self.cfg.max_joins
+    }
+    #[setter]
+    fn set_max_joins(&mut self, v: usize) {
+        self.cfg.max_joins = v;
+    }
+    /// morio: join slots one peer may hold (default 4096).
+    #[getter]
+    fn max_joins_per_peer(&self) -> usize {
+        self.cfg.max_joins_per_peer
+    }
+    #[setter]
+    fn set_max_joins_per_peer(&mut self, v: usize) {
+        self.cfg.max_joins_per_peer = v;
+    }
+    /// morio: inbound statuses kept, all peers (default 65536).
+    #[getter]
+    fn max_inbound_statuses(&self) -> usize {
+        self.cfg.max_inbound_statuses
+    }
+    #[setter]
+    fn set_max_inbound_statuses(&mut self, v: usize) {
+        self.cfg.max_inbound_statuses = v;
+    }
+    /// morio: inbound statuses kept per peer (default 4096, as MORI).
+    #[getter]
+    fn max_inbound_statuses_per_peer(&self) -> usize {
+        self.cfg.max_inbound_statuses_per_peer
+    }
+    #[setter]
+    fn set_max_inbound_statuses_per_peer(&mut self, v: usize) {
+        self.cfg.max_inbound_statuses_per_peer = v;
+    }
     /// morio: the deployment secret (`bytes` or `str`, at least 16 bytes) every engine allowed
     /// to talk to this one shares; `None`: `MORIO_AUTH_SECRET` when set, else no
     /// authentication. Write-only: reading gives whether one is set.

@@ -51,3 +51,16 @@ def test_bad_secrets_are_clear_errors():
     assert SECRET.decode() not in repr(c)
     c.auth_secret = None
     assert c.auth_secret is False
+
+
+def test_limits_are_keywords_and_properties():
+    c = TcpBackendConfig(max_connections=10, max_connections_per_peer=5, max_handshakes=7,
+                         max_joins=100, max_joins_per_peer=10,
+                         max_inbound_statuses=50, max_inbound_statuses_per_peer=5)
+    assert (c.max_connections, c.max_connections_per_peer, c.max_handshakes) == (10, 5, 7)
+    assert (c.max_joins, c.max_joins_per_peer) == (100, 10)
+    assert (c.max_inbound_statuses, c.max_inbound_statuses_per_peer) == (50, 5)
+    d = TcpBackendConfig()
+    assert (d.max_handshakes, d.max_connections, d.max_connections_per_peer) == (128, 1024, 64)
+    with pytest.raises(ValueError):
+        TcpBackendConfig(max_connections=0)

@@ -35,6 +35,16 @@ chunk_bytes = "1MiB"
 pin_shards = true
 # Spin this many microseconds before sleeping (lower latency, burns the core).
 spin_us = 0
+# What peers may make this node hold (every peer / one peer, by engine key): connections
+# still in their handshake, served connections, join slots of striped transfers, inbound
+# statuses not yet popped.
+# max_handshakes = 128
+# max_connections = 1024
+# max_connections_per_peer = 64
+# max_joins = 65536
+# max_joins_per_peer = 4096
+# max_inbound_statuses = 65536
+# max_inbound_statuses_per_peer = 4096
 
 [auth]
 # A file holding the deployment secret (at least 16 bytes; a trailing newline is ignored)
@@ -95,6 +105,13 @@ pub struct TcpSection {
     pub cpus: Option<Vec<usize>>,
     pub pin_shards: bool,
     pub spin_us: u64,
+    pub max_handshakes: Option<usize>,
+    pub max_connections: Option<usize>,
+    pub max_connections_per_peer: Option<usize>,
+    pub max_joins: Option<usize>,
+    pub max_joins_per_peer: Option<usize>,
+    pub max_inbound_statuses: Option<usize>,
+    pub max_inbound_statuses_per_peer: Option<usize>,
 }
 
 impl Default for TcpSection {
@@ -109,6 +126,13 @@ impl Default for TcpSection {
             cpus: None,
             pin_shards: true,
             spin_us: 0,
+            max_handshakes: None,
+            max_connections: None,
+            max_connections_per_peer: None,
+            max_joins: None,
+            max_joins_per_peer: None,
+            max_inbound_statuses: None,
+            max_inbound_statuses_per_peer: None,
         }
     }
 }
@@ -207,7 +231,20 @@ impl ServeConfig {
     /// The engine's TCP backend configuration.
     pub fn tcp_config(&self) -> morio::TcpBackendConfig {
         let t = &self.tcp;
+        let d = morio::TcpBackendConfig::default();
         morio::TcpBackendConfig {
+            max_handshakes: t.max_handshakes.unwrap_or(d.max_handshakes),
+            max_connections: t.max_connections.unwrap_or(d.max_connections),
+            max_connections_per_peer: t
+                .max_connections_per_peer
+                .unwrap_or(d.max_connections_per_peer),
+            max_joins: t.max_joins.unwrap_or(d.max_joins),
+            max_joins_per_peer: t.max_joins_per_peer.unwrap_or(d.max_joins_per_peer),
+            max_inbound_statuses: t.max_inbound_statuses.unwrap_or(d.max_inbound_statuses),
+            max_inbound_statuses_per_peer: t
+                .max_inbound_statuses_per_peer
+                .unwrap_or(d.max_inbound_statuses_per_peer),
+
             num_data_conns: t.num_data_conns,
             striping_threshold_bytes: t.striping_threshold_bytes,
             op_timeout: Duration::from_millis(t.op_timeout_ms),
@@ -243,6 +280,17 @@ mod tests {
             (t.num_data_conns, t.chunk_bytes, t.op_timeout),
             (d.num_data_conns, d.chunk_bytes, d.op_timeout)
         );
+        assert_eq!(
+            (t.max_connections, t.max_joins_per_peer),
+            (d.max_connections, d.max_joins_per_peer)
+        );
+        let capped = DEFAULT_TOML
+            .replace("# max_connections = 1024", "max_connections = 7")
+            .replace("# max_joins_per_peer = 4096", "max_joins_per_peer = 9");
+        let t = ServeConfig::parse(&capped).unwrap().tcp_config();
+        assert_eq!((t.max_connections, t.max_joins_per_peer), (7, 9));
+        let zero = DEFAULT_TOML.replace("# max_connections = 1024", "max_connections = 0");
+        assert!(ServeConfig::parse(&zero).is_err());
     }
 
     #[test]
