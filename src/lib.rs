@@ -50,8 +50,8 @@ mod transport;
 
 pub use config::{ConfigError, IoEngineConfig, TcpBackendConfig};
 pub use desc::{
-    BackendType, DescError, EngineDesc, EngineKey, MemoryDesc, MemoryLocationType, MemoryUniqueId,
-    TransferUniqueId, HANDLE_LEN, NODE_ID_ENV,
+    AccessKey, BackendType, DescError, EngineDesc, EngineKey, MemoryDesc, MemoryLocationType,
+    MemoryUniqueId, TransferUniqueId, HANDLE_LEN, NODE_ID_ENV,
 };
 pub use engine::{IoEngine, RegisteredBuffer};
 pub use error::EngineError;
