@@ -53,7 +53,7 @@ pub use desc::{
     AccessKey, BackendType, DescError, EngineDesc, EngineKey, MemoryDesc, MemoryLocationType,
     MemoryUniqueId, TransferUniqueId, HANDLE_LEN, NODE_ID_ENV,
 };
-pub use engine::{IoEngine, RegisteredBuffer};
+pub use engine::{IoEngine, RegisterOptions, RegisteredBuffer};
 pub use error::EngineError;
 pub use session::IoEngineSession;
 pub use stats::{EngineStats, ShardStats};

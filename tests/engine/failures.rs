@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use morio::proto::codes;
 use morio::proto::frame::{Chunk, Frame, Hello, Seg};
-use morio::proto::limits::{HEADER_BYTES, VERSION};
+use morio::proto::limits::{CHUNK_FIXED_BYTES, HEADER_BYTES, VERSION};
 use morio::{
-    EngineError, IoEngine, IoEngineConfig, MemoryDesc, MemoryLocationType, RegisteredBuffer,
-    StatusCode, TransferStatus,
+    AccessKey, EngineError, IoEngine, IoEngineConfig, MemoryDesc, MemoryLocationType,
+    RegisteredBuffer, StatusCode, TransferStatus,
 };
 
 use super::common::*;
@@ -823,10 +823,18 @@ fn hostile_frame_stalled_mid_way_is_closed_after_op_timeout() {
     );
 }
 
-/// A WRITE frame of the whole transfer `uid` for `mem_id` (one segment per `segs`), with its
+/// The region a raw chunk names: its id and the access key it presents.
+type Target = (u32, AccessKey);
+
+/// What a raw chunk must present to reach the region of `d`.
+fn target_of(d: &MemoryDesc) -> Target {
+    (d.id, d.access_key)
+}
+
+/// A WRITE frame of the whole transfer `uid` for `target` (one segment per `segs`), with its
 /// payload.
-fn write_frame(uid: u64, mem_id: u32, extent: (u64, u64), segs: &[(u64, u64)]) -> Vec<u8> {
-    part_frame(uid, (0, 1, 0), mem_id, extent, segs)
+fn write_frame(uid: u64, target: Target, extent: (u64, u64), segs: &[(u64, u64)]) -> Vec<u8> {
+    part_frame(uid, (0, 1, 0), target, extent, segs)
 }
 
 /// A WRITE frame of chunk `chunk` of `n_chunks` of transfer `uid`, joined on `join_lane`
@@ -834,7 +842,7 @@ fn write_frame(uid: u64, mem_id: u32, extent: (u64, u64), segs: &[(u64, u64)]) -
 fn part_frame(
     uid: u64,
     (chunk, n_chunks, join_lane): (u32, u32, u16),
-    mem_id: u32,
+    (mem_id, access_key): Target,
     extent: (u64, u64),
     segs: &[(u64, u64)],
 ) -> Vec<u8> {
@@ -844,6 +852,7 @@ fn part_frame(
         chunk,
         n_chunks,
         mem_id,
+        access_key,
         extent,
         join_lane,
         segs: segs.iter().map(|&(off, len)| Seg { off, len }).collect(),
@@ -861,7 +870,7 @@ fn hostile_out_of_range_writes_are_refused_and_place_nothing() {
     let n = 4096u64;
     let dst_init = random_bytes(n as usize, 50);
     let dst = b.register_buffer(dst_init.clone()).unwrap();
-    let id = dst.desc().id;
+    let id = target_of(dst.desc());
     let client = "hostile_oor_client";
     let mut s = handshaken(&b, client);
     // (uid, frame, expected code)
@@ -883,7 +892,7 @@ fn hostile_out_of_range_writes_are_refused_and_place_nothing() {
         ),
         (
             4,
-            write_frame(4, id + 77, (0, 64), &[(0, 64)]),
+            write_frame(4, (id.0.wrapping_add(77), id.1), (0, 64), &[(0, 64)]),
             codes::ERR_NOT_FOUND,
         ),
     ];
@@ -952,7 +961,7 @@ fn hostile_join_lanes_close_the_connection() {
     let n = 4096u64;
     let dst_init = random_bytes(n as usize, 51);
     let dst = b.register_buffer(dst_init.clone()).unwrap();
-    let id = dst.desc().id;
+    let id = target_of(dst.desc());
     // This client dialed lane 0 of 1, so lane 3 is no lane of its.
     let mut s = handshaken(&b, "hostile_join_client");
     s.write_all(&part_frame(7, (1, 2, 3), id, (0, 64), &[(0, 64)]))
@@ -1043,6 +1052,14 @@ fn deregister_unknown_or_foreign_desc_is_an_error() {
     // A descriptor of another engine (same id, other key).
     let theirs = a.alloc_buffer(64).unwrap();
     assert!(b.deregister_memory(theirs.desc()).is_err());
+    // The right id with another access key (a descriptor of an earlier registration whose
+    // id was drawn again) names no memory of this engine.
+    let mut stale = buf.desc().clone();
+    stale.access_key = AccessKey::NONE;
+    assert!(matches!(
+        b.deregister_memory(&stale),
+        Err(EngineError::UnknownMemory(_))
+    ));
     // Twice: the second is unknown. (Raw registration, so nothing else holds the region.)
     let mut mem = vec![0u8; 64];
     // SAFETY: `mem` outlives the registration.
@@ -1367,7 +1384,7 @@ fn hostile_run_form_writes_are_checked_like_lists() {
     let (a, b) = hostile_pair("hostile_runs");
     let dst_init = random_bytes(4096, 60);
     let dst = b.register_buffer(dst_init.clone()).unwrap();
-    let id = dst.desc().id;
+    let id = target_of(dst.desc());
     let mut s = handshaken(&b, "hostile_runs_client");
     let segs = [(0, 8), (16, 8), (32, 8), (48, 8)];
     // Regular segments go as one run; the last one reaches past the declared extent.
@@ -1392,9 +1409,11 @@ fn hostile_run_form_writes_are_checked_like_lists() {
         want[off as usize..(off + len) as usize].copy_from_slice(&payload[i * 8..i * 8 + 8]);
     }
     assert_bytes_eq(&dst.to_vec(), &want, "after a valid run");
-    // Runs that describe more segments than a chunk may hold close the connection.
-    let mut lie = ok[..HEADER_BYTES + 44].to_vec();
-    lie[HEADER_BYTES + 40..HEADER_BYTES + 44].copy_from_slice(&2u32.to_le_bytes());
+    // Runs that describe more segments than a chunk may hold close the connection: the
+    // valid frame's fixed part, its run count (which ends it) set to 2, then two huge runs.
+    let n_at = HEADER_BYTES + CHUNK_FIXED_BYTES - 4;
+    let mut lie = ok[..n_at + 4].to_vec();
+    lie[n_at..n_at + 4].copy_from_slice(&2u32.to_le_bytes());
     for _ in 0..2 {
         for v in [0u64, 1] {
             lie.extend_from_slice(&v.to_le_bytes()); // off, len
