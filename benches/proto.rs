@@ -31,6 +31,7 @@ fn main() {
             chunk: 0,
             n_chunks: 1,
             mem_id: 3,
+            access_key: morio::proto::access::AccessKey::from_bytes([9; 16]),
             extent: (0, 1 << 30),
             join_lane: 0,
             segs: (0..n_segs as u64)

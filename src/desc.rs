@@ -10,9 +10,21 @@
 //! * the 64-byte IPC / fabric handles are packed as `bin 8` of length 64 (`0xc4 0x40 ..`),
 //!   like msgpack-c's `std::array<char, N>` adaptor.
 //!
+//! morio appends one field to `MemoryDesc`, so MORI's array stays a prefix:
+//!
+//! * element 15 (the 16th), `access_key`: the region's [`AccessKey`], 16 random bytes packed
+//!   as `bin 8` of length 16 (`0xc4 0x10 ..`); the array header is then `array 16`
+//!   (`0xdc 0x00 0x10`) instead of `fixarray 15` (`0x9f`). A descriptor without a key
+//!   ([`AccessKey::NONE`]: a local-only region, or one built by hand) packs as MORI's 15
+//!   elements exactly.
+//! * Unpacking takes 15 elements (MORI's form: the key is [`AccessKey::NONE`], which a morio
+//!   target refuses for remote access) or 16 (the 16th exactly 16 bytes, `bin` or `str`).
+//!   msgpack-c's `MSGPACK_DEFINE` ignores array elements past its fields, so a MORI peer
+//!   unpacks morio's 16-element form too.
+//!
 //! Unpacking is strict: wrong arity, unknown enum values, handles that are not exactly
-//! 64 bytes and trailing bytes are all errors. Unpacking never panics and never allocates
-//! more than the input size on behalf of a length prefix.
+//! 64 bytes, keys that are not exactly 16, and trailing bytes are all errors. Unpacking never
+//! panics and never allocates more than the input size on behalf of a length prefix.
 
 use std::fmt;
 use std::io::Cursor;
@@ -21,9 +33,14 @@ use serde::de::{DeserializeOwned, Error as _};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_bytes::{ByteBuf, Bytes};
 
+use crate::proto::limits::ACCESS_KEY_BYTES;
+
+pub use crate::proto::access::AccessKey;
+
 /// User-chosen name of an engine.
 pub type EngineKey = String;
-/// Engine-local memory region id (engine-wide counter starting at 0).
+/// Engine-local memory region id: drawn at random per registration (MORI counts from 0;
+/// random ids cannot be guessed), unique among the engine's live registrations.
 pub type MemoryUniqueId = u32;
 /// Transfer id, unique per initiator engine only.
 pub type TransferUniqueId = u64;
@@ -51,8 +68,9 @@ pub enum DescError {
         /// Bytes left over.
         trailing: usize,
     },
-    /// An IPC or fabric handle was not exactly [`HANDLE_LEN`] bytes.
-    #[error("{field} must be {HANDLE_LEN} bytes, got {got}")]
+    /// An IPC or fabric handle was not exactly [`HANDLE_LEN`] bytes, or an access key not
+    /// exactly 16.
+    #[error("{field} must be {} bytes, got {got}", if *.field == "access_key" { ACCESS_KEY_BYTES } else { HANDLE_LEN })]
     HandleLength {
         /// Name of the offending field.
         field: &'static str,
@@ -251,6 +269,8 @@ impl EngineDesc {
 
 /// Descriptor of one registered memory region. Equality compares fields 0–6, 8 and 9
 /// (key, id, device, bus id, address, size, location, NUMA node, IPC offset), as MORI.
+/// Field 15, the access key, is morio's (see the module documentation); its `Debug` form
+/// never shows the key.
 #[derive(Clone, Debug)]
 pub struct MemoryDesc {
     /// 0: owning engine.
@@ -283,6 +303,10 @@ pub struct MemoryDesc {
     pub fabric_offset: u64,
     /// 14: FABRIC allocation size.
     pub fabric_alloc_size: u64,
+    /// 15 (morio's, appended): the key a peer's chunks must carry to read or write the
+    /// region; [`AccessKey::NONE`] for a local-only region or a descriptor of MORI's form,
+    /// which a target refuses for remote access.
+    pub access_key: AccessKey,
 }
 
 type MemoryTuple = (
@@ -302,6 +326,38 @@ type MemoryTuple = (
     u64,
     u64,
 );
+
+/// MORI's fifteen fields and morio's access key.
+type KeyedMemoryTuple = (
+    String,
+    u32,
+    i32,
+    String,
+    u64,
+    u64,
+    MemoryLocationType,
+    ByteBuf,
+    i32,
+    u64,
+    ByteBuf,
+    i32,
+    String,
+    u64,
+    u64,
+    ByteBuf,
+);
+
+/// The element count of the msgpack array `bytes` starts with, if it starts with one.
+fn array_len(bytes: &[u8]) -> Option<u32> {
+    match *bytes.first()? {
+        m @ 0x90..=0x9f => Some(u32::from(m & 0x0f)),
+        0xdc => Some(u32::from(u16::from_be_bytes(
+            bytes.get(1..3)?.try_into().ok()?,
+        ))),
+        0xdd => Some(u32::from_be_bytes(bytes.get(1..5)?.try_into().ok()?)),
+        _ => None,
+    }
+}
 
 impl MemoryDesc {
     /// A CPU region with MORI's defaults for everything else (device -1, empty bus id,
@@ -323,11 +379,34 @@ impl MemoryDesc {
             vpod_ppod_id: String::new(),
             fabric_offset: 0,
             fabric_alloc_size: 0,
+            access_key: AccessKey::NONE,
         }
     }
 
-    /// msgpack array of the 15 fields in MORI order; handles as `bin 8` of length 64.
+    /// msgpack array of the 15 fields in MORI order, then the access key unless it is
+    /// [`AccessKey::NONE`]; handles as `bin 8` of length 64, the key as `bin 8` of length 16.
     pub fn pack(&self) -> Vec<u8> {
+        if !self.access_key.is_none() {
+            let fields = (
+                &self.engine_key,
+                self.id,
+                self.device_id,
+                &self.device_bus_id,
+                self.data,
+                self.size,
+                self.loc,
+                Bytes::new(&self.ipc_handle),
+                self.numa_node,
+                self.ipc_offset,
+                Bytes::new(&self.fabric_handle),
+                self.vpod_id,
+                &self.vpod_ppod_id,
+                self.fabric_offset,
+                self.fabric_alloc_size,
+                Bytes::new(self.access_key.as_bytes()),
+            );
+            return encode(&fields);
+        }
         let fields = (
             &self.engine_key,
             self.id,
@@ -348,9 +427,24 @@ impl MemoryDesc {
         encode(&fields)
     }
 
-    /// Inverse of [`MemoryDesc::pack`]. Handles must be exactly 64 bytes (bin or str).
+    /// Inverse of [`MemoryDesc::pack`]: MORI's 15 elements (no key) or 16. Handles must be
+    /// exactly 64 bytes, the key exactly 16 (bin or str).
     pub fn unpack(bytes: &[u8]) -> Result<MemoryDesc, DescError> {
-        let t: MemoryTuple = decode(bytes)?;
+        let (t, key) = if array_len(bytes) == Some(16) {
+            let t: KeyedMemoryTuple = decode(bytes)?;
+            let key = <[u8; ACCESS_KEY_BYTES]>::try_from(t.15.as_slice()).map_err(|_| {
+                DescError::HandleLength {
+                    field: "access_key",
+                    got: t.15.len(),
+                }
+            })?;
+            let t15 = (
+                t.0, t.1, t.2, t.3, t.4, t.5, t.6, t.7, t.8, t.9, t.10, t.11, t.12, t.13, t.14,
+            );
+            (t15, AccessKey::from_bytes(key))
+        } else {
+            (decode::<MemoryTuple>(bytes)?, AccessKey::NONE)
+        };
         Ok(MemoryDesc {
             engine_key: t.0,
             id: t.1,
@@ -367,6 +461,7 @@ impl MemoryDesc {
             vpod_ppod_id: t.12,
             fabric_offset: t.13,
             fabric_alloc_size: t.14,
+            access_key: key,
         })
     }
 }
@@ -484,6 +579,14 @@ mod tests {
         assert_eq!(a.vpod_ppod_id, b.vpod_ppod_id);
         assert_eq!(a.fabric_offset, b.fabric_offset);
         assert_eq!(a.fabric_alloc_size, b.fabric_alloc_size);
+        assert_eq!(a.access_key.to_bytes(), b.access_key.to_bytes());
+    }
+
+    /// A GPU region with an access key (what a registration hands out).
+    fn keyed() -> MemoryDesc {
+        let mut m = gpu_mem();
+        m.access_key = AccessKey::from_bytes(std::array::from_fn(|i| 0x80 | i as u8));
+        m
     }
 
     /// Small deterministic generator so the fuzz-ish tests need no `rand`.
@@ -611,6 +714,109 @@ mod tests {
         assert_eq!(&p[loc_at + 3..loc_at + 3 + 64], &m.ipc_handle[..]);
         let cpu = MemoryDesc::cpu("k", 0, 0, 0).pack();
         assert_eq!(cpu[8], 0x01);
+    }
+
+    #[test]
+    fn keyed_round_trip_appends_the_key_as_a_sixteenth_element() {
+        let m = keyed();
+        let p = m.pack();
+        assert_mem_identical(&MemoryDesc::unpack(&p).unwrap(), &m);
+        // array 16, MORI's fifteen fields as they pack without a key, then bin 8 of 16.
+        let mut plain = m.clone();
+        plain.access_key = AccessKey::NONE;
+        let mori = plain.pack();
+        assert_eq!(mori[0], 0x9f);
+        assert_eq!(&p[..3], &[0xdc, 0x00, 0x10]);
+        assert_eq!(&p[3..p.len() - 18], &mori[1..]);
+        assert_eq!(&p[p.len() - 18..p.len() - 16], &[0xc4, 0x10]);
+        assert_eq!(&p[p.len() - 16..], m.access_key.as_bytes());
+        // Equality stays MORI's: the key is not compared.
+        assert_eq!(plain, m);
+    }
+
+    #[test]
+    fn memory_pack_exact_bytes_keyed() {
+        let mut m = MemoryDesc::cpu("k", 7, 0x1000, 4096);
+        m.access_key = AccessKey::from_bytes([0x5a; ACCESS_KEY_BYTES]);
+        let mut expect = vec![0xdc, 0x00, 0x10, 0xa1, b'k', 0x07, 0xff, 0xa0];
+        expect.extend([0xcd, 0x10, 0x00, 0xcd, 0x10, 0x00, 0x01, 0xc4, 0x40]);
+        expect.extend([0u8; 64]);
+        expect.extend([0xff, 0x00, 0xc4, 0x40]);
+        expect.extend([0u8; 64]);
+        expect.extend([0xff, 0xa0, 0x00, 0x00]);
+        expect.extend([0xc4, 0x10]); // access_key bin8(16)
+        expect.extend([0x5a; 16]);
+        assert_eq!(m.pack(), expect);
+        assert_mem_identical(&MemoryDesc::unpack(&expect).unwrap(), &m);
+    }
+
+    /// A MORI peer's descriptor (15 elements) unpacks, with no key; so does the key dropped
+    /// from a keyed packing; a 16th element must be exactly 16 bytes, and 17 are refused.
+    #[test]
+    fn mori_form_unpacks_without_a_key_and_the_key_is_strict() {
+        let m = keyed();
+        let p = m.pack();
+        let mut mori = vec![0x9f];
+        mori.extend_from_slice(&p[3..p.len() - 18]);
+        let back = MemoryDesc::unpack(&mori).unwrap();
+        assert!(back.access_key.is_none());
+        let mut want = m.clone();
+        want.access_key = AccessKey::NONE;
+        assert_mem_identical(&back, &want);
+        // Also MORI's form with an array16 header (msgpack-c never writes it, but it is valid).
+        let mut wide = vec![0xdc, 0x00, 0x0f];
+        wide.extend_from_slice(&mori[1..]);
+        assert_mem_identical(&MemoryDesc::unpack(&wide).unwrap(), &want);
+        // An explicit zero key is no key.
+        let mut zero = p[..p.len() - 16].to_vec();
+        zero.extend([0u8; 16]);
+        assert!(MemoryDesc::unpack(&zero).unwrap().access_key.is_none());
+        // The key as str 16 (like the handles, str is accepted).
+        let mut as_str = p[..p.len() - 18].to_vec();
+        as_str.push(0xb0);
+        as_str.extend([b'k'; 16]);
+        let k = MemoryDesc::unpack(&as_str).unwrap().access_key;
+        assert_eq!(k.to_bytes(), [b'k'; 16]);
+        // Keys of another length, a key that is not bytes, and a 17th element.
+        for n in [0usize, 1, 15, 17, 64] {
+            let mut bad = p[..p.len() - 18].to_vec();
+            bad.extend([0xc4, n as u8]);
+            bad.extend(vec![1u8; n]);
+            assert!(
+                matches!(
+                    MemoryDesc::unpack(&bad),
+                    Err(DescError::HandleLength { field: "access_key", got }) if got == n
+                ),
+                "{n}-byte key"
+            );
+        }
+        let mut int_key = p[..p.len() - 18].to_vec();
+        int_key.push(0x07);
+        assert!(matches!(
+            MemoryDesc::unpack(&int_key),
+            Err(DescError::Decode(_))
+        ));
+        let mut seventeen = p.clone();
+        seventeen[2] = 0x11;
+        seventeen.push(0xc0);
+        assert!(MemoryDesc::unpack(&seventeen).is_err());
+        let e = MemoryDesc::unpack(
+            &p[..p.len() - 18]
+                .iter()
+                .copied()
+                .chain([0xc4, 3, 1, 2, 3])
+                .collect::<Vec<_>>(),
+        )
+        .unwrap_err();
+        assert_eq!(e.to_string(), "access_key must be 16 bytes, got 3");
+    }
+
+    #[test]
+    fn the_key_never_shows_in_debug() {
+        let m = keyed();
+        let shown = format!("{m:?}");
+        assert!(shown.contains("AccessKey(<redacted>)"), "{shown}");
+        assert!(!shown.contains("128, 129"), "{shown}");
     }
 
     #[test]
@@ -758,7 +964,7 @@ mod tests {
 
     #[test]
     fn every_prefix_and_trailing_bytes_rejected() {
-        for p in [engine().pack(), gpu_mem().pack()] {
+        for p in [engine().pack(), gpu_mem().pack(), keyed().pack()] {
             for n in 0..p.len() {
                 assert!(EngineDesc::unpack(&p[..n]).is_err());
                 assert!(MemoryDesc::unpack(&p[..n]).is_err());
@@ -814,9 +1020,9 @@ mod tests {
     #[test]
     fn mutated_valid_packings_never_panic() {
         let mut rng = Lcg(42);
-        let seeds = [engine().pack(), gpu_mem().pack()];
-        for _ in 0..20_000 {
-            let mut p = seeds[(rng.next() % 2) as usize].clone();
+        let seeds = [engine().pack(), gpu_mem().pack(), keyed().pack()];
+        for _ in 0..30_000 {
+            let mut p = seeds[(rng.next() % 3) as usize].clone();
             for _ in 0..1 + rng.next() % 4 {
                 let i = (rng.next() as usize) % p.len();
                 p[i] = rng.byte();

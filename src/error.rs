@@ -57,6 +57,10 @@ pub enum EngineError {
     /// The shards did not acknowledge a registry change in time, or a region stayed in use.
     #[error("{0}")]
     Busy(String),
+    /// The operating system's random source failed (a region's id and access key are drawn
+    /// from it at registration).
+    #[error("cannot draw a memory id or access key: {0}")]
+    Random(String),
     /// The engine is shutting down.
     #[error("engine is shutting down")]
     ShuttingDown,

@@ -53,10 +53,10 @@ pub use config::{
     MIN_AUTH_SECRET_BYTES,
 };
 pub use desc::{
-    BackendType, DescError, EngineDesc, EngineKey, MemoryDesc, MemoryLocationType, MemoryUniqueId,
-    TransferUniqueId, HANDLE_LEN, NODE_ID_ENV,
+    AccessKey, BackendType, DescError, EngineDesc, EngineKey, MemoryDesc, MemoryLocationType,
+    MemoryUniqueId, TransferUniqueId, HANDLE_LEN, NODE_ID_ENV,
 };
-pub use engine::{IoEngine, RegisteredBuffer};
+pub use engine::{IoEngine, RegisterOptions, RegisteredBuffer};
 pub use error::EngineError;
 pub use session::IoEngineSession;
 pub use stats::{EngineStats, ShardStats};

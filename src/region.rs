@@ -1,10 +1,16 @@
-//! Registered memory regions: the engine-side record of a buffer peers may read or write,
-//! and the signal that tells deregistration when the last user of one is gone.
+//! Registered memory regions: the engine-side record of a buffer peers may read or write
+//! (with the access key a peer must present), and the signal that tells deregistration when
+//! the last user of one is gone.
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+use rand::rngs::OsRng;
+use rand::RngCore;
+
 use crate::gpu::{DeviceBuf, GpuRuntime};
+use crate::proto::access::AccessKey;
+use crate::proto::limits::ACCESS_KEY_BYTES;
 
 /// A registered buffer. Shared (`Arc`) by the engine's table, every shard's replica, and every
 /// chunk that is placing into or sending from it, so the memory outlives all of them: an
@@ -15,6 +21,9 @@ use crate::gpu::{DeviceBuf, GpuRuntime};
 pub struct Region {
     /// Engine-local memory id (the `MemoryDesc.id`).
     pub id: u32,
+    /// The key a peer's chunk must carry to touch it (the `MemoryDesc.access_key`);
+    /// [`AccessKey::NONE`], which grants nothing, for a local-only region.
+    access_key: AccessKey,
     base: *mut u8,
     len: usize,
     device: Option<DeviceMem>,
@@ -126,6 +135,7 @@ impl Region {
     pub unsafe fn from_raw(id: u32, base: *mut u8, len: usize) -> Self {
         Self {
             id,
+            access_key: AccessKey::NONE,
             base,
             len,
             device: None,
@@ -148,6 +158,7 @@ impl Region {
     ) -> Self {
         Self {
             id,
+            access_key: AccessKey::NONE,
             base: base as *mut u8,
             len,
             device: Some(device),
@@ -160,12 +171,25 @@ impl Region {
     pub fn owned(id: u32, backing: Arc<Backing>) -> Self {
         Self {
             id,
+            access_key: AccessKey::NONE,
             base: backing.base,
             len: backing.len,
             device: None,
             _owned: Some(backing),
             release: ReleaseOnDrop::default(),
         }
+    }
+
+    /// The region with access key `key`, which peers' chunks must present (a region is made
+    /// with [`AccessKey::NONE`]: local-only, no peer may touch it).
+    pub fn with_access_key(mut self, key: AccessKey) -> Self {
+        self.access_key = key;
+        self
+    }
+
+    /// The key peers' chunks must present ([`AccessKey::NONE`]: local-only).
+    pub fn access_key(&self) -> AccessKey {
+        self.access_key
     }
 
     /// Size in bytes.
@@ -237,9 +261,57 @@ impl Region {
 /// A registered region shared between the engine and its shards.
 pub type SharedRegion = Arc<Region>;
 
+/// A fresh access key from the operating system's random source (`getrandom`), never
+/// [`AccessKey::NONE`]; an error only if the OS has no randomness to give.
+pub fn random_access_key() -> Result<AccessKey, rand::Error> {
+    loop {
+        let mut b = [0u8; ACCESS_KEY_BYTES];
+        OsRng.try_fill_bytes(&mut b)?;
+        let key = AccessKey::from_bytes(b);
+        // All zeros (probability 2^-128) would mean "no key".
+        if !key.is_none() {
+            return Ok(key);
+        }
+    }
+}
+
+/// A memory id from the operating system's random source, one `taken` says is free (ids are
+/// not a counter, so a peer cannot guess the ids of regions it was not given).
+pub fn random_mem_id(taken: impl Fn(u32) -> bool) -> Result<u32, rand::Error> {
+    loop {
+        let mut b = [0u8; 4];
+        OsRng.try_fill_bytes(&mut b)?;
+        let id = u32::from_le_bytes(b);
+        if !taken(id) {
+            return Ok(id);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_and_ids_are_random_and_regions_start_local_only() {
+        let keys: Vec<AccessKey> = (0..64).map(|_| random_access_key().unwrap()).collect();
+        for (i, k) in keys.iter().enumerate() {
+            assert!(!k.is_none());
+            assert!(keys[i + 1..].iter().all(|o| o != k), "a key repeated");
+        }
+        // An id the table holds is drawn again: with every even id taken, only odd ones
+        // come back (a draw that was not retried would be even half the time).
+        for _ in 0..64 {
+            assert_eq!(random_mem_id(|id| id % 2 == 0).unwrap() % 2, 1);
+        }
+        let r = Region::owned(3, Backing::new(vec![0u8; 4].into_boxed_slice()));
+        assert!(
+            r.access_key().is_none(),
+            "a region is local-only until given a key"
+        );
+        let k = keys[0];
+        assert_eq!(r.with_access_key(k).access_key(), k);
+    }
 
     #[test]
     fn bounds_are_checked() {

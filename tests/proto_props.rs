@@ -4,16 +4,18 @@
 
 use std::collections::HashSet;
 
+use morio::proto::access::AccessKey;
 use morio::proto::codes::{ERR_BAD_STATE, ERR_GPU_OP, ERR_INVALID_ARGS, ERR_NOT_FOUND, SUCCESS};
 use morio::proto::decode::{decode_frame, DecodeError};
 use morio::proto::frame::{
     runs, Chunk, Finish, Frame, Hello, HelloAck, Kind, Op, Reply, Seg, FLAG_FINAL, FLAG_RUNS,
 };
-use morio::proto::inbound::check_chunk;
+use morio::proto::inbound::{check_chunk, NOT_REGISTERED};
 use morio::proto::layout::{layout_chunks, layout_stripe, normalize_layout, Layout};
 use morio::proto::limits::{
-    FRAME_MAGIC, HEADER_BYTES, MAX_BODY_BYTES, MAX_CHUNK_BYTES, MAX_KEY_BYTES, MAX_LANES,
-    MAX_MSG_BYTES, MAX_SEGS_PER_CHUNK, MIN_STRIPE_BYTES, RUN_BYTES, SEG_BYTES,
+    ACCESS_KEY_BYTES, CHUNK_FIXED_BYTES, FRAME_MAGIC, HEADER_BYTES, MAX_BODY_BYTES,
+    MAX_CHUNK_BYTES, MAX_KEY_BYTES, MAX_LANES, MAX_MSG_BYTES, MAX_SEGS_PER_CHUNK, MIN_STRIPE_BYTES,
+    RUN_BYTES, SEG_BYTES,
 };
 use morio::proto::outbound::{Action, Outbound, Phase, Violation};
 use morio::proto::plan::{
@@ -22,6 +24,9 @@ use morio::proto::plan::{
 };
 use proptest::prelude::*;
 use proptest::sample::select;
+
+/// A region's access key in the fixed examples.
+const KEY: AccessKey = AccessKey::from_bytes([7; ACCESS_KEY_BYTES]);
 
 /// Every code that may end a transfer (what the decoder accepts in a status field).
 const TERMINAL: [u32; 6] = [0, 11, 12, 13, 14, 15];
@@ -95,23 +100,34 @@ fn run_segs() -> impl Strategy<Value = Vec<Seg>> {
     })
 }
 
+/// An access key: random bytes mostly, sometimes none (all zeros) or all ones.
+fn access_key() -> impl Strategy<Value = AccessKey> {
+    prop_oneof![
+        4 => any::<[u8; ACCESS_KEY_BYTES]>().prop_map(AccessKey::from_bytes),
+        1 => Just(AccessKey::NONE),
+        1 => Just(AccessKey::from_bytes([0xff; ACCESS_KEY_BYTES])),
+    ]
+}
+
 fn chunk() -> impl Strategy<Value = Chunk> {
     (
         any::<u64>(),
         any::<u64>(),
         (1..=u32::MAX).prop_flat_map(|n| (0..n, Just(n))),
         any::<u32>(),
+        access_key(),
         (any::<u64>(), any::<u64>()),
         0..MAX_LANES,
         prop_oneof![3 => segs(8), 1 => segs(300), 2 => run_segs()],
     )
         .prop_map(
-            |(tag, uid, (chunk, n_chunks), mem_id, (a, b), join_lane, segs)| Chunk {
+            |(tag, uid, (chunk, n_chunks), mem_id, access_key, (a, b), join_lane, segs)| Chunk {
                 tag,
                 uid,
                 chunk,
                 n_chunks,
                 mem_id,
+                access_key,
                 extent: (a.min(b), a.max(b)),
                 join_lane,
                 segs,
@@ -410,6 +426,48 @@ proptest! {
     }
 }
 
+/// The chunk body's fixed part, byte for byte: the access key's 16 bytes follow the region
+/// id, as they are (no byte order: a key is opaque bytes).
+#[test]
+fn the_access_key_follows_the_region_id_in_the_chunk_body() {
+    let key = AccessKey::from_bytes(std::array::from_fn(|i| 0xa0 + i as u8));
+    let c = Chunk {
+        tag: 0x0102_0304_0506_0708,
+        uid: 0x1112_1314_1516_1718,
+        chunk: 0,
+        n_chunks: 1,
+        mem_id: 0xaabb_ccdd,
+        access_key: key,
+        extent: (8, 16),
+        join_lane: 0,
+        segs: vec![Seg { off: 8, len: 8 }],
+    };
+    let f = Frame::Read {
+        chunk: c,
+        final_: true,
+    };
+    let bytes = encoded(&f, 0);
+    let body = &bytes[HEADER_BYTES..];
+    assert_eq!(body.len(), CHUNK_FIXED_BYTES + SEG_BYTES);
+    assert_eq!(CHUNK_FIXED_BYTES, 66);
+    assert_eq!(&body[..8], &0x0102_0304_0506_0708u64.to_le_bytes(), "tag");
+    assert_eq!(&body[8..16], &0x1112_1314_1516_1718u64.to_le_bytes(), "uid");
+    assert_eq!(&body[16..24], &[0, 0, 0, 0, 1, 0, 0, 0], "chunk, n_chunks");
+    assert_eq!(&body[24..28], &0xaabb_ccddu32.to_le_bytes(), "mem_id");
+    assert_eq!(&body[28..44], key.as_bytes(), "access key");
+    assert_eq!(
+        &body[44..60],
+        &[8, 0, 0, 0, 0, 0, 0, 0, 16, 0, 0, 0, 0, 0, 0, 0]
+    );
+    assert_eq!(&body[60..66], &[0, 0, 1, 0, 0, 0], "join lane, n_segs");
+    let (got, _, _) = decode_frame(&bytes).unwrap().unwrap();
+    assert_eq!(got, f);
+    match got {
+        Frame::Read { chunk, .. } => assert_eq!(chunk.access_key.to_bytes(), key.to_bytes()),
+        other => panic!("{other:?}"),
+    }
+}
+
 #[test]
 fn chunk_with_most_segments_fits_the_body_limit() {
     // Lengths alternate, so no two neighbours form a run and the list form is the one used.
@@ -419,6 +477,7 @@ fn chunk_with_most_segments_fits_the_body_limit() {
         chunk: 0,
         n_chunks: 1,
         mem_id: 3,
+        access_key: KEY,
         extent: (0, 1 << 40),
         join_lane: 0,
         segs: (0..n as u64)
@@ -622,6 +681,7 @@ fn header_rejections() {
             chunk: 0,
             n_chunks: 1,
             mem_id: 0,
+            access_key: KEY,
             extent: (0, 8),
             join_lane: 0,
             segs: vec![Seg { off: 0, len: 8 }],
@@ -629,8 +689,9 @@ fn header_rejections() {
         final_: true,
     };
     let mut b = encoded(&w, 8);
-    // n_segs follows tag, uid, chunk, n_chunks, mem_id, extent and the join lane.
-    let n_at = HEADER_BYTES + 46;
+    // n_segs follows tag, uid, chunk, n_chunks, mem_id, the access key, extent and the
+    // join lane: it ends the fixed part of the body.
+    let n_at = HEADER_BYTES + CHUNK_FIXED_BYTES - 4;
     b[n_at..n_at + 4].copy_from_slice(&(MAX_SEGS_PER_CHUNK as u32).to_le_bytes());
     assert_eq!(decode_frame(&b), Err(DecodeError::Truncated));
     b[n_at..n_at + 4].copy_from_slice(&0u32.to_le_bytes());
@@ -887,9 +948,9 @@ fn cut_splits_at_the_piece_limit() {
 // 4. check_chunk
 // ---------------------------------------------------------------------------------------------
 
-/// A region size and a chunk whose extent lies within it and whose segments lie within the
-/// extent.
-fn good_chunk() -> impl Strategy<Value = (u64, Chunk)> {
+/// A region size and key, and a chunk carrying that key whose extent lies within the region
+/// and whose segments lie within the extent.
+fn good_chunk() -> impl Strategy<Value = (u64, AccessKey, Chunk)> {
     prop_oneof![1..=4096u64, 1..=(1u64 << 40), Just(u64::MAX)]
         .prop_flat_map(|size| (Just(size), 0..size))
         .prop_flat_map(|(size, lo)| (Just(size), Just(lo), (lo + 1)..=size))
@@ -900,17 +961,20 @@ fn good_chunk() -> impl Strategy<Value = (u64, Chunk)> {
                 Just((lo, hi)),
                 proptest::collection::vec(seg, 1..6),
                 any::<u32>(),
+                access_key().prop_filter("a region's key is never none", |k| !k.is_none()),
             )
         })
-        .prop_map(|(size, extent, segs, mem_id)| {
+        .prop_map(|(size, extent, segs, mem_id, key)| {
             (
                 size,
+                key,
                 Chunk {
                     tag: 1,
                     uid: 2,
                     chunk: 0,
                     n_chunks: 1,
                     mem_id,
+                    access_key: key,
                     extent,
                     join_lane: 0,
                     segs: segs
@@ -926,16 +990,48 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(1024))]
 
     #[test]
-    fn check_chunk_accepts_contained((size, c) in good_chunk()) {
-        prop_assert_eq!(check_chunk(&c, Some(size)), Ok(()));
-        prop_assert_eq!(check_chunk(&c, None).unwrap_err().code, ERR_NOT_FOUND);
+    fn check_chunk_accepts_contained((size, key, c) in good_chunk()) {
+        prop_assert_eq!(check_chunk(&c, Some((size, key))), Ok(()));
+        prop_assert_eq!(check_chunk(&c, None), Err(NOT_REGISTERED));
+        prop_assert_eq!(NOT_REGISTERED.code, ERR_NOT_FOUND);
+    }
+
+    /// A chunk without the region's key is refused exactly like one for an unknown region,
+    /// whatever else is wrong with it, and so is any chunk for a local-only region (no key).
+    #[test]
+    fn check_chunk_refuses_a_wrong_key_like_an_unknown_region(
+        (size, key, mut c) in good_chunk(),
+        other in access_key(),
+        flip in (0..ACCESS_KEY_BYTES, 0..8u32),
+        past_end in any::<bool>(),
+    ) {
+        if past_end {
+            // With the right key this would be ERR_INVALID_ARGS: the key is checked first.
+            c.extent.1 = c.extent.1.saturating_add(1).max(size.saturating_add(1));
+        }
+        let mut flipped = key.to_bytes();
+        flipped[flip.0] ^= 1 << flip.1;
+        for presented in [other, AccessKey::from_bytes(flipped), AccessKey::NONE] {
+            if presented == key {
+                continue;
+            }
+            c.access_key = presented;
+            prop_assert_eq!(check_chunk(&c, Some((size, key))), Err(NOT_REGISTERED));
+        }
+        c.access_key = key;
+        prop_assert_eq!(check_chunk(&c, Some((size, AccessKey::NONE))), Err(NOT_REGISTERED));
+        c.access_key = AccessKey::NONE;
+        prop_assert_eq!(check_chunk(&c, Some((size, AccessKey::NONE))), Err(NOT_REGISTERED));
     }
 
     #[test]
-    fn check_chunk_refuses_extent_past_region((size, c) in good_chunk(), cut_by in 1..=64u64) {
+    fn check_chunk_refuses_extent_past_region(
+        (size, key, c) in good_chunk(),
+        cut_by in 1..=64u64,
+    ) {
         // Shrink the region below the extent's end.
         let smaller = c.extent.1.saturating_sub(cut_by);
-        let e = check_chunk(&c, Some(smaller)).unwrap_err();
+        let e = check_chunk(&c, Some((smaller, key))).unwrap_err();
         prop_assert_eq!(e.code, ERR_INVALID_ARGS);
         prop_assert!(!e.msg.is_empty());
         prop_assert!(size >= c.extent.1);
@@ -944,14 +1040,14 @@ proptest! {
     }
 
     #[test]
-    fn check_chunk_refuses_inverted_extent((size, mut c) in good_chunk()) {
+    fn check_chunk_refuses_inverted_extent((size, key, mut c) in good_chunk()) {
         c.extent = (c.extent.1, c.extent.0);
-        prop_assert_eq!(check_chunk(&c, Some(size)).unwrap_err().code, ERR_INVALID_ARGS);
+        prop_assert_eq!(check_chunk(&c, Some((size, key))).unwrap_err().code, ERR_INVALID_ARGS);
     }
 
     #[test]
     fn check_chunk_refuses_segment_outside_extent(
-        (size, mut c) in good_chunk(),
+        (size, key, mut c) in good_chunk(),
         which in any::<prop::sample::Index>(),
         before in any::<bool>(),
         by in 1..=64u64,
@@ -972,7 +1068,7 @@ proptest! {
             }
         }
         prop_assert!(s.off < lo || s.off + s.len > hi);
-        let e = check_chunk(&c, Some(size)).unwrap_err();
+        let e = check_chunk(&c, Some((size, key))).unwrap_err();
         prop_assert_eq!(e.code, ERR_INVALID_ARGS);
     }
 }
@@ -1151,6 +1247,7 @@ fn final_on_partial_chunk_and_odd_hello_ack_code_are_rejected() {
         chunk: 0,
         n_chunks: 2,
         mem_id: 0,
+        access_key: KEY,
         extent: (0, 8),
         join_lane: 0,
         segs: vec![Seg { off: 0, len: 8 }],
@@ -1170,6 +1267,7 @@ fn final_on_partial_chunk_and_odd_hello_ack_code_are_rejected() {
             chunk: 1,
             n_chunks: 2,
             mem_id: 0,
+            access_key: KEY,
             extent: (0, 8),
             join_lane: lane,
             segs: vec![Seg { off: 0, len: 8 }],
@@ -1208,6 +1306,7 @@ fn a_strided_batch_is_one_run_on_the_wire() {
         chunk: 0,
         n_chunks: 1,
         mem_id: 3,
+        access_key: KEY,
         extent: (0, 256 * 9),
         join_lane: 0,
         segs,
@@ -1236,6 +1335,7 @@ fn run_frame(runs: &[(u64, u64, u32, u64)], payload: u64) -> Vec<u8> {
     for v in [0u32, 1, 3] {
         body.extend_from_slice(&v.to_le_bytes()); // chunk, n_chunks, mem_id
     }
+    body.extend_from_slice(KEY.as_bytes()); // access key
     body.extend_from_slice(&0u64.to_le_bytes());
     body.extend_from_slice(&u64::MAX.to_le_bytes());
     body.extend_from_slice(&0u16.to_le_bytes()); // join lane
@@ -1297,8 +1397,8 @@ fn hostile_runs_are_refused_before_they_allocate() {
     ));
     // A count that the body does not hold is truncation.
     let mut b = run_frame(&[(0, 8, 4, 16)], 32);
-    // n_segs follows tag, uid, chunk, n_chunks, mem_id, extent and the join lane.
-    let n_at = HEADER_BYTES + 46;
+    // n_segs ends the fixed part of the body (after the access key, extent and join lane).
+    let n_at = HEADER_BYTES + CHUNK_FIXED_BYTES - 4;
     b[n_at..n_at + 4].copy_from_slice(&2u32.to_le_bytes());
     assert_eq!(decode_frame(&b), Err(DecodeError::Truncated));
 }

@@ -155,12 +155,22 @@ impl PyMemoryDesc {
         self.inner.numa_node
     }
 
-    /// MORI's packed form (a msgpack array of the fifteen fields).
+    /// Whether it carries an access key, so peers may read and write the region. False for
+    /// memory registered `local_only`, and for a descriptor of MORI's form (which morio
+    /// targets refuse).
+    #[getter]
+    fn remote_access(&self) -> bool {
+        !self.inner.access_key.is_none()
+    }
+
+    /// MORI's packed form (a msgpack array of the fifteen fields), with morio's access key
+    /// appended as a sixteenth (16 bytes) when the region has one.
     fn pack<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         PyBytes::new(py, &self.inner.pack())
     }
 
-    /// The descriptor packed in `data` (`ValueError` if it is not one).
+    /// The descriptor packed in `data`, of 15 fields (MORI's: no access key) or 16
+    /// (`ValueError` if it is not one).
     #[classmethod]
     fn unpack(_cls: &Bound<'_, PyType>, data: &[u8]) -> PyResult<Self> {
         MemoryDesc::unpack(data)

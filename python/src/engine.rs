@@ -9,7 +9,10 @@ use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyTypeError, PyVal
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
-use morio::{BackendType, EngineError, IoEngine, MemoryDesc, MemoryLocationType, TransferStatus};
+use morio::{
+    BackendType, EngineError, IoEngine, MemoryDesc, MemoryLocationType, RegisterOptions,
+    TransferStatus,
+};
 
 use crate::config::{
     PyFabricBackendConfig, PyIoEngineConfig, PyRdmaBackendConfig, PyTcpBackendConfig,
@@ -196,17 +199,21 @@ impl PyIoEngine {
         self.cell.get()
     }
 
-    fn register(&self, py: Python<'_>, m: Memory) -> PyResult<PyMemoryDesc> {
+    /// Register `m`; `local_only`: no peer may read or write it.
+    fn register(&self, py: Python<'_>, m: Memory, local_only: bool) -> PyResult<PyMemoryDesc> {
         let engine = self.engine()?;
         if m.ptr == 0 && m.size > 0 {
             return Err(PyValueError::new_err("cannot register a null pointer"));
         }
         let (ptr, size, dev, loc) = (m.ptr, m.size, m.device_id, m.loc);
+        let opts = RegisterOptions { local_only };
         // SAFETY: the memory is the caller's (register_memory) or kept alive by `m.keep`
         // until deregistration or engine shutdown, both of which wait for the engine to stop
         // using it before dropping the keep.
         let desc = py
-            .detach(move || unsafe { engine.register_memory(ptr as *mut u8, size, dev, loc) })
+            .detach(move || unsafe {
+                engine.register_memory_with(ptr as *mut u8, size, dev, loc, opts)
+            })
             .map_err(engine_err)?;
         self.cell
             .keep
@@ -371,8 +378,10 @@ impl PyIoEngine {
     }
 
     /// Register `size` bytes at address `ptr` (MORI's form: the caller keeps the memory
-    /// valid until `deregister_memory`). `device_id` is -1 for CPU memory.
-    #[pyo3(signature = (ptr, size, device_id, mem_loc))]
+    /// valid until `deregister_memory`). `device_id` is -1 for CPU memory. `local_only`:
+    /// no peer may read or write it (its descriptor carries no access key); it is still the
+    /// local side of this engine's transfers.
+    #[pyo3(signature = (ptr, size, device_id, mem_loc, *, local_only = false))]
     fn register_memory(
         &self,
         py: Python<'_>,
@@ -380,6 +389,7 @@ impl PyIoEngine {
         size: usize,
         device_id: i32,
         mem_loc: u32,
+        local_only: bool,
     ) -> PyResult<PyMemoryDesc> {
         let loc = enums::location_from(mem_loc)?;
         if loc == MemoryLocationType::Unknown {
@@ -396,14 +406,18 @@ impl PyIoEngine {
                 loc,
                 keep: Keep::Object(py.None()),
             },
+            local_only,
         )
     }
 
     /// Register a contiguous torch tensor (CPU or CUDA); the registration keeps it alive.
+    /// `local_only`: as for `register_memory`.
+    #[pyo3(signature = (tensor, *, local_only = false))]
     fn register_torch_tensor(
         &self,
         py: Python<'_>,
         tensor: &Bound<'_, PyAny>,
+        local_only: bool,
     ) -> PyResult<PyMemoryDesc> {
         if !memory::is_torch_tensor(tensor) {
             return Err(PyTypeError::new_err(format!(
@@ -417,15 +431,21 @@ impl PyIoEngine {
             )));
         }
         let m = memory::from_torch(tensor)?;
-        self.register(py, m)
+        self.register(py, m, local_only)
     }
 
     /// Register any contiguous array: a torch tensor, an object with `__dlpack__` (numpy,
     /// cupy, JAX…) or a writable buffer (bytearray, mmap, array.array). The registration
-    /// keeps it alive until `deregister_memory`.
-    fn register_array(&self, py: Python<'_>, array: &Bound<'_, PyAny>) -> PyResult<PyMemoryDesc> {
+    /// keeps it alive until `deregister_memory`. `local_only`: as for `register_memory`.
+    #[pyo3(signature = (array, *, local_only = false))]
+    fn register_array(
+        &self,
+        py: Python<'_>,
+        array: &Bound<'_, PyAny>,
+        local_only: bool,
+    ) -> PyResult<PyMemoryDesc> {
         let m = memory::from_object(array)?;
-        self.register(py, m)
+        self.register(py, m, local_only)
     }
 
     /// Deregister memory; returns once no transfer is placing into or sending from it, then

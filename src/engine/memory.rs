@@ -7,7 +7,8 @@ use std::time::Duration;
 use crate::desc::{MemoryDesc, MemoryLocationType};
 use crate::error::EngineError;
 use crate::gpu::{self, GpuRuntime};
-use crate::region::{Backing, DeviceMem, Region, SharedRegion};
+use crate::proto::access::AccessKey;
+use crate::region::{random_access_key, random_mem_id, Backing, DeviceMem, Region, SharedRegion};
 use crate::service::ShardMsg;
 use crate::submit::{lock, write_lock};
 
@@ -43,9 +44,25 @@ fn check_host_size(size: u64) -> Result<(), EngineError> {
     }
 }
 
+/// How memory is registered: the options of [`IoEngine::register_memory_with`] and
+/// [`IoEngine::register_buffer_with`] (the plain calls use the default: a remote target).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RegisterOptions {
+    /// Never a remote target: no peer may read or write it, whatever it presents (a chunk for
+    /// it is refused like one for an unknown region). Its descriptor carries no access key;
+    /// it is still the local side of this engine's own reads and writes.
+    pub local_only: bool,
+}
+
+impl RegisterOptions {
+    /// The options of memory no peer may touch ([`Self::local_only`]).
+    pub const LOCAL_ONLY: RegisterOptions = RegisterOptions { local_only: true };
+}
+
 impl IoEngine {
-    /// Register host memory that the caller owns. A region larger than the machine's
-    /// physical memory is refused ([`EngineError::RegionTooLarge`]).
+    /// Register host memory that the caller owns, as a remote target: peers holding its
+    /// descriptor (with its access key) may read and write it. A region larger than the
+    /// machine's physical memory is refused ([`EngineError::RegionTooLarge`]).
     ///
     /// # Safety
     /// `ptr..ptr+size` must stay valid for reads and writes until [`Self::deregister_memory`]
@@ -57,22 +74,38 @@ impl IoEngine {
         device_id: i32,
         loc: MemoryLocationType,
     ) -> Result<MemoryDesc, EngineError> {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { self.register_memory_with(ptr, size, device_id, loc, RegisterOptions::default()) }
+    }
+
+    /// [`Self::register_memory`] with options ([`RegisterOptions::LOCAL_ONLY`]: memory no
+    /// peer may touch).
+    ///
+    /// # Safety
+    /// As for [`Self::register_memory`] (peers may touch it only if it is not local-only).
+    pub unsafe fn register_memory_with(
+        &self,
+        ptr: *mut u8,
+        size: usize,
+        device_id: i32,
+        loc: MemoryLocationType,
+        opts: RegisterOptions,
+    ) -> Result<MemoryDesc, EngineError> {
         match loc {
             MemoryLocationType::Cpu if device_id == -1 => {
                 check_host_size(size as u64)?;
-                let id = self.core.allocate_mem_id();
-                // SAFETY: forwarded from the caller's contract.
-                let region = Arc::new(unsafe { Region::from_raw(id, ptr, size) });
-                self.add_region(region)
+                self.add_region(opts, |id| {
+                    // SAFETY: forwarded from the caller's contract.
+                    unsafe { Region::from_raw(id, ptr, size) }
+                })
             }
             MemoryLocationType::Gpu => {
                 let dm = self.device_mem(device_id, ptr as u64, size)?;
-                let id = self.core.allocate_mem_id();
-                // SAFETY: checked to be device memory of `device_id`; it stays allocated
-                // until deregistration by the caller's contract.
-                let region =
-                    Arc::new(unsafe { Region::from_device(id, ptr as u64, size, dm, None) });
-                self.add_region(region)
+                self.add_region(opts, |id| {
+                    // SAFETY: checked to be device memory of `device_id`; it stays allocated
+                    // until deregistration by the caller's contract.
+                    unsafe { Region::from_device(id, ptr as u64, size, dm, None) }
+                })
             }
             _ => Err(EngineError::UnsupportedMemory(format!(
                 "{loc} memory on device {device_id} (CPU memory takes device -1, GPU memory a \
@@ -130,28 +163,34 @@ impl IoEngine {
         let ptr = buf.ptr();
         let dm = self.device_mem(dev, ptr, size)?;
         let backing = Backing::device(buf);
-        let id = self.core.allocate_mem_id();
-        // SAFETY: `backing` owns the allocation and outlives both regions.
-        let (reg, handle) = unsafe {
-            (
-                Region::from_device(id, ptr, size, dm.clone(), Some(backing.clone())),
-                Region::from_device(id, ptr, size, dm, Some(backing)),
-            )
-        };
-        let desc = self.add_region(Arc::new(reg))?;
+        let desc = self.add_region(RegisterOptions::default(), |id| {
+            // SAFETY: `backing` owns the allocation and outlives the region.
+            unsafe { Region::from_device(id, ptr, size, dm.clone(), Some(backing.clone())) }
+        })?;
+        // SAFETY: as above.
+        let handle = unsafe { Region::from_device(desc.id, ptr, size, dm, Some(backing)) };
         Ok(RegisteredBuffer::new(desc, Arc::new(handle)))
     }
 
-    /// Register a buffer the engine owns (the safe form). Access it through the returned
-    /// [`RegisteredBuffer`].
+    /// Register a buffer the engine owns (the safe form), as a remote target. Access it
+    /// through the returned [`RegisteredBuffer`].
     pub fn register_buffer(&self, buf: Vec<u8>) -> Result<RegisteredBuffer, EngineError> {
+        self.register_buffer_with(buf, RegisterOptions::default())
+    }
+
+    /// [`Self::register_buffer`] with options ([`RegisterOptions::LOCAL_ONLY`]: a buffer no
+    /// peer may touch).
+    pub fn register_buffer_with(
+        &self,
+        buf: Vec<u8>,
+        opts: RegisterOptions,
+    ) -> Result<RegisteredBuffer, EngineError> {
         check_host_size(buf.len() as u64)?;
-        let id = self.core.allocate_mem_id();
         let backing = Backing::new(buf.into_boxed_slice());
-        let desc = self.add_region(Arc::new(Region::owned(id, backing.clone())))?;
+        let desc = self.add_region(opts, |id| Region::owned(id, backing.clone()))?;
         // The handle gets its own view: it keeps the memory alive without counting as a user
         // of the registered region, so deregistration never waits for it.
-        let region = Arc::new(Region::owned(id, backing));
+        let region = Arc::new(Region::owned(desc.id, backing));
         Ok(RegisteredBuffer::new(desc, region))
     }
 
@@ -161,16 +200,37 @@ impl IoEngine {
         self.register_buffer(vec![0u8; size])
     }
 
-    /// Put `region` in the engine's table and on every shard; its descriptor.
-    fn add_region(&self, region: SharedRegion) -> Result<MemoryDesc, EngineError> {
+    /// Make a region with `make` under a fresh random id (one the table does not hold) and
+    /// a fresh random access key (none if local-only), put it in the engine's table and on
+    /// every shard; its descriptor.
+    fn add_region(
+        &self,
+        opts: RegisterOptions,
+        make: impl FnOnce(u32) -> Region,
+    ) -> Result<MemoryDesc, EngineError> {
         let core = &self.core;
+        let random = |e: rand::Error| EngineError::Random(e.to_string());
+        let key = if opts.local_only {
+            AccessKey::NONE
+        } else {
+            random_access_key().map_err(random)?
+        };
+        let region: SharedRegion = {
+            // The id is drawn and taken under one lock: two registrations cannot draw the
+            // same one.
+            let mut table = write_lock(&core.regions);
+            let id = random_mem_id(|id| table.contains_key(&id)).map_err(random)?;
+            let region = Arc::new(make(id).with_access_key(key));
+            table.insert(id, region.clone());
+            region
+        };
         let mut desc = MemoryDesc::cpu(&core.key, region.id, region.addr(), region.len() as u64);
+        desc.access_key = key;
         if let Some(dm) = region.device() {
             desc.device_id = dm.dev;
             desc.device_bus_id = dm.bus_id.clone();
             desc.loc = MemoryLocationType::Gpu;
         }
-        write_lock(&core.regions).insert(region.id, region.clone());
         if let Some(b) = core.backend() {
             match broadcast(&b, |ack| ShardMsg::AddRegion(region.clone(), ack)) {
                 // The backend is being removed: the region stays in the engine's table, which
@@ -187,7 +247,10 @@ impl IoEngine {
 
     /// Deregister memory. Safe with transfers in flight: new transfers cannot resolve it once
     /// this returns, and it returns only when no chunk is placing into or sending from it.
-    /// Transfers that were using it complete or fail within their deadline.
+    /// Transfers that were using it complete or fail within their deadline. Registered again,
+    /// the memory gets a new id and access key, so descriptors of this registration are
+    /// refused from then on. A descriptor of another registration (its id reused, its key
+    /// not) is [`EngineError::UnknownMemory`].
     ///
     /// It blocks on the region's release signal (fired when the last chunk holding it lets
     /// go), for at most three `op_timeout`s (5 s without a backend); past that it fails with
@@ -197,9 +260,14 @@ impl IoEngine {
         if desc.engine_key != core.key {
             return Err(EngineError::UnknownMemory(desc.id));
         }
-        let region = write_lock(&core.regions)
-            .remove(&desc.id)
-            .ok_or(EngineError::UnknownMemory(desc.id))?;
+        let region = {
+            let mut table = write_lock(&core.regions);
+            match table.get(&desc.id) {
+                Some(r) if r.access_key() == desc.access_key => table.remove(&desc.id),
+                _ => None,
+            }
+        }
+        .ok_or(EngineError::UnknownMemory(desc.id))?;
         let mut limit = NO_BACKEND_RELEASE_LIMIT;
         if let Some(b) = core.backend() {
             match broadcast(&b, |ack| ShardMsg::RemoveRegion(desc.id, ack)) {

@@ -21,6 +21,7 @@ use crate::proto::limits::MAX_KEY_BYTES;
 use crate::submit::{lock, Core};
 
 pub use buffer::RegisteredBuffer;
+pub use memory::RegisterOptions;
 
 /// One engine per process endpoint, named by a unique key (MORI-IO's `IOEngine`).
 ///

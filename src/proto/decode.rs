@@ -1,12 +1,13 @@
 //! Bounded, panic-free decoding of frames from a byte buffer that may hold a partial frame.
 
+use super::access::AccessKey;
 use super::codes;
 use super::frame::{
     Chunk, Finish, Frame, Hello, HelloAck, Kind, Op, Reply, Seg, FLAG_FINAL, FLAG_RUNS,
 };
 use super::limits::{
-    FRAME_MAGIC, HEADER_BYTES, MAX_BODY_BYTES, MAX_CHUNK_BYTES, MAX_KEY_BYTES, MAX_LANES,
-    MAX_MSG_BYTES, MAX_SEGS_PER_CHUNK, PROOF_BYTES, RUN_BYTES, SEG_BYTES,
+    ACCESS_KEY_BYTES, FRAME_MAGIC, HEADER_BYTES, MAX_BODY_BYTES, MAX_CHUNK_BYTES, MAX_KEY_BYTES,
+    MAX_LANES, MAX_MSG_BYTES, MAX_SEGS_PER_CHUNK, PROOF_BYTES, RUN_BYTES, SEG_BYTES,
 };
 
 /// Why bytes from the wire are not a valid frame. Any of these closes the connection.
@@ -260,6 +261,11 @@ impl<'a> Reader<'a> {
         a.copy_from_slice(t);
         Ok(u64::from_le_bytes(a))
     }
+    fn access_key(&mut self) -> Result<AccessKey, DecodeError> {
+        let mut k = [0u8; ACCESS_KEY_BYTES];
+        k.copy_from_slice(self.take(ACCESS_KEY_BYTES)?);
+        Ok(AccessKey::from_bytes(k))
+    }
     fn code(&mut self) -> Result<u32, DecodeError> {
         let c = self.u32()?;
         if codes::is_terminal(c) {
@@ -358,6 +364,7 @@ impl<'a> Reader<'a> {
         let chunk = self.u32()?;
         let n_chunks = self.u32()?;
         let mem_id = self.u32()?;
+        let access_key = self.access_key()?;
         let lo = self.u64()?;
         let hi = self.u64()?;
         let join_lane = self.u16()?;
@@ -387,6 +394,7 @@ impl<'a> Reader<'a> {
             chunk,
             n_chunks,
             mem_id,
+            access_key,
             extent: (lo, hi),
             join_lane,
             segs,

@@ -5,6 +5,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use super::access::AccessKey;
 use super::codes;
 use super::frame::{ChunkHead, Op};
 use super::layout::{self, Layout};
@@ -35,6 +36,8 @@ pub struct ChunkSpec {
     pub n_chunks: u32,
     /// The target's region.
     pub mem_id: u32,
+    /// Its access key (from the remote `MemoryDesc`).
+    pub access_key: AccessKey,
     /// Bounds of every remote byte the transfer touches.
     pub extent: (u64, u64),
     /// The lane the target joins the transfer's chunks on (0 for a single chunk).
@@ -54,6 +57,7 @@ impl ChunkSpec {
             chunk: self.chunk,
             n_chunks: self.n_chunks,
             mem_id: self.mem_id,
+            access_key: self.access_key,
             extent: self.extent,
             join_lane: self.join_lane,
         }
@@ -108,17 +112,19 @@ pub struct SharedStripes {
     first: u32,
     n_chunks: u32,
     mem_id: u32,
+    access_key: AccessKey,
     extent: (u64, u64),
     join_lane: u16,
     stripes: Box<[Layout]>,
 }
 
 impl SharedStripes {
-    /// The stripes `first..` of a write of `n_chunks` chunks.
+    /// The stripes `first..` of a write of `n_chunks` chunks into `target`: the region's id,
+    /// its access key and the transfer's extent.
     pub fn new(
         first: u32,
         n_chunks: u32,
-        target: (u32, (u64, u64)),
+        target: (u32, AccessKey, (u64, u64)),
         join_lane: u16,
         stripes: Vec<Layout>,
     ) -> Self {
@@ -129,7 +135,8 @@ impl SharedStripes {
             first,
             n_chunks,
             mem_id: target.0,
-            extent: target.1,
+            access_key: target.1,
+            extent: target.2,
             join_lane,
             stripes: stripes.into_boxed_slice(),
         }
@@ -149,6 +156,7 @@ impl SharedStripes {
             chunk: self.first + i as u32,
             n_chunks: self.n_chunks,
             mem_id: self.mem_id,
+            access_key: self.access_key,
             extent: self.extent,
             join_lane: self.join_lane,
             pieces,
@@ -182,6 +190,8 @@ pub struct Request {
     pub op: Op,
     /// The target's region.
     pub mem_id: u32,
+    /// Its access key, carried by every chunk.
+    pub access_key: AccessKey,
     /// Checked segments.
     pub layout: Layout,
     /// Total bytes.
@@ -279,7 +289,7 @@ pub fn dispatch<L: Clone>(
         let list = Arc::new(SharedStripes::new(
             1,
             n_chunks,
-            (req.mem_id, extent),
+            (req.mem_id, req.access_key, extent),
             home,
             rest,
         ));
@@ -302,6 +312,7 @@ pub fn dispatch<L: Clone>(
             chunk: i as u32,
             n_chunks,
             mem_id: req.mem_id,
+            access_key: req.access_key,
             extent,
             join_lane: if final_ { 0 } else { home },
             pieces,
@@ -358,6 +369,8 @@ mod tests {
         }
     }
 
+    const KEY: AccessKey = AccessKey::from_bytes([5; 16]);
+
     const TO: TransferRef = TransferRef {
         owner: 0,
         uid: 9,
@@ -369,6 +382,7 @@ mod tests {
         Request {
             op,
             mem_id: 7,
+            access_key: KEY,
             layout,
             total,
         }
@@ -428,6 +442,8 @@ mod tests {
             Work::Chunk(c, ()) => {
                 assert!(c.final_);
                 assert_eq!((c.join_lane, c.extent), (0, (0, 256)));
+                assert_eq!((c.mem_id, c.access_key), (7, KEY));
+                assert_eq!(c.head(1, 9).access_key, KEY);
             }
             w => panic!("{w:?}"),
         }
@@ -487,6 +503,11 @@ mod tests {
         assert_eq!(shared, 4);
         let mut taken = Vec::new();
         while let Some(c) = stripes.take() {
+            assert_eq!(
+                (c.mem_id, c.access_key),
+                (7, KEY),
+                "every stripe carries the key"
+            );
             taken.push(c.chunk);
         }
         assert_eq!(taken.len() as u32 + 1, p.n_chunks);
@@ -519,7 +540,7 @@ mod tests {
 
     #[test]
     fn nothing_is_taken_after_cancel() {
-        let s = SharedStripes::new(1, 3, (7, (0, 48)), 0, vec![list(1, 16), list(1, 16)]);
+        let s = SharedStripes::new(1, 3, (7, KEY, (0, 48)), 0, vec![list(1, 16), list(1, 16)]);
         assert_eq!(s.take().map(|c| c.chunk), Some(1));
         s.cancel();
         assert!(s.take().is_none());

@@ -1,5 +1,6 @@
 //! Frame types and their encoding. Layout (little-endian) is documented in `PROTOCOL.md`.
 
+use super::access::AccessKey;
 use super::limits::{FRAME_MAGIC, HEADER_BYTES, NONCE_BYTES, PROOF_BYTES};
 
 /// Frame kinds.
@@ -90,6 +91,9 @@ pub struct Chunk {
     pub n_chunks: u32,
     /// Target region id (the target's `MemoryDesc.id`).
     pub mem_id: u32,
+    /// The target region's access key (its `MemoryDesc.access_key`): the target refuses the
+    /// chunk unless it is the region's key, exactly as if `mem_id` were unknown.
+    pub access_key: AccessKey,
     /// `[lo, hi)` range of the region the whole transfer touches; every chunk of a transfer
     /// carries the same extent, so a transfer out of range is refused before any byte lands.
     pub extent: (u64, u64),
@@ -339,6 +343,8 @@ pub struct ChunkHead {
     pub n_chunks: u32,
     /// See [`Chunk::mem_id`].
     pub mem_id: u32,
+    /// See [`Chunk::access_key`].
+    pub access_key: AccessKey,
     /// See [`Chunk::extent`].
     pub extent: (u64, u64),
     /// See [`Chunk::join_lane`].
@@ -354,6 +360,7 @@ impl Chunk {
             chunk,
             n_chunks,
             mem_id,
+            access_key,
             extent,
             join_lane,
         } = head;
@@ -363,6 +370,7 @@ impl Chunk {
             chunk,
             n_chunks,
             mem_id,
+            access_key,
             extent,
             join_lane,
             segs,
@@ -377,6 +385,7 @@ impl Chunk {
             chunk: self.chunk,
             n_chunks: self.n_chunks,
             mem_id: self.mem_id,
+            access_key: self.access_key,
             extent: self.extent,
             join_lane: self.join_lane,
         }
@@ -529,6 +538,7 @@ fn chunk_prefix(
     put_u32(out, head.chunk);
     put_u32(out, head.n_chunks);
     put_u32(out, head.mem_id);
+    out.extend_from_slice(head.access_key.as_bytes());
     put_u64(out, head.extent.0);
     put_u64(out, head.extent.1);
     out.extend_from_slice(&head.join_lane.to_le_bytes());

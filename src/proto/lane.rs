@@ -516,6 +516,7 @@ mod tests {
         let req = Request {
             op: Op::Write,
             mem_id: 1,
+            access_key: crate::proto::access::AccessKey::NONE,
             layout,
             total: 8 << 20,
         };

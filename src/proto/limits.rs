@@ -17,9 +17,11 @@ pub const MAX_KEY_BYTES: usize = 1024;
 pub const MAX_MSG_BYTES: usize = 4096;
 /// Most segments one chunk frame may describe.
 pub const MAX_SEGS_PER_CHUNK: usize = 4096;
-/// Fixed part of a chunk body (tag, uid, chunk, n_chunks, mem id, extent, join lane,
-/// n_segs).
-pub const CHUNK_FIXED_BYTES: usize = 8 + 8 + 4 + 4 + 4 + 8 + 8 + 2 + 4;
+/// An access key (`proto::access::AccessKey`): in a chunk body and a packed `MemoryDesc`.
+pub const ACCESS_KEY_BYTES: usize = 16;
+/// Fixed part of a chunk body (tag, uid, chunk, n_chunks, mem id, access key, extent, join
+/// lane, n_segs).
+pub const CHUNK_FIXED_BYTES: usize = 8 + 8 + 4 + 4 + 4 + ACCESS_KEY_BYTES + 8 + 8 + 2 + 4;
 /// One segment in a chunk's list form (`u64 off`, `u64 len`).
 pub const SEG_BYTES: usize = 16;
 /// One run in a chunk's run form (`u64 off`, `u64 len`, `u32 count`, `u64 stride`). An

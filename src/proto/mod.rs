@@ -4,6 +4,7 @@
 //! Everything here is a pure function or a state machine fed by its caller, the same code
 //! the shard service runs and `tests/proto_sim/` drives over simulated lanes:
 //! - [`handshake`]: HELLO / HELLO_ACK and their checks;
+//! - [`access`]: the access keys of registered regions and their constant-time check;
 //! - [`dispatch`]: the owner cuts a transfer into chunks on lanes;
 //! - [`lane`]: an initiator lane's book of sent frames and the answers they wait for;
 //! - [`target`]: the target's decisions per frame (checks, inbound status, join, answer);
@@ -16,6 +17,7 @@
 //! Architecture invariant: nothing in this module names `crate::` outside `crate::proto`, and
 //! nothing here does I/O or reads a clock (checked by `tests/tidy.rs`).
 
+pub mod access;
 pub mod codes;
 pub mod decode;
 pub mod dispatch;

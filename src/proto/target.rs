@@ -5,9 +5,9 @@
 
 use std::sync::Arc;
 
-use super::codes;
+use super::access::AccessKey;
 use super::frame::{Chunk, Finish, Frame, Op, Reply};
-use super::inbound::{check_chunk, Refusal};
+use super::inbound::{check_chunk, Refusal, NOT_REGISTERED};
 pub use super::join::{JoinReport, JoinTable};
 use super::limits::MAX_CHUNKS_PER_TRANSFER;
 
@@ -62,14 +62,15 @@ fn reply(chunk: &Chunk, code: u32, msg: String) -> Reply {
 }
 
 impl Served {
-    /// A WRITE or READ chunk arrived (header only) for a region of `region_size` bytes
+    /// A WRITE or READ chunk arrived (header only) for a region of this size and access key
     /// (`None`: not registered here). `Ok(Ok)`: place or send its bytes; `Ok(Err)`: refuse
-    /// it (drain a WRITE's payload untouched); `Err`: close the connection.
+    /// it (drain a WRITE's payload untouched): a key the region does not grant is refused
+    /// like an unknown region ([`check_chunk`]); `Err`: close the connection.
     pub fn check(
         &self,
         chunk: &Chunk,
         final_: bool,
-        region_size: Option<u64>,
+        region: Option<(u64, AccessKey)>,
     ) -> Result<Result<(), Refusal>, Violation> {
         // A chunk of several must name a lane of this peer as its join lane (the initiator's
         // home lane, which also carries FINISH), and chunk 0 must ride it.
@@ -83,7 +84,7 @@ impl Served {
             )));
         }
         check_count(chunk)?;
-        Ok(check_chunk(chunk, region_size))
+        Ok(check_chunk(chunk, region))
     }
 
     /// A WRITE chunk was placed (or refused) with `code`. A whole transfer records its
@@ -243,15 +244,14 @@ pub fn classify(frame: Frame) -> Result<Inbound, Violation> {
     }
 }
 
-/// The code of a refused chunk whose region vanished between check and use.
-pub const GONE: Refusal = Refusal {
-    code: codes::ERR_NOT_FOUND,
-    msg: "remote memory region not registered",
-};
+/// The code of a refused chunk whose region vanished between check and use (the same as
+/// an unknown region's).
+pub const GONE: Refusal = NOT_REGISTERED;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::codes;
     use crate::proto::frame::Seg;
     use crate::proto::join::Join;
     use std::cell::RefCell;
@@ -286,6 +286,9 @@ mod tests {
         }
     }
 
+    const KEY: AccessKey = AccessKey::from_bytes([3; 16]);
+    const REGION: Option<(u64, AccessKey)> = Some((64, KEY));
+
     fn chunk(chunk: u32, n_chunks: u32, join_lane: u16) -> Chunk {
         Chunk {
             tag: 10 + chunk as u64,
@@ -293,6 +296,7 @@ mod tests {
             chunk,
             n_chunks,
             mem_id: 1,
+            access_key: KEY,
             extent: (0, 64),
             join_lane,
             segs: vec![Seg {
@@ -305,22 +309,35 @@ mod tests {
     #[test]
     fn join_lanes_are_checked() {
         let s = served();
-        assert!(s.check(&chunk(0, 2, 1), false, Some(64)).unwrap().is_ok());
+        assert!(s.check(&chunk(0, 2, 1), false, REGION).unwrap().is_ok());
         assert!(
-            s.check(&chunk(0, 2, 2), false, Some(64)).is_err(),
+            s.check(&chunk(0, 2, 2), false, REGION).is_err(),
             "chunk 0 off its lane"
         );
         assert!(
-            s.check(&chunk(1, 2, 4), false, Some(64)).is_err(),
+            s.check(&chunk(1, 2, 4), false, REGION).is_err(),
             "no such lane"
         );
-        assert!(s.check(&chunk(1, 2, 3), false, Some(64)).unwrap().is_ok());
+        assert!(s.check(&chunk(1, 2, 3), false, REGION).unwrap().is_ok());
         // A whole transfer names no join lane.
-        assert!(s.check(&chunk(0, 1, 0), true, Some(64)).unwrap().is_ok());
+        assert!(s.check(&chunk(0, 1, 0), true, REGION).unwrap().is_ok());
         assert_eq!(
             s.check(&chunk(0, 1, 0), true, None).unwrap(),
             Err(GONE),
             "unregistered region"
+        );
+        let mut wrong = chunk(0, 1, 0);
+        wrong.access_key = AccessKey::from_bytes([4; 16]);
+        assert_eq!(
+            s.check(&wrong, true, REGION).unwrap(),
+            Err(GONE),
+            "a wrong key is refused like an unregistered region"
+        );
+        assert_eq!(
+            s.check(&chunk(0, 1, 0), true, Some((64, AccessKey::NONE)))
+                .unwrap(),
+            Err(GONE),
+            "a local-only region is no target"
         );
     }
 
@@ -337,17 +354,17 @@ mod tests {
             with(u32::MAX, (0, 64)),
             with(MAX_CHUNKS_PER_TRANSFER + 1, (0, u64::MAX)),
         ] {
-            assert!(s.check(&c, false, Some(u64::MAX)).is_err(), "{c:?}");
+            assert!(s.check(&c, false, Some((u64::MAX, KEY))).is_err(), "{c:?}");
         }
         // Up to the limit passes (then the region decides), whatever the extent: a read of
         // 64 remote bytes into many places has more chunks than bytes.
         let c = with(65, (0, 64));
-        assert!(s.check(&c, false, Some(64)).unwrap().is_ok());
+        assert!(s.check(&c, false, Some((64, KEY))).unwrap().is_ok());
         let most = with(MAX_CHUNKS_PER_TRANSFER, (0, u64::MAX));
-        assert!(s.check(&most, false, Some(1 << 40)).is_ok());
+        assert!(s.check(&most, false, Some((1 << 40, KEY))).is_ok());
         // 256 MiB in 4 KiB chunks.
         let c = with(65536, (0, 256 << 20));
-        assert!(s.check(&c, false, Some(256 << 20)).unwrap().is_ok());
+        assert!(s.check(&c, false, Some((256 << 20, KEY))).unwrap().is_ok());
     }
 
     #[test]

@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::sync::{mpsc, Arc};
 
+use crate::proto::access::AccessKey;
 use crate::proto::dispatch::{Item, TransferRef};
 use crate::proto::frame::{Hello, Op};
 use crate::proto::lane::Report;
@@ -31,6 +32,8 @@ pub(crate) struct Submission {
     pub uid: u64,
     pub local: SharedRegion,
     pub remote_mem: u32,
+    /// The remote region's access key, from its `MemoryDesc`; every chunk carries it.
+    pub remote_key: AccessKey,
     /// Checked segments, expanded into pieces by the owner.
     pub layout: Layout,
     pub total: u64,

@@ -120,6 +120,7 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
     let req = Request {
         op: s.op,
         mem_id: s.remote_mem,
+        access_key: s.remote_key,
         layout: s.layout,
         total: s.total,
     };

@@ -320,8 +320,8 @@ async fn on_frame(
     match target::classify(frame).map_err(violation)? {
         Inbound::Write(chunk, final_) => {
             let region = shard.regions.borrow().get(&chunk.mem_id).cloned();
-            let size = region.as_ref().map(|r| r.len() as u64);
-            let checked = conn.check(&chunk, final_, size).map_err(violation)?;
+            let facts = region.as_ref().map(|r| (r.len() as u64, r.access_key()));
+            let checked = conn.check(&chunk, final_, facts).map_err(violation)?;
             trace::mark(chunk.uid, trace::stage::T_CHECKED);
             let (code, msg) = place(shard, reader, &chunk, payload, checked, region).await?;
             let r = conn.write_done(&chunk, final_, code, msg, joins);
@@ -329,8 +329,8 @@ async fn on_frame(
         }
         Inbound::Read(chunk, final_) => {
             let region = shard.regions.borrow().get(&chunk.mem_id).cloned();
-            let size = region.as_ref().map(|r| r.len() as u64);
-            let checked = conn.check(&chunk, final_, size).map_err(violation)?;
+            let facts = region.as_ref().map(|r| (r.len() as u64, r.access_key()));
+            let checked = conn.check(&chunk, final_, facts).map_err(violation)?;
             let (code, msg) = read(shard, conn, writer, &chunk, final_, checked, region).await?;
             // After this chunk's READ_DATA, on the same connection.
             let r = conn.read_done(&chunk, final_, code, msg, joins);

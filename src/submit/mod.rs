@@ -9,7 +9,7 @@ mod backend;
 mod xfer;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::config::IoEngineConfig;
@@ -36,11 +36,10 @@ pub(crate) struct Core {
     pub lifecycle: Mutex<()>,
     /// The running backend, if any.
     pub backend: RwLock<Option<Arc<Backend>>>,
-    /// The next memory id to hand out.
-    pub next_mem_id: AtomicU32,
     /// The next transfer uid to hand out.
     pub next_uid: AtomicU64,
-    /// Registered memory by id (the table every new backend's shards receive whole).
+    /// Registered memory by id (the table every new backend's shards receive whole). Ids
+    /// are drawn at random (`region::random_mem_id`), not counted.
     pub regions: RwLock<HashMap<u32, SharedRegion>>,
     /// Registered remote engines by key.
     pub remotes: RwLock<HashMap<String, Arc<Peer>>>,
@@ -60,7 +59,6 @@ impl Core {
             desc: Mutex::new(desc),
             lifecycle: Mutex::new(()),
             backend: RwLock::new(None),
-            next_mem_id: AtomicU32::new(0),
             next_uid: AtomicU64::new(0),
             regions: RwLock::new(HashMap::new()),
             remotes: RwLock::new(HashMap::new()),
@@ -72,11 +70,6 @@ impl Core {
     /// A fresh transfer uid (engine-wide counter from 0).
     pub fn allocate_uid(&self) -> u64 {
         self.next_uid.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// A fresh memory id.
-    pub fn allocate_mem_id(&self) -> u32 {
-        self.next_mem_id.fetch_add(1, Ordering::Relaxed)
     }
 
     /// The running backend, held for the length of a call.

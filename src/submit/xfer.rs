@@ -145,7 +145,13 @@ impl Core {
                 "memory location must be CPU or GPU",
             );
         }
-        let Some(region) = read_lock(&self.regions).get(&local.id).cloned() else {
+        // A descriptor of an earlier registration whose id was drawn again carries another
+        // key: it names no memory of this engine.
+        let region = read_lock(&self.regions)
+            .get(&local.id)
+            .filter(|r| r.access_key() == local.access_key)
+            .cloned();
+        let Some(region) = region else {
             return failed(StatusCode::ErrNotFound, "local memory not registered");
         };
         let Some(peer) = read_lock(&self.remotes).get(&remote.engine_key).cloned() else {
@@ -177,6 +183,7 @@ impl Core {
             uid,
             local: region,
             remote_mem: remote.id,
+            remote_key: remote.access_key,
             layout,
             total,
             deadline_ns: now_ns() + shared.cfg.op_timeout.as_nanos() as u64,

@@ -299,6 +299,21 @@ pub fn try_read_frame(s: &mut TcpStream, limit: Duration) -> std::io::Result<Fra
     morio::proto::decode::decode_body(&header, &body).map_err(bad)
 }
 
+/// Read exactly one frame and its payload (READ_DATA's bytes), waiting at most `limit`.
+#[track_caller]
+pub fn read_frame_and_payload(s: &mut TcpStream, limit: Duration) -> (Frame, Vec<u8>) {
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut h = [0u8; HEADER_BYTES];
+    s.read_exact(&mut h).expect("read a header");
+    let header = morio::proto::decode::decode_header(&h).expect("a valid header");
+    let mut body = vec![0u8; header.body_len as usize];
+    s.read_exact(&mut body).expect("read a body");
+    let frame = morio::proto::decode::decode_body(&header, &body).expect("a valid body");
+    let mut payload = vec![0u8; header.payload_len as usize];
+    s.read_exact(&mut payload).expect("read a payload");
+    (frame, payload)
+}
+
 /// Every frame in `bytes` (payloads skipped); panics on bytes that are not frames.
 pub fn parse_frames(mut bytes: &[u8]) -> Vec<Frame> {
     let mut out = Vec::new();

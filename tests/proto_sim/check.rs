@@ -4,8 +4,9 @@
 
 use std::collections::BTreeSet;
 
-use morio::proto::codes::{ERR_BAD_STATE, ERR_GPU_OP, SUCCESS};
+use morio::proto::codes::{ERR_BAD_STATE, ERR_GPU_OP, ERR_NOT_FOUND, SUCCESS};
 use morio::proto::frame::Op;
+use morio::proto::inbound::NOT_REGISTERED;
 
 use crate::world::{Done, Sim, Want, LOST, STAGE_IN_FAILED, STAGE_OUT_FAILED, TIMEOUT};
 
@@ -148,6 +149,10 @@ impl Sim {
             Want::TimedOut => unreachable!(),
         };
         assert_eq!(code, want_code, "{ctx}: final status ({msg})");
+        if want == Want::Refused(ERR_NOT_FOUND) {
+            // An unknown id, a wrong key and a local-only region read the same.
+            assert_eq!(msg, NOT_REGISTERED.msg, "{ctx}");
+        }
         match (want_inbound, inbound) {
             (None, None) => {}
             (Some(w), Some(&(in_code, in_at))) => {

@@ -8,7 +8,7 @@ use morio::proto::plan::Piece;
 use rand::seq::SliceRandom;
 use rand::Rng;
 
-use crate::world::{Sim, Spec, Want, LOCAL_BYTES, MEM_ID, NO_DEADLINE, TARGET_BYTES};
+use crate::world::{Sim, Spec, Want, ACCESS_KEY, LOCAL_BYTES, MEM_ID, NO_DEADLINE, TARGET_BYTES};
 
 /// A transfer's window: (local base, local len, remote base, remote len).
 pub type Window = (u64, u64, u64, u64);
@@ -163,6 +163,7 @@ impl Sim {
             op,
             layout,
             mem_id: MEM_ID,
+            access_key: ACCESS_KEY,
             chunk_bytes,
             threshold,
             share: self.rng.gen_ratio(3, 4),

@@ -57,8 +57,12 @@ use rand::{Rng, SeedableRng};
 
 use check::Ended;
 use gen::shift;
+use morio::proto::access::AccessKey;
 use net::Cause;
-use world::{all_seeds, seeds, Sim, Spec, Want, TARGET_BYTES, TIMEOUT, UNKNOWN_MEM_ID};
+use world::{
+    all_seeds, seeds, Sim, Spec, Want, ACCESS_KEY, LOCAL_ONLY_MEM_ID, TARGET_BYTES, TIMEOUT,
+    UNKNOWN_MEM_ID,
+};
 
 /// Several concurrent reads and writes over every lane configuration, started at random
 /// points: all succeed, nothing is lost, late or left behind.
@@ -139,17 +143,37 @@ fn sim_is_deterministic() {
     }
 }
 
+/// A key that is not the target region's: the zero key (a descriptor of MORI's form), the
+/// region's key with one bit flipped, or a random one.
+fn wrong_key(rng: &mut StdRng) -> AccessKey {
+    match rng.gen_range(0..3) {
+        0 => AccessKey::NONE,
+        1 => {
+            let mut b = ACCESS_KEY.to_bytes();
+            b[rng.gen_range(0..16)] ^= 1 << rng.gen_range(0..8);
+            AccessKey::from_bytes(b)
+        }
+        _ => {
+            let k = AccessKey::from_bytes(rng.gen());
+            assert!(k != ACCESS_KEY && !k.is_none());
+            k
+        }
+    }
+}
+
 /// Good transfers next to one whose range reaches past the target region, one naming an
-/// unknown region, and (with several lanes) a striped write whose destinations overlap: the
-/// first two fail with the target's code and move no byte (the target's join answers a
-/// refused multi-chunk transfer like any other, no FINISH); the last is refused by the
-/// owner's dispatch and never leaves.
+/// unknown region, one naming the region with a wrong access key, one naming a local-only
+/// region (with its key, a wrong one or none), and (with several lanes) a striped write whose
+/// destinations overlap: the first four fail with the target's code and move no byte (the
+/// target's join answers a refused multi-chunk transfer like any other, no FINISH), and the
+/// last three are refused with one code and message, so a peer cannot tell them apart; the
+/// overlapping write is refused by the owner's dispatch and never leaves.
 fn scenario_refusals(seed: u64) -> (usize, usize) {
     let mut rng = StdRng::seed_from_u64(seed ^ 0xbad);
     let n_lanes = rng.gen_range(1..=4);
     let n_good = rng.gen_range(0..=3);
     let mut sim = Sim::new(seed, n_lanes, rng.gen_range(1..=3));
-    let windows = sim.windows(n_good + 3);
+    let windows = sim.windows(n_good + 5);
     let mut specs = Vec::new();
     for &w in &windows[..n_good] {
         specs.push(sim.gen_spec(w, Want::Success));
@@ -173,6 +197,18 @@ fn scenario_refusals(seed: u64) -> (usize, usize) {
     let mut unknown = sim.gen_spec(windows[n_good + 1], Want::Refused(ERR_NOT_FOUND));
     unknown.mem_id = UNKNOWN_MEM_ID;
     specs.push(unknown);
+    // The right region with a wrong key: refused before its ranges are looked at (some of
+    // these reach past the region, which with the right key would be ERR_INVALID_ARGS).
+    let mut keyless = sim.gen_spec(windows[n_good + 3], Want::Refused(ERR_NOT_FOUND));
+    keyless.access_key = wrong_key(&mut rng);
+    specs.push(keyless);
+    let mut local_only = sim.gen_spec(windows[n_good + 4], Want::Refused(ERR_NOT_FOUND));
+    local_only.mem_id = LOCAL_ONLY_MEM_ID;
+    local_only.access_key = match rng.gen_range(0..3) {
+        0 => ACCESS_KEY,
+        _ => wrong_key(&mut rng),
+    };
+    specs.push(local_only);
     if n_lanes > 1 {
         let (lb, _, rb, _) = windows[n_good + 2];
         let len = rng.gen_range(1..=256);
@@ -221,7 +257,7 @@ fn scenario_refusals(seed: u64) -> (usize, usize) {
 }
 
 #[test]
-fn sim_out_of_range_and_unknown_region_are_refused() {
+fn sim_out_of_range_unknown_region_wrong_key_and_local_only_are_refused() {
     let (mut singles, mut multis) = (0, 0);
     for seed in seeds(150) {
         let (s, m) = scenario_refusals(seed);
@@ -264,6 +300,7 @@ fn garbage(rng: &mut StdRng, n_lanes: u16, at_target: bool) -> (Vec<u8>, Closer)
         chunk: 1,
         n_chunks: 2,
         mem_id: 1,
+        access_key: ACCESS_KEY,
         extent: (0, 64),
         join_lane,
         segs: vec![Seg { off: 0, len: 64 }],

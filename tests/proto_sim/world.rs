@@ -9,6 +9,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
+use morio::proto::access::AccessKey;
 use morio::proto::codes::{ERR_BAD_STATE, ERR_GPU_OP, SUCCESS};
 use morio::proto::dispatch::{
     dispatch, home_lane, DispatchParams, FinishSpec, Item, Request, SharedStripes, TransferRef,
@@ -37,8 +38,15 @@ pub const LOCAL_BYTES: u64 = 64 << 10;
 pub const TARGET_BYTES: u64 = 48 << 10;
 /// The target region's id.
 pub const MEM_ID: u32 = 7;
+/// The target region's access key (what its descriptor carries).
+pub const ACCESS_KEY: AccessKey = AccessKey::from_bytes([
+    0x3c, 0x91, 0x5e, 0x07, 0xd2, 0x48, 0xaa, 0x16, 0x7b, 0xe0, 0x29, 0xc5, 0x64, 0x0f, 0xb3, 0x88,
+]);
 /// An id the target has never registered.
 pub const UNKNOWN_MEM_ID: u32 = 99;
+/// A region the target registered local-only (no access key): as large as the target
+/// region and over the same memory, so a chunk the target wrongly accepted would show in it.
+pub const LOCAL_ONLY_MEM_ID: u32 = 8;
 /// Deadline of transfers that must not time out.
 pub const NO_DEADLINE: u64 = u64::MAX;
 /// The initiator's engine key (the same after a restart).
@@ -202,6 +210,8 @@ pub struct Spec {
     pub op: Op,
     pub layout: Layout,
     pub mem_id: u32,
+    /// The access key its chunks carry.
+    pub access_key: AccessKey,
     pub chunk_bytes: u64,
     pub threshold: u64,
     pub share: bool,
@@ -543,6 +553,7 @@ impl Sim {
         let req = Request {
             op: spec.op,
             mem_id: spec.mem_id,
+            access_key: spec.access_key,
             layout: spec.layout.clone(),
             total: spec.layout.total_bytes(),
         };
@@ -1102,8 +1113,14 @@ impl Sim {
 
     // ----- the target -----
 
-    fn region_size(&self, mem_id: u32) -> Option<u64> {
-        (mem_id == MEM_ID).then_some(self.target.len() as u64)
+    /// The target's region `mem_id` as `Served::check` takes it: its size and access key.
+    fn region(&self, mem_id: u32) -> Option<(u64, AccessKey)> {
+        let size = self.target.len() as u64;
+        match mem_id {
+            MEM_ID => Some((size, ACCESS_KEY)),
+            LOCAL_ONLY_MEM_ID => Some((size, AccessKey::NONE)),
+            _ => None,
+        }
     }
 
     /// The initiator run with this instance number.
@@ -1192,7 +1209,7 @@ impl Sim {
         };
         match inbound {
             Inbound::Write(chunk, final_) => {
-                let res = match served.check(&chunk, final_, self.region_size(chunk.mem_id)) {
+                let res = match served.check(&chunk, final_, self.region(chunk.mem_id)) {
                     Ok(r) => r,
                     Err(v) => return self.close_target_end(c, Cause::Violation(v.0)),
                 };
@@ -1207,7 +1224,7 @@ impl Sim {
                 self.respond(c, inst, &chunk, resp);
             }
             Inbound::Read(chunk, final_) => {
-                let res = match served.check(&chunk, final_, self.region_size(chunk.mem_id)) {
+                let res = match served.check(&chunk, final_, self.region(chunk.mem_id)) {
                     Ok(r) => r,
                     Err(v) => return self.close_target_end(c, Cause::Violation(v.0)),
                 };
