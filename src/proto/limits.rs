@@ -7,6 +7,14 @@ pub const VERSION: u32 = 6;
 pub const NONCE_BYTES: usize = 16;
 /// An HMAC-SHA-256 proof in the handshake.
 pub const PROOF_BYTES: usize = 32;
+/// Largest body of a handshake frame (the largest HELLO_ACK: version, code, key, message,
+/// nonce, proof): what a connection that has not yet proven anything can make a target
+/// allocate.
+pub const MAX_HANDSHAKE_BODY_BYTES: usize =
+    4 + 4 + 2 + MAX_KEY_BYTES + 4 + MAX_MSG_BYTES + NONCE_BYTES + 1 + PROOF_BYTES;
+// The largest HELLO (version, lane, lanes, two keys, instance, nonce) fits too.
+const _: () =
+    assert!(4 + 2 + 2 + 2 * (2 + MAX_KEY_BYTES) + 8 + NONCE_BYTES <= MAX_HANDSHAKE_BODY_BYTES);
 /// Magic at the start of every frame header ("MO" little-endian).
 pub const FRAME_MAGIC: u16 = 0x4F4D;
 /// Size of the fixed frame header.

@@ -11,7 +11,7 @@ use morio_shards::rt;
 use super::Tx;
 use crate::proto::decode::{decode_frame, DecodeError};
 use crate::proto::frame::{encode_chunk_segs, ChunkHead, ChunkSegs, Frame, Kind, Seg};
-use crate::proto::limits::{HEADER_BYTES, MAX_BODY_BYTES};
+use crate::proto::limits::{HEADER_BYTES, MAX_BODY_BYTES, MAX_HANDSHAKE_BODY_BYTES};
 
 /// Why a connection ended.
 #[derive(Debug, thiserror::Error)]
@@ -538,6 +538,13 @@ pub(crate) async fn read_frame_exact<R: AsyncRead + Unpin>(r: &mut R) -> Result<
     let mut h = [0u8; HEADER_BYTES];
     r.read_exact(&mut h).await.map_err(eof_is_closed)?;
     let header = decode_header(&h)?;
+    // Before a peer has proven anything it gets no more than a handshake's worth of memory.
+    if header.body_len as usize > MAX_HANDSHAKE_BODY_BYTES {
+        return Err(ConnError::Violation(format!(
+            "handshake frame body of {} bytes",
+            header.body_len
+        )));
+    }
     let mut body = vec![0u8; header.body_len as usize];
     r.read_exact(&mut body).await.map_err(eof_is_closed)?;
     let frame = decode_body(&header, &body)?;

@@ -251,3 +251,58 @@ fn a_client_without_the_secret_learns_nothing_and_writes_nothing() {
     assert_eq!(bytes_at(&dst, 0, 14), b"planted secret");
     verified_traffic(&a, &b);
 }
+
+/// This process's resident memory in bytes (`/proc/self/statm`).
+fn resident() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = s.split_whitespace().nth(1).unwrap().parse().unwrap();
+    // SAFETY: sysconf only reads a system constant.
+    pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64
+}
+
+/// What unauthenticated clients can make a target hold: each is in its handshake, holding
+/// the largest handshake body but one byte, and past `max_handshakes` they are closed at
+/// once; a claimed body larger than a handshake's closes the connection before anything is
+/// allocated. The target's memory grows by about a MiB in all, and a peer with the secret,
+/// its lanes up before the flood, transfers throughout.
+#[test]
+fn unauthenticated_clients_hold_at_most_a_handshakes_worth_each() {
+    use morio::proto::limits::{FRAME_MAGIC, MAX_BODY_BYTES, MAX_HANDSHAKE_BODY_BYTES};
+    let (a, b) = pair_with("auth_mem", Some(SECRET), Some(SECRET));
+    verified_traffic(&a, &b);
+    let port = b.engine_desc().port;
+    let header = |body_len: usize| {
+        let mut h = Vec::new();
+        h.extend_from_slice(&FRAME_MAGIC.to_le_bytes());
+        h.push(1); // HELLO
+        h.push(0);
+        h.extend_from_slice(&(body_len as u32).to_le_bytes());
+        h.extend_from_slice(&0u64.to_le_bytes());
+        h
+    };
+    // A claimed body beyond a handshake's: closed without an answer.
+    let mut s = raw_connect(port);
+    s.write_all(&header(MAX_HANDSHAKE_BODY_BYTES + 1)).unwrap();
+    let (got, _) = read_until_closed(&mut s, Duration::from_secs(10));
+    assert!(got.is_empty(), "{got:?}");
+    let before = resident();
+    let mut held = Vec::new();
+    // First frames that claim the largest body any frame may have and send all of it but
+    // one byte (64 KiB each: 8 MiB over the 128 handshake slots, were it accepted), then
+    // ones that claim a handshake's and do the same.
+    for (claim, n) in [(MAX_BODY_BYTES, 128), (MAX_HANDSHAKE_BODY_BYTES, 200)] {
+        for _ in 0..n {
+            let mut s = raw_connect(port);
+            let mut bytes = header(claim);
+            bytes.extend(std::iter::repeat_n(1u8, claim - 1));
+            let _ = s.write_all(&bytes);
+            held.push(s);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let grown = resident().saturating_sub(before);
+    // 128 handshakes × ~5 KiB of body, plus their tasks: about 1 MiB; allow for noise.
+    assert!(grown < 4 << 20, "the target grew by {} KiB", grown >> 10);
+    verified_traffic(&a, &b);
+    drop(held);
+}
