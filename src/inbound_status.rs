@@ -55,6 +55,9 @@ struct PeerStatuses {
 #[derive(Debug, Default)]
 struct Store {
     peers: HashMap<Arc<str>, PeerStatuses>,
+    /// Each peer's current instance (its latest handshake's), and when it was last seen: a
+    /// record from another instance is a predecessor's, whose uids the current one reuses.
+    instances: HashMap<Arc<str>, (u64, Instant)>,
     /// `(statuses held, key)` of every peer holding any: the largest is the last.
     by_len: BTreeSet<(usize, Arc<str>)>,
     /// Statuses held in all.
@@ -114,16 +117,56 @@ impl InboundStatuses {
         self.store.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Record how transfer `uid` from `peer` ended. A second record for the same transfer
-    /// keeps the first error (first error wins), else replaces it.
-    pub fn record(&self, peer: &str, uid: u64, code: StatusCode, msg: &str) {
+    /// `peer` completed a handshake as `instance`. A new instance (the engine restarted under
+    /// the same key, its uids starting over) makes its predecessor's unpopped statuses
+    /// meaningless: they go, and records its predecessor's connections still make are
+    /// dropped from now on.
+    pub fn hello(&self, peer: &str, instance: u64) {
         let now = Instant::now();
         let mut guard = self.lock();
         let Store {
             peers,
+            instances,
             by_len,
             total,
         } = &mut *guard;
+        match instances.get_mut(peer) {
+            Some((cur, seen)) if *cur == instance => *seen = now,
+            Some(entry) => {
+                *entry = (instance, now);
+                if let Some(p) = peers.remove(peer) {
+                    let n = p.by_uid.len();
+                    if n > 0 {
+                        by_len.remove(&(n, p.key.clone()));
+                    }
+                    *total = total.saturating_sub(n);
+                }
+            }
+            None => {
+                instances.insert(peer.into(), (instance, now));
+            }
+        }
+    }
+
+    /// Record how transfer `uid` from `peer`'s `instance` ended. A second record for the same
+    /// transfer keeps the first error (first error wins), else replaces it. A record from an
+    /// instance other than the peer's current one is a predecessor's and is dropped.
+    pub fn record(&self, peer: &str, instance: u64, uid: u64, code: StatusCode, msg: &str) {
+        let now = Instant::now();
+        let mut guard = self.lock();
+        let Store {
+            peers,
+            instances,
+            by_len,
+            total,
+        } = &mut *guard;
+        match instances.get_mut(peer) {
+            Some((cur, _)) if *cur != instance => return,
+            Some((_, seen)) => *seen = now,
+            None => {
+                instances.insert(peer.into(), (instance, now));
+            }
+        }
         if !peers.contains_key(peer) {
             // The key is copied once per peer record, not once per transfer.
             let key: Arc<str> = peer.into();
@@ -195,6 +238,7 @@ impl InboundStatuses {
             peers,
             by_len,
             total,
+            ..
         } = &mut *guard;
         let p = peers.get_mut(peer)?;
         let before = p.by_uid.len();
@@ -213,6 +257,7 @@ impl InboundStatuses {
         let mut guard = self.lock();
         let Store {
             peers,
+            instances,
             by_len,
             total,
         } = &mut *guard;
@@ -222,6 +267,11 @@ impl InboundStatuses {
             Self::compact(p);
             resize(by_len, total, p, before);
             !p.by_uid.is_empty() || now.duration_since(p.last) < IDLE_PEER
+        });
+        // An instance unheard of for longer than a status lives has no connection left: by
+        // then its predecessor's records cannot arrive either.
+        instances.retain(|k, (_, seen)| {
+            peers.contains_key(k) || now.duration_since(*seen) <= self.max_age
         });
     }
 
@@ -273,8 +323,8 @@ mod tests {
     #[test]
     fn pop_is_destructive_and_keyed_by_peer() {
         let s = store(Duration::from_secs(60));
-        s.record("a", 1, StatusCode::Success, "");
-        s.record("b", 1, StatusCode::ErrNotFound, "nope");
+        s.record("a", 0, 1, StatusCode::Success, "");
+        s.record("b", 0, 1, StatusCode::ErrNotFound, "nope");
         assert_eq!(s.pop("a", 1), Some((StatusCode::Success, String::new())));
         assert_eq!(s.pop("a", 1), None);
         assert_eq!(
@@ -291,11 +341,11 @@ mod tests {
     #[test]
     fn first_error_wins_and_count_is_bounded() {
         let s = store(Duration::from_secs(60));
-        s.record("a", 9, StatusCode::ErrBadState, "x");
-        s.record("a", 9, StatusCode::Success, "");
+        s.record("a", 0, 9, StatusCode::ErrBadState, "x");
+        s.record("a", 0, 9, StatusCode::Success, "");
         assert_eq!(s.pop("a", 9).unwrap().0, StatusCode::ErrBadState);
         for uid in 0..(MAX_INBOUND_PER_PEER as u64 + 10) {
-            s.record("a", uid, StatusCode::Success, "");
+            s.record("a", 0, uid, StatusCode::Success, "");
         }
         assert_eq!(s.pop("a", 0), None, "oldest evicted");
         assert!(s.pop("a", MAX_INBOUND_PER_PEER as u64 + 9).is_some());
@@ -305,9 +355,9 @@ mod tests {
     #[test]
     fn records_of_popped_transfers_do_not_pile_up_behind_an_unpopped_one() {
         let s = store(Duration::from_secs(3600));
-        s.record("a", 0, StatusCode::Success, "");
+        s.record("a", 0, 0, StatusCode::Success, "");
         for uid in 1..100_000u64 {
-            s.record("a", uid, StatusCode::Success, "");
+            s.record("a", 0, uid, StatusCode::Success, "");
             assert!(s.pop("a", uid).is_some());
         }
         let guard = s.lock();
@@ -325,7 +375,7 @@ mod tests {
     #[test]
     fn old_entries_expire() {
         let s = store(Duration::from_millis(1));
-        s.record("a", 1, StatusCode::Success, "");
+        s.record("a", 0, 1, StatusCode::Success, "");
         std::thread::sleep(Duration::from_millis(5));
         assert_eq!(s.pop("a", 1), None);
     }
@@ -334,7 +384,7 @@ mod tests {
     fn messages_are_kept_short() {
         let s = store(Duration::from_secs(60));
         let long = "é".repeat(4096);
-        s.record("a", 1, StatusCode::ErrBadState, &long);
+        s.record("a", 0, 1, StatusCode::ErrBadState, &long);
         let (_, m) = s.pop("a", 1).unwrap();
         assert!(
             m.len() <= MAX_STATUS_MSG_BYTES && long.starts_with(&m),
@@ -352,10 +402,10 @@ mod tests {
         };
         let s = InboundStatuses::new(Duration::from_secs(60), caps);
         for uid in 0..3 {
-            s.record("quiet", uid, StatusCode::Success, "");
+            s.record("quiet", 0, uid, StatusCode::Success, "");
         }
         for uid in 0..8 {
-            s.record("loud", uid, StatusCode::Success, "");
+            s.record("loud", 0, uid, StatusCode::Success, "");
         }
         // 11 > 10: loud (8) lost its oldest; quiet kept all of its.
         assert_eq!(s.counts(), (10, 2));
@@ -367,7 +417,7 @@ mod tests {
         // recorded, and a peer left with none goes.
         let s = InboundStatuses::new(Duration::from_secs(60), caps);
         for i in 0..25u64 {
-            s.record(&format!("p{i}"), i, StatusCode::Success, "");
+            s.record(&format!("p{i}"), 0, i, StatusCode::Success, "");
             let (total, peers) = s.counts();
             assert!(total <= 10 && peers <= 10, "{total} {peers}");
             assert!(s.lock().peers[format!("p{i}").as_str()]
@@ -382,7 +432,7 @@ mod tests {
         for i in 0..1000u64 {
             // Distinct, long keys, as from many connections with distinct source keys.
             let key = format!("{i:01000}");
-            s.record(&key, 1, StatusCode::Success, "");
+            s.record(&key, 0, 1, StatusCode::Success, "");
             if i % 2 == 0 {
                 assert!(s.pop(&key, 1).is_some());
             }
@@ -397,5 +447,34 @@ mod tests {
         assert_eq!(s.counts(), (0, 0));
         let guard = s.lock();
         assert!(guard.by_len.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod instance_tests {
+    use super::*;
+
+    /// A restarted peer (new instance, uids from the start) finds none of its predecessor's
+    /// statuses, and its predecessor's late records do not land among its own.
+    #[test]
+    fn a_new_instance_voids_its_predecessors_statuses() {
+        let s = InboundStatuses::new(Duration::from_secs(60), StatusCaps::DEFAULT);
+        s.hello("p", 1);
+        s.record("p", 1, 7, StatusCode::ErrGpuOp, "old");
+        s.record("p", 1, 8, StatusCode::Success, "");
+        s.hello("p", 2);
+        assert_eq!(s.pop("p", 7), None, "the predecessor's status is void");
+        // A late record of the old instance for a uid the new one reuses: dropped.
+        s.record("p", 1, 8, StatusCode::ErrBadState, "late");
+        s.record("p", 2, 8, StatusCode::Success, "");
+        assert_eq!(s.pop("p", 8), Some((StatusCode::Success, String::new())));
+        // The same instance again changes nothing.
+        s.record("p", 2, 9, StatusCode::Success, "");
+        s.hello("p", 2);
+        assert!(s.pop("p", 9).is_some());
+        // Other peers are untouched by p's restarts.
+        s.record("q", 5, 1, StatusCode::Success, "");
+        s.hello("p", 3);
+        assert!(s.pop("q", 1).is_some());
     }
 }

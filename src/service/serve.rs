@@ -155,6 +155,8 @@ async fn handshake(shard: Rc<Shard>, mut conn: Conn, ticket: Handshaking) {
             return;
         }
     };
+    // A restarted peer (new instance) makes its predecessor's inbound statuses void.
+    shard.shared.inbound.hello(&peer, hello.instance);
     let to = shard.lane_shard(hello.lane);
     drop(served);
     if to == shard.id {
@@ -256,14 +258,14 @@ async fn step(
 }
 
 /// Record an inbound status (before the answer that follows can leave) and count it.
-fn record(shard: &Shard, peer: &str, r: &Record, joined: bool) {
+fn record(shard: &Shard, conn: &Served, r: &Record, joined: bool) {
     if joined {
         trace::mark(r.uid, trace::stage::T_FINISH);
     }
     shard
         .shared
         .inbound
-        .record(peer, r.uid, status_of(r.code), &r.msg);
+        .record(&conn.peer, conn.instance, r.uid, status_of(r.code), &r.msg);
     let mut st = shard.stats.borrow_mut();
     st.inbound_transfers += 1;
     if joined {
@@ -280,7 +282,7 @@ async fn respond(
     r: Response,
 ) -> Result<bool, ConnError> {
     if let Some(rec) = &r.record {
-        record(shard, &conn.peer, rec, r.joined);
+        record(shard, conn, rec, r.joined);
     }
     match r.reply {
         Some(f) => {
@@ -363,7 +365,7 @@ async fn read(
             let (code, msg) = (refusal.code, refusal.msg.to_string());
             let (rec, frame) = conn.read_reply(chunk, final_, code, msg.clone());
             if let Some(rec) = rec {
-                record(shard, &conn.peer, &rec, false);
+                record(shard, conn, &rec, false);
             }
             writer.push(&frame, &[]).await?;
             return Ok((code, msg));
@@ -385,7 +387,7 @@ async fn read(
     // already exists. A failed send aborts the connection and the initiator fails too.
     let (rec, frame) = conn.read_reply(chunk, final_, codes::SUCCESS, String::new());
     if let Some(rec) = rec {
-        record(shard, &conn.peer, &rec, false);
+        record(shard, conn, &rec, false);
     }
     let sent: u64 = slices.iter().map(|p| p.len() as u64).sum();
     writer.push(&frame, &slices).await?;
@@ -405,7 +407,7 @@ async fn read_from_device(
     // As for host memory: recorded before the bytes leave.
     let (rec, frame) = conn.read_reply(chunk, final_, codes::SUCCESS, String::new());
     if let Some(rec) = rec {
-        record(shard, &conn.peer, &rec, false);
+        record(shard, conn, &rec, false);
     }
     let spans: Vec<(u64, u64)> = chunk.segs.iter().map(|s| (s.off, s.len)).collect();
     let bytes = chunk.bytes();
@@ -421,10 +423,13 @@ async fn read_from_device(
             let msg = format!("staging copy from GPU memory failed: {e}");
             let (rec, frame) = conn.read_reply(chunk, final_, code, msg.clone());
             if let Some(rec) = rec {
-                shard
-                    .shared
-                    .inbound
-                    .record(&conn.peer, rec.uid, status_of(rec.code), &rec.msg);
+                shard.shared.inbound.record(
+                    &conn.peer,
+                    conn.instance,
+                    rec.uid,
+                    status_of(rec.code),
+                    &rec.msg,
+                );
             }
             writer.push(&frame, &[]).await?;
             Ok((code, msg))
