@@ -19,6 +19,7 @@
 
 mod busy;
 mod pool;
+pub mod preflight;
 pub mod rt;
 
 pub use pool::{Mesh, PoolConfig, ShardCtx, ShardError, ShardId, ShardPool};

@@ -52,6 +52,9 @@ pub enum ShardError {
     /// The config asked for no shards at all.
     #[error("a shard pool needs at least one shard")]
     NoShards,
+    /// The host cannot run shards ([`crate::preflight`]): the message says what to change.
+    #[error(transparent)]
+    Host(#[from] crate::preflight::Preflight),
     /// An executor failed to start (bad CPU, memlock limit, io_uring unavailable, ...).
     #[error("shard {shard} failed to start: {reason}")]
     Start {
@@ -162,6 +165,7 @@ impl<M: Send + 'static> ShardPool<M> {
         if n == 0 {
             return Err(ShardError::NoShards);
         }
+        crate::preflight::check()?;
         let (senders, receivers): (Vec<_>, Vec<_>) =
             (0..n).map(|_| async_channel::unbounded::<M>()).unzip();
         let mesh = Mesh {

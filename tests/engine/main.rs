@@ -8,6 +8,7 @@ mod common;
 mod concurrency;
 mod failures;
 mod gpu;
+mod host;
 mod in_process;
 mod mori_cases;
 mod sizes;
