@@ -6,6 +6,11 @@
 #
 # usage: verify.sh (--pid PID | --name NAME) [--shards-only] [--plan-json FILE | --plan]
 #                  [plan options]
+#        verify.sh --host [--morio PATH]
+#
+# --host checks this host or container instead (`morio check`): io_uring allowed (container
+# runtimes' default seccomp profiles block it: use deploy/seccomp-morio.json) and the
+# locked-memory limit; exit status 1, with what to change, if either is missing.
 #
 # Output, one line per thread, then a summary line starting with '#':
 #   TID      NAME             CPU  ALLOWED        PLANNED  STATUS
@@ -37,6 +42,7 @@ PID=""
 NAME=""
 SHARDS_ONLY=0
 WANT_PLAN=0
+WANT_HOST=0
 
 while (($#)); do
 	if [[ $1 == --*=* ]]; then
@@ -66,6 +72,10 @@ while (($#)); do
 		WANT_PLAN=1
 		shift
 		;;
+	--host)
+		WANT_HOST=1
+		shift
+		;;
 	*)
 		if is_plan_opt "$1"; then
 			need_value "$@"
@@ -78,6 +88,10 @@ while (($#)); do
 	esac
 done
 
+if ((WANT_HOST)); then
+	morio=$(find_morio) || die "morio not found: pass --morio PATH, set MORIO or put morio on PATH"
+	exec "$morio" check
+fi
 [[ -z $PID || -z $NAME ]] || usage_error "give --pid or --name, not both"
 if [[ -z $PID ]]; then
 	NAME=${NAME:-morio}

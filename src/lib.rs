@@ -30,6 +30,7 @@ mod desc;
 mod engine;
 mod error;
 pub mod gpu;
+mod host;
 mod inbound_status;
 pub mod placement;
 #[cfg(feature = "testing")]
@@ -58,6 +59,7 @@ pub use desc::{
 };
 pub use engine::{IoEngine, RegisterOptions, RegisteredBuffer};
 pub use error::EngineError;
+pub use host::check_host;
 pub use session::IoEngineSession;
 pub use stats::{EngineStats, ShardStats};
 pub use status::{wait_all, StatusCode, TransferStatus};

@@ -40,6 +40,9 @@ enum Cmd {
     Ctl(serve::CtlArgs),
     /// The machine's CPUs, NUMA nodes, NICs and GPUs, and a NUMA-aware placement plan.
     Topology(topology::Args),
+    /// Check that this host or container can run engines (io_uring, locked memory); exit 1
+    /// with what to change if not.
+    Check,
 }
 
 fn main() -> anyhow::Result<ExitCode> {
@@ -50,5 +53,15 @@ fn main() -> anyhow::Result<ExitCode> {
         Cmd::Serve(a) => serve::run(a).map(|()| ExitCode::SUCCESS),
         Cmd::Ctl(a) => serve::ctl(a).map(|()| ExitCode::SUCCESS),
         Cmd::Topology(a) => topology::run(a).map(|()| ExitCode::SUCCESS),
+        Cmd::Check => Ok(match morio::check_host() {
+            Ok(()) => {
+                println!("ok: io_uring is available and the locked-memory limit is enough");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("morio check: {e}");
+                ExitCode::FAILURE
+            }
+        }),
     }
 }
