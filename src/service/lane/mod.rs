@@ -148,6 +148,21 @@ fn die(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: &str) {
         // point; closing it wakes the reader.
         c.close();
     }
+    let failed = hit.len();
+    if failed > 0 {
+        let uids: Vec<u64> = hit.iter().take(8).map(|t| t.uid).collect();
+        let more = if failed > uids.len() { ", ..." } else { "" };
+        let what = format!(
+            "engine {}: lane {} to {} ({}) lost: {msg}; {failed} transfers failed (uids \
+             {uids:?}{more})",
+            shard.shared.key, lane.lane, lane.peer.key, lane.peer.addr
+        );
+        if shard.closing.get() {
+            log::debug!("{what}");
+        } else {
+            log::warn!("{what}");
+        }
+    }
     let msg = format!("connection to {} lost: {msg}", lane.peer.key);
     for to in hit {
         let report = Report::Lost { msg: msg.clone() };
