@@ -271,6 +271,10 @@ class IOEngine:
     def shard_cpus(self) -> list[Optional[int]]: ...
     def stats(self) -> list[dict[str, int]]: ...
 
+def check_host() -> None:
+    """Raise RuntimeError saying what to change if this host cannot run engines."""
+    ...
+
 def set_log_level(level: str) -> None:
     """trace, debug, info, warning, error, critical or off (env MORIO_LOG_LEVEL sets it at import)."""
 def set_wait_spin_us(us: int) -> None:

@@ -27,6 +27,13 @@ fn set_wait_spin_us(us: u64) {
     morio::status::set_wait_spin(Duration::from_micros(us));
 }
 
+/// morio: check that this host or container can run engines (io_uring allowed, enough
+/// locked memory); raises `RuntimeError` saying what to change if not.
+#[pyfunction]
+fn check_host() -> PyResult<()> {
+    morio::check_host().map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))
+}
+
 /// MORI's FABRIC allocator: morio implements TCP only, so this raises NotImplementedError.
 #[pyfunction]
 #[pyo3(signature = (size, device))]
@@ -69,6 +76,7 @@ fn _morio(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<session::PyIoEngineSession>()?;
     m.add_function(wrap_pyfunction!(log::set_log_level, m)?)?;
     m.add_function(wrap_pyfunction!(set_wait_spin_us, m)?)?;
+    m.add_function(wrap_pyfunction!(check_host, m)?)?;
     m.add_function(wrap_pyfunction!(fabric_alloc, m)?)?;
     m.add_function(wrap_pyfunction!(fabric_free, m)?)?;
     m.add_function(wrap_pyfunction!(engine::_shutdown_all, m)?)?;

@@ -64,3 +64,16 @@ def test_limits_are_keywords_and_properties():
     assert (d.max_handshakes, d.max_connections, d.max_connections_per_peer) == (128, 1024, 64)
     with pytest.raises(ValueError):
         TcpBackendConfig(max_connections=0)
+
+
+def test_check_host_passes_here_and_says_what_to_change_elsewhere():
+    import subprocess
+    import sys
+
+    import morio
+
+    morio.check_host()  # the test machines run io_uring with enough locked memory
+    code = "import morio\ntry:\n    morio.check_host()\nexcept RuntimeError as e:\n    print(e)\n"
+    r = subprocess.run(["sh", "-c", f'ulimit -l 128 && exec "{sys.executable}" -c "$0"', code],
+                       capture_output=True, text=True, timeout=60)
+    assert "ulimit -l unlimited" in r.stdout, (r.stdout, r.stderr)
