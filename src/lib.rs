@@ -31,6 +31,7 @@ mod engine;
 mod error;
 pub mod gpu;
 mod inbound_status;
+mod metrics;
 pub mod placement;
 #[cfg(feature = "testing")]
 #[doc(hidden)]
@@ -58,6 +59,7 @@ pub use desc::{
 };
 pub use engine::{IoEngine, RegisterOptions, RegisteredBuffer};
 pub use error::EngineError;
+pub use metrics::METRICS_CONTENT_TYPE;
 pub use session::IoEngineSession;
 pub use stats::{EngineStats, ShardStats};
 pub use status::{wait_all, StatusCode, TransferStatus};
