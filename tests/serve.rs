@@ -452,6 +452,24 @@ size = "1MiB"
     let stats = get(addr, "/stats", &[proof(addr, "/stats", secret)]);
     assert_eq!(stats.status, 200);
     assert!(stats.text().contains("auth-node"));
+    // The documented curl recipe (ARCHITECTURE.md), where curl and openssl are installed.
+    let tools = Command::new("sh")
+        .args(["-c", "command -v curl && command -v openssl"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if tools {
+        let recipe = r#"n=$(curl -s $A/nonce)
+p=$(printf 'morio control\0%sGET/stats' "$n" | openssl dgst -sha256 -hmac "$(cat $S)" -r | cut -c1-64)
+curl -s -H "Authorization: Morio-HMAC nonce=$n, proof=$p" $A/stats"#;
+        let o = Command::new("bash")
+            .args(["-c", recipe])
+            .env("A", addr.to_string())
+            .env("S", dir.join("secret"))
+            .output()
+            .unwrap();
+        let body = String::from_utf8_lossy(&o.stdout);
+        assert!(body.contains("\"engine\": \"auth-node\""), "{body}");
+    }
     // `morio ctl` proves the secret from its file, and gets nothing without it.
     let secret_file = dir.join("secret").display().to_string();
     let (ok, o) = ctl(addr, &["descriptors", "--secret-file", &secret_file]);
