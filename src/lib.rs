@@ -32,6 +32,7 @@ mod error;
 pub mod gpu;
 mod host;
 mod inbound_status;
+mod metrics;
 pub mod placement;
 #[cfg(feature = "testing")]
 #[doc(hidden)]
@@ -60,6 +61,7 @@ pub use desc::{
 pub use engine::{IoEngine, RegisterOptions, RegisteredBuffer};
 pub use error::EngineError;
 pub use host::check_host;
+pub use metrics::METRICS_CONTENT_TYPE;
 pub use session::IoEngineSession;
 pub use stats::{EngineStats, ShardStats};
 pub use status::{wait_all, StatusCode, TransferStatus};

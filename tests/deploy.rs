@@ -1046,6 +1046,8 @@ fn daemonset_is_guaranteed_qos_with_ipc_lock() {
         "nodeSelector:",
         "morio.toml: |",
         "/opt/morio/deploy/launch.sh",
+        "path: /healthz",
+        "prometheus.io/path: /metrics",
     ] {
         assert!(y.contains(want), "daemonset.yaml lacks {want}");
     }

@@ -1,6 +1,9 @@
-//! `morio serve` end to end: start the binary, fetch its descriptors from the control port,
-//! move verified bytes into and out of its memory, read its stats, stop it with SIGTERM.
+//! `morio serve` end to end: start the binary, fetch its descriptors from the HTTP control
+//! port (msgpack and JSON), move verified bytes into and out of its memory, read its stats,
+//! metrics (parsed as Prometheus text) and health, ask through `morio ctl`, survive a flood
+//! of silent connections, require proofs with a secret, stop it with SIGTERM.
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
@@ -23,39 +26,111 @@ struct NamedDesc {
     desc: Vec<u8>,
 }
 
-fn ask(addr: SocketAddr, what: &str) -> Vec<u8> {
-    ask_as(addr, what, None)
+/// An HTTP reply: status, head (lower-cased) and body.
+struct Reply {
+    status: u16,
+    head: String,
+    body: Vec<u8>,
 }
 
-/// A control request, with the proof of `secret` when given (the service's nonce first).
-fn ask_as(addr: SocketAddr, what: &str, secret: Option<&[u8]>) -> Vec<u8> {
-    use hmac::Mac;
+impl Reply {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// `GET target` with extra header lines, over a plain socket (written here, independent of
+/// the command's own client), reading to the end (the service closes every connection).
+fn get(addr: SocketAddr, target: &str, headers: &[String]) -> Reply {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut nonce = [0u8; 16];
-    s.read_exact(&mut nonce).unwrap();
-    let line = match secret {
-        Some(k) => {
-            let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(k).unwrap();
-            mac.update(b"morio control\0");
-            mac.update(&nonce);
-            mac.update(what.as_bytes());
-            let p: String = mac
-                .finalize()
-                .into_bytes()
-                .iter()
-                .map(|x| format!("{x:02x}"))
-                .collect();
-            format!("{what} {p}\n")
-        }
-        None => format!("{what}\n"),
-    };
-    s.write_all(line.as_bytes()).unwrap();
-    let mut len = [0u8; 4];
-    s.read_exact(&mut len).unwrap();
-    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
-    s.read_exact(&mut body).unwrap();
-    body
+    let mut req = format!("GET {target} HTTP/1.1\r\nHost: {addr}\r\n");
+    for h in headers {
+        req.push_str(&format!("{h}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let at = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no head in {:?}", String::from_utf8_lossy(&raw)));
+    let head = String::from_utf8(raw[..at].to_vec())
+        .unwrap()
+        .to_lowercase();
+    let status = head
+        .strip_prefix("http/1.1 ")
+        .and_then(|r| r.get(..3))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line in {head:?}"));
+    Reply {
+        status,
+        head,
+        body: raw[at + 4..].to_vec(),
+    }
+}
+
+/// The `Authorization` header proving `secret` for `GET path`, with a fresh nonce.
+fn proof(addr: SocketAddr, path: &str, secret: &[u8]) -> String {
+    use hmac::Mac;
+    let n = get(addr, "/nonce", &[]);
+    assert_eq!(n.status, 200);
+    let nonce = n.text().trim().to_string();
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret).unwrap();
+    mac.update(b"morio control\0");
+    mac.update(nonce.as_bytes());
+    mac.update(b"GET");
+    mac.update(path.as_bytes());
+    let p: String = mac
+        .finalize()
+        .into_bytes()
+        .iter()
+        .map(|x| format!("{x:02x}"))
+        .collect();
+    format!("Authorization: Morio-HMAC nonce={nonce}, proof={p}")
+}
+
+/// Every sample of a Prometheus exposition, summed over shards, by metric name (histograms:
+/// their count, as `NAME_count`, comes in as an untyped sample).
+fn metrics(text: &str) -> HashMap<String, f64> {
+    let s = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap();
+    let mut out = HashMap::new();
+    for x in s.samples {
+        let v = match x.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            prometheus_parse::Value::Histogram(_) => 0.0,
+            _ => continue,
+        };
+        *out.entry(x.metric).or_insert(0.0) += v;
+    }
+    out
+}
+
+fn control_addr(out: &mut impl BufRead) -> SocketAddr {
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    first
+        .strip_prefix("MORIO_SERVE_CONTROL ")
+        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// `morio ctl --connect localhost:PORT ARGS...`: its exit status and stdout.
+fn ctl(addr: SocketAddr, args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_morio"))
+        .args(["ctl", "--connect", &format!("localhost:{}", addr.port())])
+        .args(args)
+        .env_remove(morio::AUTH_SECRET_ENV)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let err = String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), format!("{text}{err}"))
 }
 
 #[test]
@@ -95,16 +170,18 @@ size = 4096
         .spawn()
         .unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut first = String::new();
-    out.read_line(&mut first).unwrap();
-    let addr: SocketAddr = first
-        .strip_prefix("MORIO_SERVE_CONTROL ")
-        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
-        .trim()
-        .parse()
-        .unwrap();
+    let addr = control_addr(&mut out);
 
-    let d: Descriptors = rmp_serde::from_slice(&ask(addr, "descriptors")).unwrap();
+    let h = get(addr, "/healthz", &[]);
+    assert_eq!((h.status, h.text()), (200, "ok\n".to_string()));
+    let packed = get(
+        addr,
+        "/descriptors",
+        &["Accept: application/msgpack".into()],
+    );
+    assert_eq!(packed.status, 200);
+    assert!(packed.head.contains("content-type: application/msgpack"));
+    let d: Descriptors = rmp_serde::from_slice(&packed.body).unwrap();
     let node = EngineDesc::unpack(&d.engine).unwrap();
     assert_eq!(node.key, "serve-node");
     assert!(node.port > 0);
@@ -112,6 +189,24 @@ size = 4096
     assert_eq!(names, ["kv", "aux"]);
     let kv = MemoryDesc::unpack(&d.memory[0].desc).unwrap();
     assert_eq!(kv.size, 8 << 20);
+    // The same as JSON, the packed bytes in hex.
+    let j = get(addr, "/descriptors", &[]);
+    assert!(
+        j.head.contains("content-type: application/json"),
+        "{}",
+        j.head
+    );
+    let j: serde_json::Value = serde_json::from_slice(&j.body).unwrap();
+    assert_eq!(j["engine"]["key"], "serve-node");
+    assert_eq!(j["engine"]["port"], node.port);
+    assert_eq!(j["memory"]["aux"]["size"], 4096);
+    assert_eq!(j["memory"]["kv"]["id"], kv.id);
+    let hex: String = d.memory[0]
+        .desc
+        .iter()
+        .map(|x| format!("{x:02x}"))
+        .collect();
+    assert_eq!(j["memory"]["kv"]["packed"], hex);
 
     let me = IoEngine::new("serve-client", IoEngineConfig::new("127.0.0.1", 0)).unwrap();
     me.create_backend(TcpBackendConfig {
@@ -144,14 +239,76 @@ size = 4096
         "bytes read back from the node differ"
     );
 
-    let stats: serde_json::Value = serde_json::from_slice(&ask(addr, "stats")).unwrap();
+    let stats: serde_json::Value = serde_json::from_slice(&get(addr, "/stats", &[]).body).unwrap();
     assert_eq!(stats["engine"], "serve-node");
     assert_eq!(stats["total"]["inbound_bytes_written"], n as u64, "{stats}");
     assert_eq!(stats["total"]["inbound_bytes_read"], n as u64, "{stats}");
     assert_eq!(stats["total"]["inbound_transfers"], 2, "{stats}");
     assert_eq!(stats["shards"].as_array().map(Vec::len), Some(2));
-    let bad = String::from_utf8(ask(addr, "bogus")).unwrap();
-    assert!(bad.starts_with("error: "), "{bad}");
+    assert_eq!(get(addr, "/bogus", &[]).status, 404);
+
+    let m = get(addr, "/metrics", &[]);
+    assert_eq!(m.status, 200);
+    assert!(
+        m.head.contains("content-type: text/plain; version=0.0.4"),
+        "{}",
+        m.head
+    );
+    let text = m.text();
+    let v = metrics(&text);
+    let at = |name: &str| {
+        *v.get(name)
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+    };
+    assert_eq!(at("morio_backend_up"), 1.0);
+    assert_eq!(at("morio_shards"), 2.0);
+    assert_eq!(at("morio_inbound_written_bytes_total"), n as f64);
+    assert_eq!(at("morio_inbound_read_bytes_total"), n as f64);
+    assert_eq!(at("morio_inbound_transfers_total"), 2.0);
+    // The node started no transfer: its outbound series are there, and zero.
+    assert_eq!(at("morio_outbound_transfers_total"), 0.0);
+    assert_eq!(at("morio_outbound_latency_seconds_count"), 0.0);
+    assert!(v.contains_key("morio_outbound_latency_seconds"), "{text}");
+    assert!(
+        !text.contains("serve-node"),
+        "the engine key in open metrics"
+    );
+
+    // `morio ctl`, given a host name.
+    let (ok, out_ctl) = ctl(addr, &["metrics"]);
+    assert!(
+        ok && out_ctl.contains("morio_inbound_transfers_total"),
+        "{out_ctl}"
+    );
+    let (ok, out_ctl) = ctl(addr, &["descriptors"]);
+    assert!(ok && out_ctl.contains("memory \"kv\""), "{out_ctl}");
+    let (ok, out_ctl) = ctl(addr, &["healthz"]);
+    assert!(ok && out_ctl.trim() == "ok", "{out_ctl}");
+
+    // A flood of silent connections: the service closes what it cannot hold and answers
+    // again once their head deadline passed.
+    let flood: Vec<TcpStream> = (0..150)
+        .filter_map(|_| TcpStream::connect(addr).ok())
+        .collect();
+    let t0 = Instant::now();
+    loop {
+        let ok = TcpStream::connect(addr).is_ok_and(|mut s| {
+            let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+            let mut r = String::new();
+            s.write_all(b"GET /healthz HTTP/1.1\r\n\r\n").is_ok()
+                && s.read_to_string(&mut r).is_ok()
+                && r.starts_with("HTTP/1.1 200 ")
+        });
+        if ok {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no answer after the flood"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(flood);
 
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
@@ -261,20 +418,65 @@ size = "1MiB"
         .spawn()
         .unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut first = String::new();
-    out.read_line(&mut first).unwrap();
-    let addr: SocketAddr = first
-        .strip_prefix("MORIO_SERVE_CONTROL ")
-        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
-        .trim()
-        .parse()
-        .unwrap();
-    // Without the secret, the control service hands out nothing.
-    let refused = String::from_utf8(ask(addr, "descriptors")).unwrap();
-    assert_eq!(refused, "error: authentication required");
-    let refused = String::from_utf8(ask(addr, "stats")).unwrap();
-    assert_eq!(refused, "error: authentication required");
-    let d: Descriptors = rmp_serde::from_slice(&ask_as(addr, "descriptors", Some(secret))).unwrap();
+    let addr = control_addr(&mut out);
+    // Without the secret, the control service hands out nothing: 401 and one fixed line.
+    for path in ["/descriptors", "/stats", "/descriptors?format=msgpack"] {
+        let r = get(addr, path, &[]);
+        assert_eq!(r.status, 401, "{path}");
+        assert_eq!(r.text(), "authentication required\n");
+        assert!(!r.head.contains("auth-node"));
+    }
+    let wrong = proof(addr, "/descriptors", b"not the node's secret, long");
+    assert_eq!(get(addr, "/descriptors", &[wrong]).status, 401);
+    // A proof for one path does not open another.
+    let for_stats = proof(addr, "/stats", secret);
+    assert_eq!(get(addr, "/descriptors", &[for_stats]).status, 401);
+    // Open: health and metrics, which name neither the engine nor its memory.
+    assert_eq!(get(addr, "/healthz", &[]).status, 200);
+    let m = get(addr, "/metrics", &[]).text();
+    assert!(m.contains("morio_backend_up 1"), "{m}");
+    assert!(!m.contains("auth-node") && !m.contains("kv"), "{m}");
+    // With a proof: 200, once.
+    let good = proof(addr, "/descriptors", secret);
+    let r = get(
+        addr,
+        "/descriptors?format=msgpack",
+        std::slice::from_ref(&good),
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        get(addr, "/descriptors", &[good]).status,
+        401,
+        "a replayed nonce"
+    );
+    let stats = get(addr, "/stats", &[proof(addr, "/stats", secret)]);
+    assert_eq!(stats.status, 200);
+    assert!(stats.text().contains("auth-node"));
+    // The documented curl recipe (ARCHITECTURE.md), where curl and openssl are installed.
+    let tools = Command::new("sh")
+        .args(["-c", "command -v curl && command -v openssl"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if tools {
+        let recipe = r#"n=$(curl -s $A/nonce)
+p=$(printf 'morio control\0%sGET/stats' "$n" | openssl dgst -sha256 -hmac "$(cat $S)" -r | cut -c1-64)
+curl -s -H "Authorization: Morio-HMAC nonce=$n, proof=$p" $A/stats"#;
+        let o = Command::new("bash")
+            .args(["-c", recipe])
+            .env("A", addr.to_string())
+            .env("S", dir.join("secret"))
+            .output()
+            .unwrap();
+        let body = String::from_utf8_lossy(&o.stdout);
+        assert!(body.contains("\"engine\": \"auth-node\""), "{body}");
+    }
+    // `morio ctl` proves the secret from its file, and gets nothing without it.
+    let secret_file = dir.join("secret").display().to_string();
+    let (ok, o) = ctl(addr, &["descriptors", "--secret-file", &secret_file]);
+    assert!(ok && o.contains("memory \"kv\""), "{o}");
+    let (ok, o) = ctl(addr, &["stats"]);
+    assert!(!ok && o.contains("401"), "{o}");
+    let d: Descriptors = rmp_serde::from_slice(&r.body).unwrap();
     let node = EngineDesc::unpack(&d.engine).unwrap();
     let kv = MemoryDesc::unpack(&d.memory[0].desc).unwrap();
     let client = |key: &str, secret: Option<&[u8]>| {

@@ -673,6 +673,14 @@ impl PyIoEngine {
         Ok(out)
     }
 
+    /// morio: the engine's statistics in the Prometheus text exposition format (version
+    /// 0.0.4), for a `/metrics` endpoint of the embedding application (only
+    /// `morio_backend_up 0` before `create_backend`).
+    fn metrics(&self, py: Python<'_>) -> PyResult<String> {
+        let engine = self.engine()?;
+        Ok(py.detach(|| engine.metrics_text()))
+    }
+
     fn __repr__(&self) -> String {
         match self.engine() {
             Ok(e) => format!("IOEngine(key={:?}, shards={})", e.key(), e.n_shards()),

@@ -53,5 +53,10 @@ def test_default_num_shards_bounds(engines, conns):
 def test_num_shards_explicit_and_before_backend(engines):
     e = engines.engine("emb_n0", backend=False)
     assert (e.num_shards(), e.shard_cpus(), e.stats()) == (0, [], [])
+    assert "morio_backend_up 0" in e.metrics()
     e.create_backend(BackendType.TCP, small_config(num_shards=1, pin_shards=False))
     assert e.num_shards() == 1 and e.shard_cpus() == [None]
+    text = e.metrics()
+    assert "morio_backend_up 1" in text and "morio_shards 1" in text
+    assert 'morio_outbound_transfers_total{shard="0"} 0' in text
+    assert "# TYPE morio_outbound_latency_seconds histogram" in text

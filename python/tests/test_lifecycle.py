@@ -76,6 +76,7 @@ def _closed_calls(e, md, desc):
         "num_shards": lambda: e.num_shards(),
         "shard_cpus": lambda: e.shard_cpus(),
         "stats": lambda: e.stats(),
+        "metrics": lambda: e.metrics(),
     }
 
 

@@ -34,9 +34,10 @@ enum Cmd {
     /// with latency percentiles, per-row validation and the raw-TCP ceiling.
     Bench(Box<bench::Args>),
     /// A long-running transfer node: registers memory from a TOML config, serves peers,
-    /// hands out descriptors and stats on its control port, stops cleanly on SIGTERM.
+    /// hands out descriptors, stats and metrics over HTTP on its control port, stops cleanly
+    /// on SIGTERM.
     Serve(serve::Args),
-    /// Ask a running `morio serve` for its stats or descriptors.
+    /// Ask a running `morio serve` (over HTTP) for its stats, descriptors, metrics or health.
     Ctl(serve::CtlArgs),
     /// The machine's CPUs, NUMA nodes, NICs and GPUs, and a NUMA-aware placement plan.
     Topology(topology::Args),

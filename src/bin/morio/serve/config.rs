@@ -50,11 +50,13 @@ spin_us = 0
 # A file holding the deployment secret (at least 16 bytes; a trailing newline is ignored)
 # that every engine allowed to reach this node shares. Without it (and without the
 # MORIO_AUTH_SECRET environment variable), any peer that reaches the data port can read and
-# write this node's memory.
+# write this node's memory, and anyone who reaches the control port gets its descriptors.
 # secret_file = "/etc/morio/secret"
 
 [control]
-# Where initiators fetch descriptors and operators read stats (host:port; port 0: ephemeral).
+# The HTTP control service (host:port; port 0: ephemeral): GET /descriptors and /stats
+# (with a deployment secret, only with a Morio-HMAC proof), /metrics (Prometheus) and
+# /healthz (open), /nonce.
 listen = "127.0.0.1:7070"
 
 [stats]

@@ -1,40 +1,44 @@
-//! The control service of `morio serve`: initiators fetch descriptors and operators read stats
-//! over a tiny request/response protocol, and `morio ctl` is its client.
+//! The control service of `morio serve`: HTTP on `[control] listen` ([`super::http`]), where
+//! initiators fetch descriptors, operators read stats, Prometheus scrapes metrics and
+//! orchestrators check health; [`Client`] is `morio ctl`'s side.
 //!
-//! On connect the service sends a 16-byte nonce. The client sends one request line: the word,
-//! and, when the node has a deployment secret, a space and the hex HMAC-SHA-256 of
-//! `"morio control\0" ‖ nonce ‖ word` keyed with the secret. The reply is a u32 big-endian
-//! length and the body. A node with a secret answers a request without a valid proof with
-//! `error: authentication required` and nothing else. Requests are served by a fixed pool
-//! of threads from a bounded queue: a connection that finds the queue full is closed at once,
-//! so a flood delays the service but cannot exhaust the node's threads or stop it.
+//! | endpoint | reply | proof needed with a secret |
+//! |---|---|---|
+//! | `GET /healthz` | 200 `ok` while the backend runs (503 otherwise) | no |
+//! | `GET /metrics` | the Prometheus text exposition ([`morio::IoEngine::metrics_text`]) | no |
+//! | `GET /nonce` | a fresh single-use nonce for a proof ([`super::auth`]) | no |
+//! | `GET /descriptors` | JSON, or msgpack with `?format=msgpack` or `Accept: application/msgpack` | yes |
+//! | `GET /stats` | JSON: per-shard and total counters, latency percentiles | yes |
+//!
+//! Descriptors carry regions' access keys, and stats the engine's key, so with a deployment
+//! secret they need a proof ([`super::auth`]); a request without one gets 401 and a body that
+//! says only that. The open endpoints name no key, region, peer or address.
+//!
+//! Descriptors as JSON: `{"engine": {"key", "node_id", "hostname", "host", "port", "pid",
+//! "packed"}, "memory": {NAME: {"id", "size", "loc", "device_id", "packed"}}}`, where
+//! `packed` is the msgpack descriptor (`EngineDesc::pack`, `MemoryDesc::pack`) in lower-case
+//! hex (Python: `EngineDesc.unpack(bytes.fromhex(d["engine"]["packed"]))`). As msgpack
+//! (`application/msgpack`): [`Descriptors`], a map of `engine` (packed bytes) and `memory` (a
+//! list of `{name, desc}` in configuration order).
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::net::SocketAddr;
+use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use hmac::{Hmac, Mac};
+use morio::{AuthSecret, EngineDesc, IoEngine, MemoryDesc};
 use serde::{Deserialize, Serialize};
-use sha2::Sha256;
+use serde_json::json;
 
-/// Largest request line accepted (a word, a space and a 64-digit proof).
-const MAX_REQUEST_BYTES: u64 = 128;
-/// Largest reply a client accepts.
-const MAX_REPLY_BYTES: u32 = 16 << 20;
-/// Threads that serve requests.
-const WORKERS: usize = 8;
-/// Connections waiting for a worker; more are closed at once.
-const QUEUE: usize = 32;
-/// How long one client may take to send its request.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
-/// The nonce the service sends on connect.
-const NONCE_BYTES: usize = 16;
+use super::auth::{self, Nonces};
+use super::http::{self, Handler, Reply, Request, Response};
 
-/// What `descriptors` returns: the packed `EngineDesc` and every region's packed `MemoryDesc`
-/// by name (msgpack map).
+/// The msgpack content type of packed descriptors (`application/x-msgpack` and
+/// `application/vnd.msgpack` are understood in `Accept` too).
+pub const MSGPACK: &str = "application/msgpack";
+const JSON: &str = "application/json";
+
+/// What `/descriptors` returns as msgpack: the packed `EngineDesc` and every region's packed
+/// `MemoryDesc` by name.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct Descriptors {
     #[serde(with = "serde_bytes")]
@@ -50,246 +54,321 @@ pub struct NamedDesc {
     pub desc: Vec<u8>,
 }
 
-/// Maps a request word to its reply body.
-pub type Answer = Arc<dyn Fn(&str) -> anyhow::Result<Vec<u8>> + Send + Sync>;
-
-/// The proof of a request `word` on a connection that sent `nonce`.
-fn proof(secret: &[u8], nonce: &[u8], word: &str) -> Hmac<Sha256> {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret).unwrap_or_else(|_| unreachable!());
-    mac.update(b"morio control\0");
-    mac.update(nonce);
-    mac.update(word.as_bytes());
-    mac
+/// The node the service answers for.
+struct Node {
+    engine: Arc<IoEngine>,
+    secret: Option<AuthSecret>,
+    nonces: Nonces,
+    packed: Vec<u8>,
+    json: Vec<u8>,
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
-        return None;
+/// The descriptors as JSON (see the module's documentation).
+fn descriptors_json(d: &Descriptors) -> anyhow::Result<serde_json::Value> {
+    let e = EngineDesc::unpack(&d.engine)?;
+    let mut memory = serde_json::Map::new();
+    for m in &d.memory {
+        let md = MemoryDesc::unpack(&m.desc)?;
+        memory.insert(
+            m.name.clone(),
+            json!({
+                "id": md.id,
+                "size": md.size,
+                "loc": md.loc.to_string(),
+                "device_id": md.device_id,
+                "packed": auth::hex(&m.desc),
+            }),
+        );
     }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
+    Ok(json!({
+        "engine": {
+            "key": e.key,
+            "node_id": e.node_id,
+            "hostname": e.hostname,
+            "host": e.host,
+            "port": e.port,
+            "pid": e.pid,
+            "packed": auth::hex(&d.engine),
+        },
+        "memory": memory,
+    }))
 }
 
-/// Answers requests until `stop` is set: an accepting thread and [`WORKERS`] serving ones.
-pub fn serve(
-    listener: TcpListener,
-    stop: Arc<AtomicBool>,
-    secret: Option<morio::AuthSecret>,
-    answer: Answer,
-) -> anyhow::Result<std::thread::JoinHandle<()>> {
-    let (tx, rx) = mpsc::sync_channel::<TcpStream>(QUEUE);
-    let rx = Arc::new(Mutex::new(rx));
-    let mut workers = Vec::with_capacity(WORKERS);
-    for i in 0..WORKERS {
-        let (rx, answer, secret) = (rx.clone(), answer.clone(), secret.clone());
-        let w = std::thread::Builder::new()
-            .name(format!("morio-ctl-{i}"))
-            .spawn(move || loop {
-                let next = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
-                let Ok(s) = next else { return };
-                if let Err(e) = one(s, secret.as_ref(), &*answer) {
-                    log::debug!("control request failed: {e:#}");
-                }
-            })
-            .context("start the control service's threads")?;
-        workers.push(w);
+/// The service's handler for `engine` and its `descriptors`, requiring proofs of `secret`
+/// where given.
+pub fn handler(
+    engine: Arc<IoEngine>,
+    descriptors: &Descriptors,
+    secret: Option<AuthSecret>,
+) -> anyhow::Result<Handler> {
+    let node = Node {
+        engine,
+        secret,
+        nonces: Nonces::default(),
+        packed: rmp_serde::to_vec_named(descriptors)?,
+        json: serde_json::to_vec_pretty(&descriptors_json(descriptors)?)?,
+    };
+    Ok(Arc::new(move |r: &Request| route(&node, r)))
+}
+
+/// Packed or JSON: `?format=` first, then the first of our types `Accept` names; JSON by
+/// default. `None`: an unknown `format`.
+fn wants_msgpack(r: &Request) -> Option<bool> {
+    if let Some(f) = r.query_param("format") {
+        return match f {
+            "msgpack" => Some(true),
+            "json" => Some(false),
+            _ => None,
+        };
     }
-    let accept = std::thread::Builder::new()
-        .name("morio-ctl".into())
-        .spawn(move || {
-            let _ = listener.set_nonblocking(true);
-            let mut last_warn: Option<Instant> = None;
-            let mut warn = |msg: String| {
-                if last_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
-                    log::warn!("{msg}");
-                    last_warn = Some(Instant::now());
-                }
-            };
-            while !stop.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((s, peer)) => {
-                        if let Err(mpsc::TrySendError::Full(s)) = tx.try_send(s) {
-                            warn(format!(
-                                "control service busy: closing a connection from {peer}"
-                            ));
-                            drop(s);
-                        }
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        std::thread::sleep(Duration::from_millis(20));
-                    }
-                    Err(e) => {
-                        warn(format!("control accept: {e}"));
-                        std::thread::sleep(Duration::from_millis(100));
-                    }
-                }
-            }
-            drop(tx);
-            for w in workers {
-                let _ = w.join();
-            }
+    let accept = r.header("accept").unwrap_or("");
+    for t in accept.split(',') {
+        let t = t.split(';').next().unwrap_or("").trim();
+        if [MSGPACK, "application/x-msgpack", "application/vnd.msgpack"]
+            .iter()
+            .any(|m| t.eq_ignore_ascii_case(m))
+        {
+            return Some(true);
+        }
+        if t.eq_ignore_ascii_case(JSON) {
+            return Some(false);
+        }
+    }
+    Some(false)
+}
+
+fn route(n: &Node, r: &Request) -> Response {
+    const PATHS: [&str; 6] = [
+        "/",
+        "/healthz",
+        "/metrics",
+        "/nonce",
+        "/descriptors",
+        "/stats",
+    ];
+    if !PATHS.contains(&r.path.as_str()) {
+        return Response::text(404, "not found\n");
+    }
+    if r.method != "GET" {
+        return Response::text(405, "only GET\n").with("Allow", "GET");
+    }
+    let secret = n.secret.as_ref().map(AuthSecret::as_bytes);
+    let guarded = matches!(r.path.as_str(), "/descriptors" | "/stats");
+    if let (true, Some(k)) = (guarded, secret) {
+        if !auth::verify(k, &n.nonces, &r.method, &r.path, r.header("authorization")) {
+            return Response::text(401, "authentication required\n")
+                .with("WWW-Authenticate", auth::SCHEME);
+        }
+    }
+    match r.path.as_str() {
+        "/healthz" if n.engine.n_shards() > 0 => Response::text(200, "ok\n"),
+        "/healthz" => Response::text(503, "no backend\n"),
+        "/metrics" => Response::new(200, morio::METRICS_CONTENT_TYPE, n.engine.metrics_text()),
+        "/nonce" => {
+            Response::text(200, format!("{}\n", n.nonces.issue())).with("Cache-Control", "no-store")
+        }
+        "/descriptors" => match wants_msgpack(r) {
+            Some(true) => Response::new(200, MSGPACK, n.packed.clone()),
+            Some(false) => Response::new(200, JSON, n.json.clone()),
+            None => Response::text(400, "format is msgpack or json\n"),
+        }
+        .with("Cache-Control", "no-store"),
+        "/stats" => match serde_json::to_vec_pretty(&super::stats_json(&n.engine)) {
+            Ok(b) => Response::new(200, JSON, b).with("Cache-Control", "no-store"),
+            Err(e) => Response::text(500, format!("{e}\n")),
+        },
+        _ => Response::text(
+            200,
+            "morio serve control: /healthz /metrics /nonce /descriptors /stats\n",
+        ),
+    }
+}
+
+/// `morio ctl`'s connection to a node's control service.
+#[derive(Debug)]
+pub struct Client {
+    host: String,
+    addrs: Vec<SocketAddr>,
+    secret: Option<AuthSecret>,
+}
+
+impl Client {
+    /// A client of the service at `hostport` (`HOST:PORT`, a name or an address), proving
+    /// `secret` where given.
+    pub fn new(hostport: &str, secret: Option<AuthSecret>) -> anyhow::Result<Self> {
+        Ok(Self {
+            host: hostport.to_string(),
+            addrs: http::resolve(hostport)?,
+            secret,
         })
-        .context("start the control service")?;
-    Ok(accept)
-}
-
-fn one(
-    s: TcpStream,
-    secret: Option<&morio::AuthSecret>,
-    answer: &dyn Fn(&str) -> anyhow::Result<Vec<u8>>,
-) -> anyhow::Result<()> {
-    s.set_nonblocking(false)?;
-    s.set_read_timeout(Some(REQUEST_TIMEOUT))?;
-    s.set_write_timeout(Some(Duration::from_secs(5)))?;
-    let nonce: [u8; NONCE_BYTES] = rand::random();
-    (&s).write_all(&nonce)?;
-    let mut line = String::new();
-    BufReader::new((&s).take(MAX_REQUEST_BYTES)).read_line(&mut line)?;
-    let mut parts = line.split_whitespace();
-    let word = parts.next().unwrap_or("");
-    let authentic = match secret {
-        None => true,
-        Some(k) => parts
-            .next()
-            .and_then(unhex)
-            .is_some_and(|p| proof(k.as_bytes(), &nonce, word).verify_slice(&p).is_ok()),
-    };
-    let body = if !authentic {
-        b"error: authentication required".to_vec()
-    } else {
-        match answer(word) {
-            Ok(b) => b,
-            Err(e) => format!("error: {e:#}").into_bytes(),
-        }
-    };
-    let mut w = &s;
-    w.write_all(&(body.len() as u32).to_be_bytes())?;
-    w.write_all(&body)?;
-    Ok(())
-}
-
-/// Ask `addr` for `what` (proving `secret` when given) and return the reply body.
-pub fn query(
-    addr: SocketAddr,
-    what: &str,
-    secret: Option<&morio::AuthSecret>,
-) -> anyhow::Result<Vec<u8>> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-        .with_context(|| format!("connect to the control service at {addr}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let mut nonce = [0u8; NONCE_BYTES];
-    s.read_exact(&mut nonce)
-        .context("read the control service's nonce")?;
-    let line = match secret {
-        Some(k) => {
-            let p = proof(k.as_bytes(), &nonce, what).finalize().into_bytes();
-            format!("{what} {}\n", hex(&p))
-        }
-        None => format!("{what}\n"),
-    };
-    s.write_all(line.as_bytes())?;
-    let mut len = [0u8; 4];
-    s.read_exact(&mut len).context("read the reply length")?;
-    let len = u32::from_be_bytes(len);
-    if len > MAX_REPLY_BYTES {
-        bail!("reply of {len} bytes is larger than {MAX_REPLY_BYTES}");
     }
-    let mut body = vec![0u8; len as usize];
-    s.read_exact(&mut body).context("read the reply")?;
-    if body.starts_with(b"error: ") {
-        bail!("{}", String::from_utf8_lossy(&body));
+
+    /// `GET target` (a path, maybe with a query) with `headers`, proven when the client
+    /// holds a secret (a nonce fetched first).
+    pub fn get(&self, target: &str, headers: &[(&str, String)]) -> anyhow::Result<Reply> {
+        let mut hs = headers.to_vec();
+        if let Some(k) = &self.secret {
+            let n = ok(self.plain_get("/nonce", &[])?, "/nonce", &self.host)?;
+            let nonce = String::from_utf8_lossy(&n).trim().to_string();
+            let path = target.split('?').next().unwrap_or(target);
+            hs.push((
+                "Authorization",
+                auth::authorization(k.as_bytes(), &nonce, "GET", path),
+            ));
+        }
+        self.plain_get(target, &hs)
     }
-    Ok(body)
+
+    fn plain_get(&self, target: &str, headers: &[(&str, String)]) -> anyhow::Result<Reply> {
+        http::get(&self.addrs, &self.host, target, headers)
+            .with_context(|| format!("GET {target} from {}", self.host))
+    }
+
+    /// The body of `GET target`; an error unless the status is 200.
+    pub fn get_ok(&self, target: &str, headers: &[(&str, String)]) -> anyhow::Result<Vec<u8>> {
+        ok(self.get(target, headers)?, target, &self.host)
+    }
+
+    /// The node's descriptors (msgpack, decoded).
+    pub fn descriptors(&self) -> anyhow::Result<Descriptors> {
+        let body = self.get_ok("/descriptors", &[("Accept", MSGPACK.to_string())])?;
+        rmp_serde::from_slice(&body).context("decode descriptors")
+    }
 }
 
-/// Fetch and decode the descriptors of the node at `addr`.
-pub fn fetch_descriptors(
-    addr: SocketAddr,
-    secret: Option<&morio::AuthSecret>,
-) -> anyhow::Result<Descriptors> {
-    let body = query(addr, "descriptors", secret)?;
-    rmp_serde::from_slice(&body).context("decode descriptors")
+/// `r`'s body when it is a 200, else an error naming `target` at `host`.
+fn ok(r: Reply, target: &str, host: &str) -> anyhow::Result<Vec<u8>> {
+    if r.status != 200 {
+        bail!(
+            "GET {target} from {host}: {} {}",
+            r.status,
+            String::from_utf8_lossy(&r.body).trim()
+        );
+    }
+    Ok(r.body)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
     use super::*;
 
-    fn ping(
-        secret: Option<morio::AuthSecret>,
-    ) -> (SocketAddr, Arc<AtomicBool>, std::thread::JoinHandle<()>) {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    const K: &[u8] = b"control secret, long enough";
+
+    struct Up {
+        addr: SocketAddr,
+        stop: Arc<AtomicBool>,
+        h: std::thread::JoinHandle<()>,
+        _buf: morio::RegisteredBuffer,
+    }
+
+    impl Up {
+        fn down(self) {
+            self.stop.store(true, Ordering::Relaxed);
+            self.h.join().unwrap();
+        }
+    }
+
+    /// A service for an engine without a backend and one 4 KiB region.
+    fn up(secret: Option<&[u8]>) -> Up {
+        let e = IoEngine::new("ctl-test", morio::IoEngineConfig::new("127.0.0.1", 0)).unwrap();
+        let buf = e.alloc_buffer(4096).unwrap();
+        let d = Descriptors {
+            engine: e.engine_desc().pack(),
+            memory: vec![NamedDesc {
+                name: "kv".into(),
+                desc: buf.desc().pack(),
+            }],
+        };
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         let stop = Arc::new(AtomicBool::new(false));
-        let h = serve(
-            l,
-            stop.clone(),
-            secret,
-            Arc::new(|w: &str| match w {
-                "ping" => Ok(b"pong".to_vec()),
-                other => bail!("unknown request {other:?}"),
-            }),
-        )
-        .unwrap();
-        (addr, stop, h)
-    }
-
-    #[test]
-    fn request_reply_and_bad_requests() {
-        let (addr, stop, h) = ping(None);
-        assert_eq!(query(addr, "ping", None).unwrap(), b"pong");
-        let e = query(addr, "nope", None).unwrap_err();
-        assert!(format!("{e:#}").contains("unknown request"), "{e:#}");
-        // A request line longer than the limit is cut, answered as unknown, not buffered.
-        assert!(query(addr, &"x".repeat(10_000), None).is_err());
-        stop.store(true, Ordering::Relaxed);
-        h.join().unwrap();
-    }
-
-    #[test]
-    fn with_a_secret_only_proven_requests_are_answered() {
-        let k = morio::AuthSecret::new(b"control secret, long enough".to_vec());
-        let (addr, stop, h) = ping(Some(k.clone()));
-        assert_eq!(query(addr, "ping", Some(&k)).unwrap(), b"pong");
-        let e = query(addr, "ping", None).unwrap_err();
-        assert!(
-            format!("{e:#}").contains("authentication required"),
-            "{e:#}"
-        );
-        let wrong = morio::AuthSecret::new(b"another secret, long enough".to_vec());
-        assert!(query(addr, "ping", Some(&wrong)).is_err());
-        stop.store(true, Ordering::Relaxed);
-        h.join().unwrap();
-    }
-
-    /// Far more silent clients than workers and queue: the service closes what it cannot
-    /// hold, keeps its threads, and answers again once they are gone.
-    #[test]
-    fn a_flood_of_silent_clients_does_not_stop_the_service() {
-        let (addr, stop, h) = ping(None);
-        let flood: Vec<TcpStream> = (0..200)
-            .filter_map(|_| TcpStream::connect(addr).ok())
-            .collect();
-        assert!(flood.len() > WORKERS + QUEUE);
-        // The silent ones time out (REQUEST_TIMEOUT) or are closed at once; then it answers.
-        let t0 = Instant::now();
-        let mut ok = false;
-        while t0.elapsed() < Duration::from_secs(60) {
-            if query(addr, "ping", None).is_ok_and(|b| b == b"pong") {
-                ok = true;
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
+        let handler = handler(Arc::new(e), &d, secret.map(AuthSecret::new)).unwrap();
+        let h = http::serve(l, stop.clone(), handler).unwrap();
+        Up {
+            addr,
+            stop,
+            h,
+            _buf: buf,
         }
-        assert!(ok, "the service never answered again");
-        drop(flood);
-        stop.store(true, Ordering::Relaxed);
-        h.join().unwrap();
+    }
+
+    fn client(u: &Up, secret: Option<&[u8]>) -> Client {
+        Client::new(&u.addr.to_string(), secret.map(AuthSecret::new)).unwrap()
+    }
+
+    #[test]
+    fn endpoints_and_formats_without_a_secret() {
+        let u = up(None);
+        let c = client(&u, None);
+        let r = c.get("/healthz", &[]).unwrap();
+        assert_eq!((r.status, &r.body[..]), (503, &b"no backend\n"[..]));
+        let m = c.get_ok("/metrics", &[]).unwrap();
+        assert!(String::from_utf8(m).unwrap().contains("morio_backend_up 0"));
+        let d = c.descriptors().unwrap();
+        assert_eq!(d.memory[0].name, "kv");
+        let j: serde_json::Value =
+            serde_json::from_slice(&c.get_ok("/descriptors", &[]).unwrap()).unwrap();
+        assert_eq!(j["engine"]["key"], "ctl-test");
+        assert_eq!(j["memory"]["kv"]["size"], 4096);
+        assert_eq!(j["memory"]["kv"]["loc"], "CPU");
+        let packed = j["memory"]["kv"]["packed"].as_str().unwrap();
+        assert_eq!(packed, auth::hex(&d.memory[0].desc));
+        // `?format=` wins over Accept; an unknown format is a 400.
+        let accept_json = [("Accept", JSON.to_string())];
+        let p = c
+            .get_ok("/descriptors?format=msgpack", &accept_json)
+            .unwrap();
+        assert_eq!(rmp_serde::from_slice::<Descriptors>(&p).unwrap(), d);
+        let x = c.get(
+            "/descriptors",
+            &[("Accept", "application/vnd.msgpack".into())],
+        );
+        assert_eq!(x.unwrap().header("content-type"), Some(MSGPACK));
+        assert_eq!(c.get("/descriptors?format=xml", &[]).unwrap().status, 400);
+        let s: serde_json::Value =
+            serde_json::from_slice(&c.get_ok("/stats", &[]).unwrap()).unwrap();
+        assert_eq!(s["error"], "no backend");
+        assert_eq!(c.get("/nope", &[]).unwrap().status, 404);
+        u.down();
+    }
+
+    #[test]
+    fn with_a_secret_guarded_endpoints_need_a_fresh_proof() {
+        let u = up(Some(K));
+        let outsider = client(&u, None);
+        for p in ["/descriptors", "/stats", "/descriptors?format=msgpack"] {
+            let r = outsider.get(p, &[]).unwrap();
+            assert_eq!(r.status, 401, "{p}");
+            assert_eq!(r.body, b"authentication required\n");
+            assert_eq!(r.header("www-authenticate"), Some(auth::SCHEME));
+        }
+        // Open ones stay open.
+        assert_eq!(outsider.get("/healthz", &[]).unwrap().status, 503);
+        assert_eq!(outsider.get("/metrics", &[]).unwrap().status, 200);
+        let member = client(&u, Some(K));
+        assert_eq!(member.descriptors().unwrap().memory.len(), 1);
+        assert_eq!(member.get("/stats", &[]).unwrap().status, 200);
+        let wrong = client(&u, Some(b"another secret, long enough"));
+        assert_eq!(wrong.get("/stats", &[]).unwrap().status, 401);
+        // A proof made for one request is refused when replayed, and for another path.
+        let n = String::from_utf8(outsider.get_ok("/nonce", &[]).unwrap()).unwrap();
+        let a = auth::authorization(K, n.trim(), "GET", "/stats");
+        let with = [("Authorization", a)];
+        assert_eq!(outsider.get("/descriptors", &with).unwrap().status, 401);
+        assert_eq!(outsider.get("/stats", &with).unwrap().status, 401);
+        let n = String::from_utf8(outsider.get_ok("/nonce", &[]).unwrap()).unwrap();
+        let with = [(
+            "Authorization",
+            auth::authorization(K, n.trim(), "GET", "/stats"),
+        )];
+        assert_eq!(outsider.get("/stats", &with).unwrap().status, 200);
+        assert_eq!(
+            outsider.get("/stats", &with).unwrap().status,
+            401,
+            "replayed"
+        );
+        u.down();
     }
 }

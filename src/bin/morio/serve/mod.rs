@@ -1,11 +1,15 @@
 //! `morio serve`: a long-running transfer node. It registers host memory from its TOML
 //! configuration, serves any number of peers, hands out its descriptors to initiators that
-//! ask, reports stats on request and periodically, and shuts down cleanly on SIGTERM/SIGINT.
+//! ask, reports stats and metrics over HTTP ([`control`]) and periodically, and shuts down
+//! cleanly on SIGTERM/SIGINT.
 
+pub mod auth;
 pub mod config;
 pub mod control;
+pub mod http;
 
-use std::net::{SocketAddr, TcpListener};
+use std::io::Write as _;
+use std::net::TcpListener;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -32,15 +36,19 @@ pub struct Args {
     cpus: Option<Vec<usize>>,
 }
 
-/// `morio ctl` options: query a running `morio serve`.
+/// `morio ctl` options: query a running `morio serve` over HTTP.
 #[derive(clap::Args, Debug)]
 pub struct CtlArgs {
-    /// The node's control address (its `[control] listen`).
+    /// The node's control address, HOST:PORT (its `[control] listen`; a name or an address).
     #[arg(long)]
-    connect: SocketAddr,
-    /// What to ask for.
-    #[arg(value_parser = ["stats", "descriptors"])]
+    connect: String,
+    /// What to ask for: stats (JSON), descriptors (a summary; --json for the JSON), metrics
+    /// (Prometheus text), healthz.
+    #[arg(value_parser = ["stats", "descriptors", "metrics", "healthz"])]
     what: String,
+    /// Print descriptors as the service's JSON.
+    #[arg(long)]
+    json: bool,
     /// A file holding the node's deployment secret (default: `MORIO_AUTH_SECRET`, if set).
     #[arg(long)]
     secret_file: Option<PathBuf>,
@@ -105,21 +113,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .collect(),
     };
     let engine = Arc::new(engine);
-    let e2 = engine.clone();
-    let packed = rmp_serde::to_vec_named(&descriptors)?;
-    let answer = Arc::new(move |what: &str| -> anyhow::Result<Vec<u8>> {
-        match what {
-            "descriptors" => Ok(packed.clone()),
-            "stats" => Ok(serde_json::to_vec_pretty(&stats_json(&e2))?),
-            other => bail!("unknown request {other:?} (want descriptors or stats)"),
-        }
-    });
-    let ctl = control::serve(
-        listener,
-        stop.clone(),
+    let handler = control::handler(
+        engine.clone(),
+        &descriptors,
         cfg.auth_secret()?.or_else(morio::AuthSecret::from_env),
-        answer,
     )?;
+    let ctl = http::serve(listener, stop.clone(), handler)?;
 
     // The first line is for scripts and tests; the rest for people.
     println!("MORIO_SERVE_CONTROL {control_addr}");
@@ -164,28 +163,43 @@ pub fn ctl(a: CtlArgs) -> anyhow::Result<()> {
         ),
         None => morio::AuthSecret::from_env(),
     };
-    let secret = secret.as_ref();
-    if a.what == "descriptors" {
-        let d = control::fetch_descriptors(a.connect, secret)?;
-        let e = morio::EngineDesc::unpack(&d.engine)?;
-        println!(
-            "engine {:?} at {}:{} (pid {}, node {})",
-            e.key, e.host, e.port, e.pid, e.node_id
-        );
-        for m in d.memory {
-            let md = morio::MemoryDesc::unpack(&m.desc)?;
+    let c = control::Client::new(&a.connect, secret)?;
+    match a.what.as_str() {
+        "descriptors" if !a.json => {
+            let d = c.descriptors()?;
+            let e = morio::EngineDesc::unpack(&d.engine)?;
             println!(
-                "memory {:?}: id {} size {} loc {}",
-                m.name, md.id, md.size, md.loc
+                "engine {:?} at {}:{} (pid {}, node {})",
+                e.key, e.host, e.port, e.pid, e.node_id
             );
+            for m in d.memory {
+                let md = morio::MemoryDesc::unpack(&m.desc)?;
+                println!(
+                    "memory {:?}: id {} size {} loc {}",
+                    m.name, md.id, md.size, md.loc
+                );
+            }
         }
-    } else {
-        let body = control::query(a.connect, &a.what, secret)?;
-        println!("{}", String::from_utf8_lossy(&body));
+        what => {
+            let body = c.get_ok(&format!("/{what}"), &[])?;
+            let mut o = std::io::stdout().lock();
+            let wrote = o
+                .write_all(&body)
+                .and_then(|()| match body.ends_with(b"\n") {
+                    true => o.flush(),
+                    false => o.write_all(b"\n"),
+                });
+            // A reader that stopped early (`| head`) is no error.
+            match wrote {
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+                r => r.context("write to stdout")?,
+            }
+        }
     }
     Ok(())
 }
 
+/// What `/stats` returns (and, its `total`, the periodic stats line).
 fn stats_json(e: &IoEngine) -> serde_json::Value {
     let Some(s) = e.stats() else {
         return json!({"error": "no backend"});

@@ -1,0 +1,408 @@
+//! An engine's statistics in the Prometheus text exposition format (version 0.0.4), encoded
+//! by `prometheus-client` from a snapshot of every shard's counters and histograms.
+//!
+//! Every series carries a `shard` label and nothing else: no engine key, region, peer or
+//! address, so the exposition can be served to anyone who may scrape (`morio serve`'s open
+//! `/metrics`). Latency is exported as a Prometheus histogram in seconds, its buckets counted
+//! from the shard's hdrhistogram (3 significant digits: a sample within 0.1% of a bucket's
+//! bound may land in the neighbouring bucket; the sum is exact to the same precision).
+//! Histograms, unlike summaries, add up across shards and engines (`histogram_quantile`
+//! over `sum by (le)`).
+
+use hdrhistogram::Histogram;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::exemplar::Exemplar;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::engine::IoEngine;
+use crate::stats::{EngineStats, ShardStats};
+
+/// The `Content-Type` of [`IoEngine::metrics_text`] and [`EngineStats::metrics_text`]: the
+/// Prometheus text format, version 0.0.4.
+pub const METRICS_CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+/// Upper bounds of the latency histogram's buckets, in µs (`+Inf` follows): 5 µs to 60 s in
+/// 1-2.5-5 steps.
+const LATENCY_BUCKETS_US: [u64; 22] = [
+    5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000,
+    500_000, 1_000_000, 2_500_000, 5_000_000, 10_000_000, 30_000_000, 60_000_000,
+];
+
+impl IoEngine {
+    /// This engine's statistics ([`Self::stats`]) in the Prometheus text exposition format
+    /// ([`METRICS_CONTENT_TYPE`]), ready to serve on a `/metrics` endpoint. Without a backend
+    /// only `morio_backend_up 0` is reported. The metrics are listed in ARCHITECTURE.md
+    /// ("Metrics").
+    pub fn metrics_text(&self) -> String {
+        encode(self.stats().as_ref())
+    }
+}
+
+impl EngineStats {
+    /// These statistics in the Prometheus text exposition format ([`METRICS_CONTENT_TYPE`]);
+    /// see [`IoEngine::metrics_text`].
+    pub fn metrics_text(&self) -> String {
+        encode(Some(self))
+    }
+}
+
+/// The exposition of `stats` (`None`: no backend).
+fn encode(stats: Option<&EngineStats>) -> String {
+    let mut registry = Registry::with_prefix("morio");
+    registry.register_collector(Box::new(Snapshot(stats.cloned())));
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &registry);
+    out
+}
+
+/// One stats snapshot, encoded once.
+#[derive(Debug)]
+struct Snapshot(Option<EngineStats>);
+
+type Labels = [(&'static str, String); 1];
+
+fn shard_label(s: &ShardStats) -> Labels {
+    [("shard", s.shard.to_string())]
+}
+
+/// One family: a descriptor, then one series per shard.
+fn family<F>(
+    enc: &mut DescriptorEncoder,
+    shards: &[ShardStats],
+    name: &str,
+    help: &str,
+    unit: Option<Unit>,
+    ty: MetricType,
+    mut value: F,
+) -> Result<(), std::fmt::Error>
+where
+    F: FnMut(&ShardStats, &mut MetricEncoder) -> Result<(), std::fmt::Error>,
+{
+    let mut m = enc.encode_descriptor(name, help, unit.as_ref(), ty)?;
+    for s in shards {
+        let labels = shard_label(s);
+        value(s, &mut m.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+fn counter(m: &mut MetricEncoder, v: u64) -> Result<(), std::fmt::Error> {
+    m.encode_counter::<NoLabelSet, u64, f64>(&v, None::<&Exemplar<NoLabelSet, f64>>)
+}
+
+/// The classic buckets of `h` (µs): per-bucket counts for [`LATENCY_BUCKETS_US`] and `+Inf`
+/// (bounds in seconds), the sum in seconds and the count.
+fn buckets(h: &Histogram<u64>) -> (Vec<(f64, u64)>, f64, u64) {
+    let mut counts = [0u64; LATENCY_BUCKETS_US.len() + 1];
+    let mut sum_us = 0f64;
+    for v in h.iter_recorded() {
+        let at = v.value_iterated_to();
+        let n = v.count_at_value();
+        // A sample belongs to the first bucket whose bound is at least the low end of its
+        // hdrhistogram bucket (values below 2048 µs are exact).
+        let low = h.lowest_equivalent(at);
+        let i = LATENCY_BUCKETS_US.partition_point(|&b| b < low);
+        counts[i] += n;
+        sum_us += h.median_equivalent(at) as f64 * n as f64;
+    }
+    let mut out: Vec<(f64, u64)> = LATENCY_BUCKETS_US
+        .iter()
+        .zip(counts)
+        .map(|(&b, n)| (b as f64 / 1e6, n))
+        .collect();
+    out.push((f64::INFINITY, counts[LATENCY_BUCKETS_US.len()]));
+    (out, sum_us / 1e6, h.len())
+}
+
+impl Collector for Snapshot {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let up = enc.encode_descriptor(
+            "backend_up",
+            "1 while the engine's TCP backend runs, 0 without one",
+            None,
+            MetricType::Gauge,
+        );
+        up?.encode_gauge(&i64::from(self.0.is_some()))?;
+        let Some(stats) = &self.0 else {
+            return Ok(());
+        };
+        let shards = &stats.shards[..];
+        enc.encode_descriptor(
+            "shards",
+            "Shards (one executor thread each) the backend runs",
+            None,
+            MetricType::Gauge,
+        )?
+        .encode_gauge(&(shards.len() as u64))?;
+        let e = &mut enc;
+        let (c, g, bytes) = (MetricType::Counter, MetricType::Gauge, Some(Unit::Bytes));
+        family(
+            e,
+            shards,
+            "outbound_transfers",
+            "Transfers this engine started that ended (owned by the shard), in SUCCESS or not",
+            None,
+            c,
+            |s, m| counter(m, s.transfers_ok + s.transfers_failed),
+        )?;
+        family(
+            e,
+            shards,
+            "outbound_transfer_errors",
+            "Transfers this engine started that ended in an error (owned by the shard)",
+            None,
+            c,
+            |s, m| counter(m, s.transfers_failed),
+        )?;
+        family(
+            e,
+            shards,
+            "outbound_sent",
+            "Payload bytes the shard's lanes sent (write chunks)",
+            bytes.clone(),
+            c,
+            |s, m| counter(m, s.bytes_sent),
+        )?;
+        family(
+            e,
+            shards,
+            "outbound_received",
+            "Payload bytes the shard's lanes received and placed (read data)",
+            bytes.clone(),
+            c,
+            |s, m| counter(m, s.bytes_received),
+        )?;
+        family(
+            e,
+            shards,
+            "outbound_latency",
+            "Submission-to-completion time of the transfers the shard owned",
+            Some(Unit::Seconds),
+            MetricType::Histogram,
+            |s, m| {
+                let (b, sum, count) = buckets(&s.latency_us);
+                m.encode_histogram::<NoLabelSet>(sum, count, &b, None)
+            },
+        )?;
+        family(
+            e,
+            shards,
+            "inbound_written",
+            "Payload bytes peers wrote into this engine's memory through the shard",
+            bytes.clone(),
+            c,
+            |s, m| counter(m, s.inbound_bytes_written),
+        )?;
+        family(
+            e,
+            shards,
+            "inbound_read",
+            "Payload bytes peers read from this engine's memory through the shard",
+            bytes.clone(),
+            c,
+            |s, m| counter(m, s.inbound_bytes_read),
+        )?;
+        family(
+            e,
+            shards,
+            "inbound_transfers",
+            "Transfers of peers the shard finished (inbound statuses it recorded)",
+            None,
+            c,
+            |s, m| counter(m, s.inbound_transfers),
+        )?;
+        family(
+            e,
+            shards,
+            "inbound_joined_transfers",
+            "Of those, multi-chunk transfers whose last chunk the shard served",
+            None,
+            c,
+            |s, m| counter(m, s.joined_transfers),
+        )?;
+        family(
+            e,
+            shards,
+            "gpu_staging_pinned",
+            "Pinned host memory the shard holds for GPU staging",
+            bytes.clone(),
+            g,
+            |s, m| m.encode_gauge(&(s.gpu_staging_bytes as u64)),
+        )?;
+        family(
+            e,
+            shards,
+            "gpu_staging_peak",
+            "Most GPU staging memory the shard had in use at once",
+            bytes,
+            g,
+            |s, m| m.encode_gauge(&(s.gpu_staging_peak_bytes as u64)),
+        )?;
+        family(
+            e,
+            shards,
+            "busy_poll_wakes",
+            "Socket reads woken by the shard's busy poller (spinning shards only)",
+            None,
+            c,
+            |s, m| counter(m, s.busy_poll_wakes),
+        )?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use prometheus_parse::{LineInfo, Scrape, Value};
+
+    use super::*;
+
+    /// Parse an exposition, every line of it: a line the parser would skip fails the test.
+    fn parse(text: &str) -> Scrape {
+        for line in text.lines() {
+            assert!(
+                !matches!(LineInfo::parse(line), LineInfo::Ignored),
+                "not exposition format: {line:?}"
+            );
+        }
+        Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap()
+    }
+
+    /// `metric{shard=…}` → value, for counters, gauges and untyped samples.
+    fn scalars(s: &Scrape) -> HashMap<(String, String), f64> {
+        s.samples
+            .iter()
+            .filter_map(|x| {
+                let v = match x.value {
+                    Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => v,
+                    _ => return None,
+                };
+                let shard = x.labels.get("shard").unwrap_or("").to_string();
+                Some(((x.metric.clone(), shard), v))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn no_backend_is_one_gauge() {
+        let text = encode(None);
+        let s = parse(&text);
+        assert_eq!(s.samples.len(), 1, "{text}");
+        assert_eq!(s.samples[0].metric, "morio_backend_up");
+        assert_eq!(s.samples[0].value, Value::Gauge(0.0));
+    }
+
+    #[test]
+    fn every_counter_gauge_and_histogram_per_shard() {
+        let mut a = ShardStats::new(0);
+        let mut b = ShardStats::new(1);
+        a.record_transfer(true, 3); // le 5 µs
+        a.record_transfer(true, 5); // le 5 µs (the bound is inclusive)
+        a.record_transfer(false, 7_000); // le 10 ms
+        b.record_transfer(true, 100_000_000); // +Inf
+        a.bytes_sent = 1 << 20;
+        a.bytes_received = 12;
+        b.inbound_bytes_written = 5 << 20;
+        b.inbound_bytes_read = 77;
+        b.inbound_transfers = 3;
+        b.joined_transfers = 2;
+        a.gpu_staging_bytes = 4 << 20;
+        a.gpu_staging_peak_bytes = 1 << 20;
+        b.busy_poll_wakes = 9;
+        let stats = EngineStats { shards: vec![a, b] };
+        let text = stats.metrics_text();
+        let s = parse(&text);
+        let v = scalars(&s);
+        let at = |m: &str, shard: &str| {
+            *v.get(&(m.to_string(), shard.to_string()))
+                .unwrap_or_else(|| panic!("no {m}{{shard={shard}}} in\n{text}"))
+        };
+        assert_eq!(at("morio_backend_up", ""), 1.0);
+        assert_eq!(at("morio_shards", ""), 2.0);
+        assert_eq!(at("morio_outbound_transfers_total", "0"), 3.0);
+        assert_eq!(at("morio_outbound_transfers_total", "1"), 1.0);
+        assert_eq!(at("morio_outbound_transfer_errors_total", "0"), 1.0);
+        assert_eq!(at("morio_outbound_transfer_errors_total", "1"), 0.0);
+        assert_eq!(at("morio_outbound_sent_bytes_total", "0"), (1 << 20) as f64);
+        assert_eq!(at("morio_outbound_received_bytes_total", "0"), 12.0);
+        assert_eq!(
+            at("morio_inbound_written_bytes_total", "1"),
+            (5 << 20) as f64
+        );
+        assert_eq!(at("morio_inbound_read_bytes_total", "1"), 77.0);
+        assert_eq!(at("morio_inbound_transfers_total", "1"), 3.0);
+        assert_eq!(at("morio_inbound_joined_transfers_total", "1"), 2.0);
+        assert_eq!(at("morio_gpu_staging_pinned_bytes", "0"), (4 << 20) as f64);
+        assert_eq!(at("morio_gpu_staging_peak_bytes", "0"), (1 << 20) as f64);
+        assert_eq!(at("morio_busy_poll_wakes_total", "1"), 9.0);
+        assert_eq!(at("morio_outbound_latency_seconds_count", "0"), 3.0);
+        let sum = at("morio_outbound_latency_seconds_sum", "0");
+        assert!((sum - 0.007_008).abs() < 1e-5, "sum {sum}");
+        // Every family has a HELP and a TYPE line; names follow the conventions.
+        for name in [
+            "morio_outbound_transfers_total",
+            "morio_outbound_latency_seconds",
+            "morio_gpu_staging_pinned_bytes",
+        ] {
+            assert!(s.docs.contains_key(name), "no HELP for {name}");
+            assert!(
+                text.contains(&format!("# TYPE {name} ")),
+                "no TYPE for {name}"
+            );
+        }
+        // Only the shard label: nothing that names the engine, a peer or memory.
+        for x in &s.samples {
+            let mut keys: Vec<&str> = Vec::new();
+            for k in ["shard", "engine", "peer", "key", "host", "region"] {
+                if x.labels.get(k).is_some() {
+                    keys.push(k);
+                }
+            }
+            assert!(
+                keys.is_empty() || keys == ["shard"],
+                "{}: {keys:?}",
+                x.metric
+            );
+        }
+        let hist = |shard: &str| -> Vec<(f64, f64)> {
+            let h = s
+                .samples
+                .iter()
+                .find(|x| {
+                    x.metric == "morio_outbound_latency_seconds"
+                        && x.labels.get("shard") == Some(shard)
+                })
+                .unwrap_or_else(|| panic!("no histogram for shard {shard}"));
+            let Value::Histogram(b) = &h.value else {
+                panic!("not a histogram")
+            };
+            b.iter().map(|c| (c.less_than, c.count)).collect()
+        };
+        let h0 = hist("0");
+        assert_eq!(h0.len(), LATENCY_BUCKETS_US.len() + 1);
+        let le = |h: &[(f64, f64)], bound: f64| {
+            h.iter()
+                .find(|(b, _)| {
+                    (*b - bound).abs() < 1e-12 || (b.is_infinite() && bound.is_infinite())
+                })
+                .map(|x| x.1)
+                .unwrap()
+        };
+        assert_eq!(le(&h0, 5e-6), 2.0);
+        assert_eq!(le(&h0, 5e-3), 2.0);
+        assert_eq!(le(&h0, 1e-2), 3.0);
+        assert_eq!(le(&h0, f64::INFINITY), 3.0);
+        let h1 = hist("1");
+        assert_eq!(le(&h1, 60.0), 0.0);
+        assert_eq!(le(&h1, f64::INFINITY), 1.0);
+        // Cumulative, as the format requires.
+        for h in [&h0, &h1] {
+            assert!(h.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1));
+        }
+    }
+}
