@@ -73,5 +73,7 @@ fn stats_count_transfers_bytes_and_latency() {
         (tb.inbound_bytes_written, tb.inbound_bytes_read),
         (n as u64, 4096)
     );
+    // The target received the written bytes and sent the read ones: its bytes_* count them.
+    assert_eq!((tb.bytes_received, tb.bytes_sent), (n as u64, 4096));
     assert_eq!(tb.inbound_transfers, 2);
 }
