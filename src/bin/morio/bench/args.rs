@@ -22,6 +22,8 @@ pub const MAX_ROWS: usize = 4096;
 pub const MAX_ITERS: usize = 10_000_000;
 /// Longest --spin-us.
 pub const MAX_SPIN_US: u64 = 1_000_000;
+/// Most shards per engine (as many as a CPU list may name).
+pub const MAX_SHARDS: u64 = 1024;
 
 /// Transfer direction, as seen from the initiator.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -164,7 +166,7 @@ pub struct Args {
     pub gpu_slot_bytes: Option<usize>,
 
     /// Shards per engine (default: one per allowed CPU, at most one per lane).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_SHARDS))]
     pub shards: Option<usize>,
     /// CPUs of this side's shards, e.g. 0-7 or 0,2,4 (--loopback: split between the sides).
     #[arg(long, value_parser = parse_cpus)]
