@@ -9,8 +9,9 @@ use crate::proto::limits::{MAX_CHUNK_BYTES, MAX_KEY_BYTES, MAX_LANES};
 /// `IOEngineConfig`: where the engine listens and what it advertises.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct IoEngineConfig {
-    /// Address to listen on and advertise (numeric IPv4 or IPv6; empty = all IPv4 interfaces,
-    /// advertised as 127.0.0.1).
+    /// Address to listen on and advertise (numeric IPv4 or IPv6; empty = all IPv4
+    /// interfaces, advertised as the address this host's default route leaves from, else
+    /// 127.0.0.1 with a warning).
     pub host: String,
     /// Port; 0 binds an ephemeral port that [`crate::EngineDesc`] then carries.
     pub port: u16,

@@ -2,28 +2,48 @@
 //!
 //! Each shard owns its own [`ShardStats`] (no sharing, no atomics on the data path); a stats
 //! request collects a snapshot from every shard and [`EngineStats`] merges them.
+//!
+//! Byte counters count payload bytes (the memory moved, not frame headers), each on the shard
+//! whose connection carried them. An engine is an initiator on the connections it dialed and
+//! a target on those peers dialed; `bytes_sent` and `bytes_received` count both roles, and
+//! the `inbound_*` counters are the target's share of them:
+//!
+//! | the engine ... | `bytes_sent` | `bytes_received` | also counted in |
+//! |---|---|---|---|
+//! | writes to a peer (initiator) | ✓ | | |
+//! | reads from a peer (initiator) | | ✓ | |
+//! | is written by a peer (target) | | ✓ | `inbound_bytes_written` |
+//! | is read by a peer (target) | ✓ | | `inbound_bytes_read` |
 
 use hdrhistogram::Histogram;
 
 /// Highest latency a histogram records exactly (1 hour in µs); larger values saturate.
 const MAX_LATENCY_US: u64 = 3_600_000_000;
 
-/// One shard's counters and its owned transfers' latency.
-#[derive(Debug, Clone)]
+/// One shard's counters and its owned transfers' latency (see the module's table for what
+/// each byte counter counts). Its `Debug` form summarises the histogram as count, p50, p99
+/// and max.
+#[derive(Clone)]
 pub struct ShardStats {
-    /// The shard.
+    /// The shard, or [`ShardStats::TOTAL`] in [`EngineStats::total`]'s sum (check with
+    /// [`ShardStats::is_total`]).
     pub shard: usize,
     /// Transfers this shard owned that ended in SUCCESS.
     pub transfers_ok: u64,
     /// Transfers this shard owned that ended in an error.
     pub transfers_failed: u64,
-    /// Payload bytes this shard's lanes sent (write chunks).
+    /// Payload bytes this shard sent to peers: the data of this engine's writes (as
+    /// initiator) and the data peers read from it (as target, also in `inbound_bytes_read`).
     pub bytes_sent: u64,
-    /// Payload bytes this shard's lanes received and placed (read data).
+    /// Payload bytes this shard received from peers and placed in registered memory: the
+    /// data of this engine's reads (as initiator) and the data peers wrote into it (as
+    /// target, also in `inbound_bytes_written`).
     pub bytes_received: u64,
-    /// Payload bytes peers wrote into this shard's regions (inbound write chunks).
+    /// Payload bytes peers wrote into this engine's regions on this shard's connections (the
+    /// target's share of `bytes_received`).
     pub inbound_bytes_written: u64,
-    /// Payload bytes peers read from this shard's regions (inbound read chunks).
+    /// Payload bytes peers read from this engine's regions on this shard's connections (the
+    /// target's share of `bytes_sent`).
     pub inbound_bytes_read: u64,
     /// Inbound transfers this shard finished (inbound statuses it recorded).
     pub inbound_transfers: u64,
@@ -41,6 +61,14 @@ pub struct ShardStats {
 }
 
 impl ShardStats {
+    /// The `shard` of [`EngineStats::total`]'s sum, which is no shard.
+    pub const TOTAL: usize = usize::MAX;
+
+    /// Whether these are [`EngineStats::total`]'s sum rather than one shard's.
+    pub fn is_total(&self) -> bool {
+        self.shard == Self::TOTAL
+    }
+
     /// Empty statistics for `shard`.
     pub fn new(shard: usize) -> Self {
         Self {
@@ -60,6 +88,18 @@ impl ShardStats {
         }
     }
 
+    /// Count `n` payload bytes a peer wrote into this engine (placed).
+    pub(crate) fn count_inbound_write(&mut self, n: u64) {
+        self.inbound_bytes_written += n;
+        self.bytes_received += n;
+    }
+
+    /// Count `n` payload bytes sent to a peer that reads this engine's memory.
+    pub(crate) fn count_inbound_read(&mut self, n: u64) {
+        self.inbound_bytes_read += n;
+        self.bytes_sent += n;
+    }
+
     /// Record one owned transfer's end.
     pub(crate) fn record_transfer(&mut self, ok: bool, latency_us: u64) {
         if ok {
@@ -69,6 +109,47 @@ impl ShardStats {
         }
         self.latency_us
             .saturating_record(latency_us.min(MAX_LATENCY_US));
+    }
+}
+
+impl std::fmt::Debug for ShardStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("ShardStats");
+        if self.is_total() {
+            d.field("shard", &format_args!("total"));
+        } else {
+            d.field("shard", &self.shard);
+        }
+        d.field("transfers_ok", &self.transfers_ok)
+            .field("transfers_failed", &self.transfers_failed)
+            .field("bytes_sent", &self.bytes_sent)
+            .field("bytes_received", &self.bytes_received)
+            .field("inbound_bytes_written", &self.inbound_bytes_written)
+            .field("inbound_bytes_read", &self.inbound_bytes_read)
+            .field("inbound_transfers", &self.inbound_transfers)
+            .field("joined_transfers", &self.joined_transfers)
+            .field("latency_us", &Latency(&self.latency_us))
+            .field("gpu_staging_bytes", &self.gpu_staging_bytes)
+            .field("gpu_staging_peak_bytes", &self.gpu_staging_peak_bytes)
+            .field("busy_poll_wakes", &self.busy_poll_wakes)
+            .finish()
+    }
+}
+
+/// A latency histogram in a few numbers: `{ count: 3, p50: 10, p99: 1000, max: 1000 }`.
+struct Latency<'a>(&'a Histogram<u64>);
+
+impl std::fmt::Debug for Latency<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let h = self.0;
+        write!(
+            f,
+            "{{ count: {}, p50: {}, p99: {}, max: {} }}",
+            h.len(),
+            h.value_at_quantile(0.5),
+            h.value_at_quantile(0.99),
+            h.max()
+        )
     }
 }
 
@@ -87,9 +168,9 @@ pub struct EngineStats {
 }
 
 impl EngineStats {
-    /// The sum over shards (the histogram merged).
+    /// The sum over shards (the histogram merged); its `shard` is [`ShardStats::TOTAL`].
     pub fn total(&self) -> ShardStats {
-        let mut t = ShardStats::new(usize::MAX);
+        let mut t = ShardStats::new(ShardStats::TOTAL);
         for s in &self.shards {
             t.transfers_ok += s.transfers_ok;
             t.transfers_failed += s.transfers_failed;
@@ -129,5 +210,27 @@ mod tests {
         );
         assert_eq!(t.latency_us.len(), 3);
         assert!(t.latency_us.max() >= MAX_LATENCY_US / 2);
+        assert!(t.is_total());
+    }
+
+    #[test]
+    fn debug_is_concise_and_names_the_total() {
+        let mut a = ShardStats::new(3);
+        for us in [10, 20, 1000] {
+            a.record_transfer(true, us);
+        }
+        let one = format!("{a:?}");
+        assert!(
+            one.starts_with("ShardStats { shard: 3, transfers_ok: 3,"),
+            "{one}"
+        );
+        assert!(
+            one.contains("latency_us: { count: 3, p50: 20, p99: 1000, max: 1000 }"),
+            "{one}"
+        );
+        assert!(one.len() < 400, "{} bytes: {one}", one.len());
+        let t = format!("{:?}", EngineStats { shards: vec![a] }.total());
+        assert!(t.starts_with("ShardStats { shard: total,"), "{t}");
+        assert!(!t.contains(&usize::MAX.to_string()), "{t}");
     }
 }

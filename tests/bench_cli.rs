@@ -206,3 +206,119 @@ fn trace_records_every_stage_of_every_transfer() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A `--role target` process started from `args`, and the side-channel port it printed.
+fn start_target(args: &[&str]) -> (std::process::Child, u16) {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_morio"))
+        .args(["bench", "--role", "target", "--no-pin", "--shards", "1"])
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the target");
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let port = line
+        .strip_prefix("MORIO_BENCH_TARGET ")
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+    (child, port)
+}
+
+fn initiator(port: u16, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_morio"))
+        .args(["bench", "--role", "initiator", "--no-pin", "--shards", "1"])
+        .args(["--connect", &format!("127.0.0.1:{port}")])
+        .args(["--iters", "4", "--no-ceiling", "--no-floor"])
+        .args(args)
+        .output()
+        .expect("run the initiator")
+}
+
+/// The target allocates what the initiator's rows need, whatever size options it was
+/// started with; beyond its `--max-buffer-size` it refuses, and both sides say why.
+#[test]
+fn the_target_is_sized_by_the_initiator() {
+    let (mut target, port) = start_target(&["--buffer-size", "8", "--transfer-batch-size", "1"]);
+    let out = initiator(
+        port,
+        &[
+            "--op-type",
+            "write",
+            "--buffer-size",
+            "64KiB",
+            "--transfer-batch-size",
+            "8",
+            "--enable-batch-transfer",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(target.wait().unwrap().success());
+
+    let (target, port) = start_target(&["--max-buffer-size", "64KiB"]);
+    let out = initiator(
+        port,
+        &["--buffer-size", "1MiB", "--transfer-batch-size", "8"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("the target refuses a 8388616-byte buffer")
+            && err.contains("--max-buffer-size"),
+        "{err}"
+    );
+    let t = target.wait_with_output().unwrap();
+    assert!(!t.status.success());
+    assert!(String::from_utf8_lossy(&t.stderr).contains("refuses"));
+}
+
+/// No target: the initiator says so at once. A target that is slow to answer: the
+/// initiator says what it waits for.
+#[test]
+fn an_absent_or_slow_target_is_said_clearly() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    drop(l);
+    let t0 = std::time::Instant::now();
+    let out = initiator(port, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "no morio bench target at 127.0.0.1:{port}: connection refused"
+        )),
+        "{err}"
+    );
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        t0.elapsed()
+    );
+
+    // A "target" that accepts and answers nothing for 3 s, then hangs up.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let slow = std::thread::spawn(move || {
+        let (c, _) = l.accept().unwrap();
+        std::thread::sleep(std::time::Duration::from_secs(3));
+        drop(c);
+    });
+    let out = initiator(port, &[]);
+    slow.join().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "waiting for the target at 127.0.0.1:{port} to set up"
+        )),
+        "{err}"
+    );
+    assert!(err.contains("closed by the peer"), "{err}");
+}

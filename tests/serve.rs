@@ -327,6 +327,7 @@ size = 4096
     out.read_to_string(&mut rest).unwrap();
     assert!(status.success(), "exit {status:?}: {rest}");
     assert!(rest.contains("shut down cleanly"), "{rest}");
+    assert!(rest.contains("2 shards on CPUs unpinned,"), "{rest}");
     let mut err = String::new();
     child
         .stderr

@@ -11,7 +11,7 @@ mod memory;
 mod remote;
 mod transfer;
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::sync::Arc;
 
 use crate::config::{ConfigError, IoEngineConfig};
@@ -45,15 +45,35 @@ impl std::fmt::Debug for IoEngine {
 
 impl IoEngine {
     /// A new engine named `key` (1..=1024 bytes) that will listen on `cfg.host:cfg.port`.
+    ///
+    /// An empty host (MORI-IO's default) or an unspecified one (`0.0.0.0`, `::`) listens on
+    /// every interface. Its [`EngineDesc`] cannot advertise that, so it carries this host's
+    /// primary address instead: the one its default route leaves from (found without
+    /// sending anything). A host without a default route advertises the loopback address,
+    /// with a warning, and only engines on this host can reach it; give `cfg.host` to choose.
+    /// (MORI-IO advertises the configured string as it is, which peers cannot dial.)
     pub fn new(key: &str, cfg: IoEngineConfig) -> Result<Self, EngineError> {
         if key.is_empty() || key.len() > MAX_KEY_BYTES {
             return Err(ConfigError::Key.into());
         }
-        if !cfg.host.is_empty() && cfg.host.parse::<IpAddr>().is_err() {
-            return Err(ConfigError::Host(cfg.host.clone()).into());
+        let ip = match cfg.host.as_str() {
+            "" => None,
+            h => Some(
+                h.parse::<IpAddr>()
+                    .map_err(|_| ConfigError::Host(h.to_string()))?,
+            ),
+        };
+        let advertise = match ip {
+            None => Some(advertised_address(false, key)),
+            Some(ip) if ip.is_unspecified() => Some(advertised_address(ip.is_ipv6(), key)),
+            Some(_) => None,
+        };
+        let core = Core::new(key, cfg);
+        if let Some(ip) = advertise {
+            lock(&core.desc).host = ip.to_string();
         }
         Ok(Self {
-            core: Arc::new(Core::new(key, cfg)),
+            core: Arc::new(core),
         })
     }
 
@@ -68,10 +88,74 @@ impl IoEngine {
     }
 }
 
+/// The address an engine listening on every interface advertises: the source address of a
+/// route to a documentation address (a UDP `connect` chooses it; nothing is sent), else
+/// loopback, with a warning.
+fn advertised_address(v6: bool, key: &str) -> IpAddr {
+    let (any, probe, loopback): (IpAddr, IpAddr, IpAddr) = if v6 {
+        (
+            Ipv6Addr::UNSPECIFIED.into(),
+            Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1).into(),
+            Ipv6Addr::LOCALHOST.into(),
+        )
+    } else {
+        (
+            Ipv4Addr::UNSPECIFIED.into(),
+            Ipv4Addr::new(192, 0, 2, 1).into(),
+            Ipv4Addr::LOCALHOST.into(),
+        )
+    };
+    let routed = UdpSocket::bind(SocketAddr::new(any, 0))
+        .and_then(|s| {
+            s.connect(SocketAddr::new(probe, 9))?;
+            s.local_addr()
+        })
+        .map(|a| a.ip())
+        .ok()
+        .filter(|ip| !ip.is_unspecified() && !ip.is_loopback());
+    match routed {
+        Some(ip) => {
+            log::info!(
+                "engine {key} listens on every interface and advertises {ip}, this host's \
+                 primary address"
+            );
+            ip
+        }
+        None => {
+            log::warn!(
+                "engine {key} listens on every interface, but this host has no default route: \
+                 it advertises {loopback}, which only engines on this host can reach (set the \
+                 engine's host to an address peers can reach)"
+            );
+            loopback
+        }
+    }
+}
+
 impl Drop for IoEngine {
     fn drop(&mut self) {
         // Sessions may hold the engine's core; the shards go now regardless. Stopping joins
         // the shard threads (no polling here).
         backend::stop(&self.core);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An engine listening on every interface never advertises an address no peer can dial.
+    #[test]
+    fn all_interfaces_advertise_a_dialable_address() {
+        for host in ["", "0.0.0.0", "::"] {
+            let e = IoEngine::new("adv", IoEngineConfig::new(host, 0)).unwrap();
+            let d = e.engine_desc();
+            let ip: IpAddr = d.host.parse().unwrap_or_else(|_| panic!("{host:?}: {d:?}"));
+            assert!(!ip.is_unspecified(), "{host:?}: {ip}");
+            assert_eq!(ip.is_ipv6(), host == "::", "{host:?}: {ip}");
+        }
+        let e = IoEngine::new("adv", IoEngineConfig::new("127.0.0.2", 0)).unwrap();
+        assert_eq!(e.engine_desc().host, "127.0.0.2");
+        assert!(IoEngine::new("adv", IoEngineConfig::new("localhost", 0)).is_err());
     }
 }

@@ -181,7 +181,12 @@ impl Shard {
             ShardMsg::Submit(s) => owner::submit(self, *s),
             ShardMsg::LaneWork(w) => lane::enqueue(self, *w),
             ShardMsg::Owner(ev) => owner::on_event(self, *ev),
-            ShardMsg::Cancel { peer, uid, gen } => lane::cancel(self, &peer, uid, gen),
+            ShardMsg::Cancel {
+                peer,
+                uid,
+                gen,
+                why,
+            } => lane::cancel(self, &peer, uid, gen, &why),
             ShardMsg::AddRegion(r, ack) => {
                 self.regions.borrow_mut().insert(r.id, r);
                 let _ = ack.send(());

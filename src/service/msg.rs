@@ -67,7 +67,13 @@ pub(crate) enum ShardMsg {
     /// A lane's report about a transfer this shard owns.
     Owner(Box<LaneEvent>),
     /// A transfer ended early (timeout, lost lane): drop its queued and pending chunks.
-    Cancel { peer: Arc<str>, uid: u64, gen: u64 },
+    /// `why` is its failure, named when a lane has to close for it.
+    Cancel {
+        peer: Arc<str>,
+        uid: u64,
+        gen: u64,
+        why: Arc<str>,
+    },
     /// Replicate a registered region; answer on the channel once resolvable here.
     AddRegion(SharedRegion, mpsc::Sender<()>),
     /// Forget a region; answer once no new chunk can resolve it here.

@@ -252,11 +252,13 @@ fn finish(
         let mut shards: Vec<usize> = e.lanes.iter().map(|&l| shard.lane_shard(l)).collect();
         shards.sort_unstable();
         shards.dedup();
+        let why: Arc<str> = msg.into();
         for s in shards {
             let m = ShardMsg::Cancel {
                 peer: peer.clone(),
                 uid,
                 gen: e.gen,
+                why: why.clone(),
             };
             shard.send(s, m);
         }

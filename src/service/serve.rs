@@ -391,7 +391,7 @@ async fn read(
     }
     let sent: u64 = slices.iter().map(|p| p.len() as u64).sum();
     writer.push(&frame, &slices).await?;
-    shard.stats.borrow_mut().inbound_bytes_read += sent;
+    shard.stats.borrow_mut().count_inbound_read(sent);
     Ok((codes::SUCCESS, String::new()))
 }
 
@@ -413,7 +413,7 @@ async fn read_from_device(
     let bytes = chunk.bytes();
     match gpu_io::push_from_device(shard, writer, &frame, region, &spans).await {
         Ok(()) => {
-            shard.stats.borrow_mut().inbound_bytes_read += bytes;
+            shard.stats.borrow_mut().count_inbound_read(bytes);
             Ok((codes::SUCCESS, String::new()))
         }
         Err(SendError::Gpu(e)) => {
@@ -467,7 +467,7 @@ async fn place(
             let spans: Vec<(u64, u64)> = chunk.segs.iter().map(|s| (s.off, s.len)).collect();
             match gpu_io::read_into_device(shard, reader, &region, &spans).await? {
                 Ok(()) => {
-                    shard.stats.borrow_mut().inbound_bytes_written += payload;
+                    shard.stats.borrow_mut().count_inbound_write(payload);
                     Ok((codes::SUCCESS, String::new()))
                 }
                 Err(e) => Ok((
@@ -491,7 +491,7 @@ async fn place(
                 if !place_small(ext, lo, &chunk.segs, src) {
                     return Err(ConnError::Violation("segment outside its extent".into()));
                 }
-                shard.stats.borrow_mut().inbound_bytes_written += payload;
+                shard.stats.borrow_mut().count_inbound_write(payload);
                 return Ok((codes::SUCCESS, String::new()));
             }
             if ascending_disjoint(chunk.segs.iter().map(|s| (s.off, s.len))) {
@@ -516,7 +516,7 @@ async fn place(
                     reader.read_payload(dst).await?;
                 }
             }
-            shard.stats.borrow_mut().inbound_bytes_written += payload;
+            shard.stats.borrow_mut().count_inbound_write(payload);
             Ok((codes::SUCCESS, String::new()))
         }
         (Err(refusal), _) => {

@@ -3,6 +3,25 @@
 use super::common::*;
 use morio::{IoEngine, IoEngineConfig, StatusCode};
 
+/// A target listening on every interface (MORI's default empty host) advertises an address
+/// its peers can dial, and they do.
+#[test]
+fn a_target_on_every_interface_is_reachable_by_its_descriptor() {
+    let b = IoEngine::new("anyhost_b", IoEngineConfig::new("", 0)).unwrap();
+    b.create_backend(test_cfg()).unwrap();
+    let desc = b.engine_desc();
+    assert!(!desc.host.is_empty(), "{desc:?}");
+    let a = engine("anyhost_a", test_cfg());
+    a.register_remote_engine(&morio::EngineDesc::unpack(&desc.pack()).unwrap())
+        .unwrap();
+    let n = 64 << 10;
+    let src = random_buffer(&a, n, 7);
+    let dst = b.alloc_buffer(n).unwrap();
+    let st = a.write(src.desc(), 0, dst.desc(), 0, n, a.allocate_transfer_uid());
+    assert_eq!(wait(&st), StatusCode::Success, "{}", st.message());
+    assert_eq!(src.to_vec(), dst.to_vec());
+}
+
 #[test]
 fn write_then_read_verified() {
     let (a, b) = pair("wr", test_cfg());
@@ -73,5 +92,7 @@ fn stats_count_transfers_bytes_and_latency() {
         (tb.inbound_bytes_written, tb.inbound_bytes_read),
         (n as u64, 4096)
     );
+    // The target received the written bytes and sent the read ones: its bytes_* count them.
+    assert_eq!((tb.bytes_received, tb.bytes_sent), (n as u64, 4096));
     assert_eq!(tb.inbound_transfers, 2);
 }

@@ -472,6 +472,81 @@ fn peer_dies_mid_transfer_others_unaffected_and_restart_reconnects() {
     assert_bytes_eq(&dst.to_vec(), &src.to_vec(), "write to the restarted peer");
 }
 
+/// A peer that goes away is reported as a lost connection, also to transfers on its other
+/// lanes that the loss reaches only through another transfer's cancellation: here lane 0's
+/// connection is reset while lane 1 is mid-frame (the fake target reads nothing) with a
+/// stripe of the transfer lane 0 carried, and a second transfer waits behind it on lane 1.
+#[test]
+fn a_lost_peer_is_reported_as_lost_on_every_lane_not_as_a_timeout() {
+    use std::sync::mpsc;
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for conn in l.incoming().take(2) {
+            let Ok(mut c) = conn else { return };
+            let Ok(Frame::Hello(h)) = try_read_frame(&mut c, Duration::from_secs(5)) else {
+                return;
+            };
+            let _ = c.write_all(&hello_ack("lost_fake"));
+            let _ = tx.send((h.lane, c));
+        }
+    });
+    let a = engine(
+        "lost_a",
+        cfg_with(|c| {
+            c.num_shards = Some(1);
+            c.num_data_conns = 2;
+            c.chunk_bytes = 16 * MIB;
+            c.sock_sndbuf_bytes = 256 << 10;
+            c.op_timeout = Duration::from_secs(30);
+        }),
+    );
+    a.register_remote_engine(&desc_at("lost_fake", port))
+        .unwrap();
+    let remote = MemoryDesc::cpu("lost_fake", 0, 0x10000, 64 << 20);
+    let src = a.register_buffer(vec![0x5A; 32 * MIB]).unwrap();
+    // Striped: a 16 MiB frame on each lane (home lane 0). Then a small one, home lane 1,
+    // queued behind the big frame there.
+    let big = a.write(
+        src.desc(),
+        0,
+        &remote,
+        0,
+        32 * MIB,
+        a.allocate_transfer_uid(),
+    );
+    let small = a.write(src.desc(), 0, &remote, 0, 4096, a.allocate_transfer_uid());
+    let mut conns: Vec<(u16, TcpStream)> = (0..2)
+        .map(|_| {
+            rx.recv_timeout(Duration::from_secs(10))
+                .expect("both lanes dial")
+        })
+        .collect();
+    conns.sort_by_key(|(lane, _)| *lane);
+    // Both writers are blocked mid-frame on full sockets.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(big.in_progress() && small.in_progress(), "precondition");
+    let t = Instant::now();
+    let (_, lane0) = conns.remove(0);
+    socket2::SockRef::from(&lane0)
+        .set_linger(Some(Duration::ZERO))
+        .unwrap();
+    drop(lane0); // reset: the peer is gone, as far as lane 0 can tell
+    for (what, st) in [
+        ("striped write", &big),
+        ("write behind it on lane 1", &small),
+    ] {
+        let code = wait_within(st, Duration::from_secs(10));
+        let msg = st.message();
+        assert_eq!(code, StatusCode::ErrBadState, "{what}: {msg}");
+        assert!(msg.contains("lost"), "{what}: {msg}");
+        assert!(!msg.contains("timed out"), "{what}: {msg}");
+    }
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    drop(conns);
+}
+
 #[test]
 fn deregistering_a_peer_fails_its_transfers_and_reregistering_works() {
     let (a, b) = pair("dereg_peer", test_cfg());

@@ -46,9 +46,9 @@ enum Cmd {
     Check,
 }
 
-fn main() -> anyhow::Result<ExitCode> {
+fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    match Cli::parse().cmd {
+    let r = match Cli::parse().cmd {
         Cmd::Loopback(a) => loopback::run(a).map(|()| ExitCode::SUCCESS),
         Cmd::Bench(a) => bench::run(*a),
         Cmd::Serve(a) => serve::run(a).map(|()| ExitCode::SUCCESS),
@@ -64,5 +64,46 @@ fn main() -> anyhow::Result<ExitCode> {
                 ExitCode::FAILURE
             }
         }),
+    };
+    r.unwrap_or_else(|e| {
+        eprintln!("morio: error: {}", render(&e));
+        ExitCode::FAILURE
+    })
+}
+
+/// An error and its causes on one line, each said once. Library errors name their cause in
+/// their own message ("invalid configuration: host ... is not a numeric IP address") and
+/// also return it as their source, so printing the chain as-is would say it twice.
+fn render(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let m = cause.to_string();
+        if out.contains(m.trim()) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(m.trim_end());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::render;
+    use anyhow::Context;
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let lib = morio::EngineError::from(morio::ConfigError::Host("localhost".into()));
+        let e = Err::<(), _>(lib)
+            .context("start the TCP backend")
+            .unwrap_err();
+        assert_eq!(
+            render(&e),
+            "start the TCP backend: invalid configuration: host \"localhost\" is not a \
+             numeric IP address"
+        );
     }
 }

@@ -85,17 +85,20 @@ fn lane_for(shard: &Rc<Shard>, peer: &Arc<Peer>, idx: u16) -> (Rc<Lane>, bool) {
     (lane, true)
 }
 
-/// Drop queued and pending work of a transfer that ended early.
-pub(crate) fn cancel(shard: &Rc<Shard>, peer: &str, uid: u64, gen: u64) {
+/// Drop queued and pending work of a transfer that ended early (`why`: its failure).
+pub(crate) fn cancel(shard: &Rc<Shard>, peer: &str, uid: u64, gen: u64, why: &str) {
     for l in lanes_to(shard, peer) {
         let mid_frame = l.book.borrow_mut().cancel(uid, gen);
         if mid_frame {
-            // Its bytes are half on the wire: the stream cannot be resynchronised.
-            die(
-                shard,
-                &l,
-                "a transfer on this connection timed out mid-frame",
+            // Its bytes are half on the wire: the stream cannot be resynchronised. The
+            // transfers it takes with it fail for the reason that one did (often another
+            // lane's loss: the peer went away).
+            let msg = format!(
+                "connection to {} closed: transfer {uid} failed with a frame half sent on it \
+                 ({why})",
+                l.peer.key
             );
+            die_as(shard, &l, msg);
         }
     }
 }
@@ -126,8 +129,18 @@ pub(crate) fn close_all(shard: &Rc<Shard>) {
     }
 }
 
-/// Mark the lane dead, close its socket, and fail every transfer that had work on it.
+/// Mark the lane dead, close its socket, and fail every transfer that had work on it with
+/// "connection to PEER lost: `msg`".
 fn die(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: &str) {
+    die_as(
+        shard,
+        lane,
+        format!("connection to {} lost: {msg}", lane.peer.key),
+    );
+}
+
+/// [`die`], failing the transfers with `msg` as it is.
+fn die_as(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: String) {
     let Some(hit) = lane
         .book
         .borrow_mut()
@@ -153,7 +166,7 @@ fn die(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: &str) {
         let uids: Vec<u64> = hit.iter().take(8).map(|t| t.uid).collect();
         let more = if failed > uids.len() { ", ..." } else { "" };
         let what = format!(
-            "engine {}: lane {} to {} ({}) lost: {msg}; {failed} transfers failed (uids \
+            "engine {}: lane {} to {} ({}): {msg}; {failed} transfers failed (uids \
              {uids:?}{more})",
             shard.shared.key, lane.lane, lane.peer.key, lane.peer.addr
         );
@@ -163,7 +176,6 @@ fn die(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: &str) {
             log::warn!("{what}");
         }
     }
-    let msg = format!("connection to {} lost: {msg}", lane.peer.key);
     for to in hit {
         let report = Report::Lost { msg: msg.clone() };
         self::report(shard, &lane.peer.key, to, report);

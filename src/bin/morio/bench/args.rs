@@ -22,6 +22,8 @@ pub const MAX_ROWS: usize = 4096;
 pub const MAX_ITERS: usize = 10_000_000;
 /// Longest --spin-us.
 pub const MAX_SPIN_US: u64 = 1_000_000;
+/// Most shards per engine (as many as a CPU list may name).
+pub const MAX_SHARDS: u64 = 1024;
 
 /// Transfer direction, as seen from the initiator.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -86,7 +88,8 @@ pub struct Args {
     /// Run target and initiator as two child processes of this one, on disjoint CPU halves.
     #[arg(long, conflicts_with_all = ["role", "connect"])]
     pub loopback: bool,
-    /// Play one side only (start the target first; it prints `MORIO_BENCH_TARGET <port>`).
+    /// Play one side only (start the target first; it prints `MORIO_BENCH_TARGET <port>`
+    /// and allocates the buffer the initiator's options need).
     #[arg(long, value_enum)]
     pub role: Option<Role>,
     /// The target's side channel (initiator role).
@@ -164,7 +167,7 @@ pub struct Args {
     pub gpu_slot_bytes: Option<usize>,
 
     /// Shards per engine (default: one per allowed CPU, at most one per lane).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_SHARDS))]
     pub shards: Option<usize>,
     /// CPUs of this side's shards, e.g. 0-7 or 0,2,4 (--loopback: split between the sides).
     #[arg(long, value_parser = parse_cpus)]
@@ -205,6 +208,10 @@ pub struct Args {
     /// Skip the validation of each row's bytes.
     #[arg(long)]
     pub no_validate: bool,
+    /// Target role: the largest buffer an initiator may ask for (default: half of this
+    /// machine's memory).
+    #[arg(long, value_parser = parse_size)]
+    pub max_buffer_size: Option<usize>,
     /// Print a compact table of earlier --json files and exit.
     #[arg(long, value_name = "JSON", num_args = 1.., conflicts_with_all = ["loopback", "role"])]
     #[serde(skip)]
@@ -296,17 +303,31 @@ impl Args {
                 "--ceiling-bytes must give every stream at least one byte"
             );
         }
-        self.backend_config()
-            .validate()
+        let cfg = self.backend_config();
+        cfg.validate().context("bad backend option")?;
+        cfg.check_staging(self.shards.unwrap_or(1))
             .context("bad backend option")?;
         self.rows()?;
         let len = self.buffer_len()?;
-        let phys = physical_memory();
-        ensure!(
-            phys == 0 || len <= phys / 2,
-            "each side needs a {len}-byte buffer, more than half of this machine's {phys} bytes"
-        );
+        if self.role != Some(Role::Target) {
+            // (The target allocates what the initiator asks for, up to its own bound.)
+            let phys = physical_memory();
+            ensure!(
+                phys == 0 || len <= phys / 2,
+                "each side needs a {len}-byte buffer, more than half of this machine's {phys} \
+                 bytes"
+            );
+        }
         Ok(())
+    }
+
+    /// The largest buffer the target allocates for an initiator.
+    pub fn max_buffer_len(&self) -> usize {
+        self.max_buffer_size
+            .unwrap_or_else(|| match physical_memory() {
+                0 => usize::MAX,
+                phys => phys / 2,
+            })
     }
 
     /// The (message size, batch size) of each row, in order.

@@ -59,7 +59,7 @@ pub fn parse_cpus(s: &str) -> Result<CpuList, String> {
     Ok(CpuList(out))
 }
 
-/// `0-3,8` style text for a CPU list.
+/// `0-3,8,10,11` style text for a CPU list (runs of three or more as ranges).
 pub fn format_cpus(cpus: &[usize]) -> String {
     let mut parts = Vec::new();
     let mut i = 0;
@@ -68,14 +68,28 @@ pub fn format_cpus(cpus: &[usize]) -> String {
         while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
             j += 1;
         }
-        parts.push(if j > i {
-            format!("{}-{}", cpus[i], cpus[j])
+        if j >= i + 2 {
+            parts.push(format!("{}-{}", cpus[i], cpus[j]));
         } else {
-            cpus[i].to_string()
-        });
+            parts.extend(cpus[i..=j].iter().map(usize::to_string));
+        }
         i = j + 1;
     }
     parts.join(",")
+}
+
+/// What an engine's shards run on, for people: `0,1`, `4-7`, or `unpinned`.
+pub fn format_shard_cpus(cpus: &[Option<usize>]) -> String {
+    match cpus.iter().copied().collect::<Option<Vec<usize>>>() {
+        Some(c) if !c.is_empty() => format_cpus(&c),
+        Some(_) => "none".to_string(),
+        None if cpus.iter().all(Option::is_none) => "unpinned".to_string(),
+        None => cpus
+            .iter()
+            .map(|c| c.map_or("unpinned".to_string(), |c| c.to_string()))
+            .collect::<Vec<_>>()
+            .join(","),
+    }
 }
 
 impl Args {
@@ -203,7 +217,10 @@ mod tests {
     #[test]
     fn cpu_lists() {
         assert_eq!(parse_cpus("0-3,8").unwrap().0, [0, 1, 2, 3, 8]);
-        assert_eq!(format_cpus(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
+        assert_eq!(format_cpus(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10,11");
+        assert_eq!(format_shard_cpus(&[Some(0), Some(1)]), "0,1");
+        assert_eq!(format_shard_cpus(&[None, None]), "unpinned");
+        assert_eq!(format_shard_cpus(&[Some(4), None]), "4,unpinned");
         assert!(parse_cpus("5000").is_err());
     }
 

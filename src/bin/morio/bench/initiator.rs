@@ -4,6 +4,8 @@
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
@@ -17,7 +19,7 @@ use super::floor::{self, Floor, Shape};
 use super::report::{self, Report, Side};
 use super::runner::Runner;
 use super::stats::RowStats;
-use super::wire::{Channel, Reply, Request, TargetInfo};
+use super::wire::{Channel, Reply, Request, Setup, Welcome, MAGIC};
 
 /// Seed of the initiator's initial contents.
 const INITIAL_SEED: u64 = 0x1A17_1A70_0000_0001;
@@ -38,15 +40,43 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         .connect
         .as_deref()
         .context("--connect HOST:PORT is required")?;
-    let mut ch = Channel::connect(connect, Duration::from_secs(30))?;
-    let tdesc = EngineDesc::unpack(&ch.recv_frame()?).context("target's EngineDesc")?;
-    let tmem = MemoryDesc::unpack(&ch.recv_frame()?).context("target's MemoryDesc")?;
-    let tinfo: TargetInfo = ch.recv()?;
+    let mut ch = Channel::connect(connect, a.backend_config().op_timeout)?;
+    ch.send(&Setup {
+        magic: MAGIC.to_string(),
+        buffer_len: blen as u64,
+    })?;
+    let welcome = {
+        let _notice = Notice::after(
+            Duration::from_secs(2),
+            format!(
+                "waiting for the target at {connect} to set up its {blen}-byte buffer \
+                 (allocate, fill, register)"
+            ),
+        );
+        ch.recv::<Welcome>()
+            .with_context(|| format!("no setup answer from the target at {connect}"))?
+    };
+    let (tdesc, tmem, tinfo) = match welcome {
+        Welcome::Ready {
+            magic,
+            engine,
+            memory,
+            info,
+        } => {
+            ensure!(
+                magic == MAGIC,
+                "the target at {connect} speaks {magic:?}, this initiator {MAGIC:?}: use the \
+                 same morio on both sides"
+            );
+            let tdesc = EngineDesc::unpack(&engine).context("target's EngineDesc")?;
+            let tmem = MemoryDesc::unpack(&memory).context("target's MemoryDesc")?;
+            (tdesc, tmem, info)
+        }
+        Welcome::Refused { message } => bail!("the target at {connect}: {message}"),
+    };
     ensure!(
         tmem.size >= blen as u64,
-        "the target's buffer has {} bytes, this run needs {blen}: give the target the same \
-         size options (--buffer-size, --transfer-batch-size, --all, --all-batch, \
-         --sweep-max-size, --batch-contiguous)",
+        "the target's buffer has {} bytes, this run needs {blen}",
         tmem.size
     );
 
@@ -100,6 +130,8 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             if !done.is_empty() {
                 println!("{}", report::table(&done, None));
             }
+            // Best effort: the target may be gone, or the network with it.
+            ch.set_reply_timeout(Some(Duration::from_secs(5)));
             let _ = ch.call(&Request::Done);
             return Err(e);
         }
@@ -318,4 +350,38 @@ fn progress(rows: usize, per_row: usize) -> ProgressBar {
         .unwrap_or_else(|_| ProgressStyle::default_bar());
     pb.set_style(style);
     pb
+}
+
+/// A line on stderr saying what this process waits for, printed only if the wait lasts
+/// (after `after`, then every 10 s); silent once dropped.
+struct Notice {
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Notice {
+    fn after(after: Duration, what: String) -> Self {
+        let (stop, rx) = mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let t0 = std::time::Instant::now();
+            let mut wait = after;
+            while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(wait) {
+                eprintln!("morio bench: {what} ... {} s", t0.elapsed().as_secs());
+                wait = Duration::from_secs(10);
+            }
+        });
+        Self {
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Notice {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }

@@ -124,7 +124,8 @@ fn read_port(out: ChildStdout, target: &mut Guard) -> anyhow::Result<u16> {
             }
             Ok(_) | Err(mpsc::RecvTimeoutError::Disconnected) => {
                 let st = target.wait_or_kill(Duration::from_secs(5))?;
-                bail!("the target exited before printing its port ({st:?})");
+                let how = st.map_or("did not exit; killed".to_string(), |s| s.to_string());
+                bail!("the target process failed before it was ready ({how}; its error is above)");
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 if t0.elapsed() > TARGET_START {

@@ -20,6 +20,7 @@ use std::process::ExitCode;
 
 pub use args::Args;
 use args::Role;
+pub(crate) use data::alloc;
 
 /// Run `morio bench` with parsed options.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {

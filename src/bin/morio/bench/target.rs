@@ -1,16 +1,17 @@
-//! `morio bench --role target`: create the engine and its buffer, print
-//! `MORIO_BENCH_TARGET <port>` first on stdout, then serve one initiator over the side
-//! channel (descriptors, scramble, hash, ceiling receivers) until it says it is done.
+//! `morio bench --role target`: create the engine, print `MORIO_BENCH_TARGET <port>` first
+//! on stdout, then serve one initiator over the side channel: allocate the buffer its
+//! [`Setup`] asks for (within `--max-buffer-size`), hand out the descriptors, then answer
+//! its requests (scramble, hash, ceiling receivers) until it says it is done.
 
 use std::io::Write;
 use std::net::{IpAddr, TcpListener};
 use std::thread::JoinHandle;
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use morio::{EngineDesc, IoEngine, IoEngineConfig, RegisteredBuffer};
 
 use super::args::Args;
-use super::wire::{Channel, Reply, Request, TargetInfo};
+use super::wire::{Channel, Reply, Request, Setup, TargetInfo, Welcome, MAGIC};
 use super::{ceiling, data};
 
 /// Seed of the target's initial contents.
@@ -20,13 +21,9 @@ const INITIAL_SEED: u64 = 0x7A56_E7C3_0000_0001;
 pub fn run(a: &Args) -> anyhow::Result<()> {
     let host: IpAddr = a.host.parse().context("--host")?;
     let engine = IoEngine::new("morio-bench-target", IoEngineConfig::new(&a.host, 0))?;
-    engine
-        .create_backend(a.backend_config())
-        .context("target: TCP backend")?;
-    let buf = data::side_buffer(&engine, a, a.target_mem(), a.buffer_len()?)?;
-    if !a.no_validate {
-        data::scramble(&buf, INITIAL_SEED, buf.len())?;
-    }
+    let cfg = a.backend_config();
+    let link_timeout = cfg.op_timeout;
+    engine.create_backend(cfg).context("target: TCP backend")?;
     let listener = TcpListener::bind((host, a.port))
         .with_context(|| format!("target: side channel on {}:{}", a.host, a.port))?;
     let port = listener.local_addr()?.port();
@@ -34,21 +31,68 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     writeln!(out, "MORIO_BENCH_TARGET {port}")?;
     out.flush()?;
     drop(out);
+    if a.parent_pid.is_none() {
+        eprintln!(
+            "morio bench target: waiting for an initiator on {}:{port} (`morio bench --role \
+             initiator --connect {}:{port}`)",
+            a.host, a.host
+        );
+    }
 
     let (stream, peer) = listener.accept().context("target: accept")?;
     drop(listener);
     log::info!("target: initiator connected from {peer}");
-    let mut ch = Channel::new(stream)?;
-    ch.send_frame(&engine.engine_desc().pack())?;
-    ch.send_frame(&buf.desc().pack())?;
-    ch.send(&TargetInfo {
-        shards: engine.n_shards(),
-        cpus: a.cpus.as_ref().map(|c| c.0.clone()),
-        pid: std::process::id(),
+    let mut ch = Channel::new(stream, link_timeout, None)?;
+    let setup: Setup = ch.recv().context("the initiator's setup")?;
+    let buf = match prepare(&engine, a, &setup) {
+        Ok(b) => b,
+        Err(e) => {
+            let message = format!("{e:#}");
+            let _ = ch.send(&Welcome::Refused {
+                message: message.clone(),
+            });
+            bail!("{message}");
+        }
+    };
+    ch.send(&Welcome::Ready {
+        magic: MAGIC.to_string(),
+        engine: engine.engine_desc().pack(),
+        memory: buf.desc().pack(),
+        info: TargetInfo {
+            shards: engine.n_shards(),
+            cpus: a.cpus.as_ref().map(|c| c.0.clone()),
+            pid: std::process::id(),
+        },
     })?;
     let idesc = EngineDesc::unpack(&ch.recv_frame()?).context("initiator's EngineDesc")?;
     engine.register_remote_engine(&idesc)?;
     serve(&mut ch, a, host, &engine, &buf)
+}
+
+/// The buffer the initiator's setup asks for, filled unless `--no-validate`.
+fn prepare(engine: &IoEngine, a: &Args, setup: &Setup) -> anyhow::Result<RegisteredBuffer> {
+    if setup.magic != MAGIC {
+        bail!(
+            "the initiator speaks {:?}, this target {MAGIC:?}: use the same morio on both sides",
+            setup.magic
+        );
+    }
+    let max = a.max_buffer_len();
+    let len = usize::try_from(setup.buffer_len)
+        .ok()
+        .filter(|&l| l >= 1 && l <= max)
+        .with_context(|| {
+            format!(
+                "the target refuses a {}-byte buffer: it allows 1..={max} bytes \
+                 (--max-buffer-size on the target; default half its memory)",
+                setup.buffer_len
+            )
+        })?;
+    let buf = data::side_buffer(engine, a, a.target_mem(), len)?;
+    if !a.no_validate {
+        data::scramble(&buf, INITIAL_SEED, buf.len())?;
+    }
+    Ok(buf)
 }
 
 fn serve(

@@ -123,12 +123,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     // The first line is for scripts and tests; the rest for people.
     println!("MORIO_SERVE_CONTROL {control_addr}");
     println!(
-        "morio serve: engine {:?} on {}:{}, {} shards on CPUs {:?}, memory {}",
+        "morio serve: engine {:?} on {}:{}, {} shards on CPUs {}, memory {}",
         desc.key,
         desc.host,
         desc.port,
         engine.n_shards(),
-        engine.shard_cpus(),
+        crate::bench::argv::format_shard_cpus(&engine.shard_cpus()),
         regions
             .iter()
             .map(|(n, b)| format!("{n}={}B", b.len()))
