@@ -267,6 +267,12 @@ fn resident() -> u64 {
 /// its lanes up before the flood, transfers throughout.
 #[test]
 fn unauthenticated_clients_hold_at_most_a_handshakes_worth_each() {
+    run_alone("auth::unauthenticated_clients_hold_at_most_a_handshakes_worth_each_case");
+}
+
+#[test]
+#[ignore = "run alone by unauthenticated_clients_hold_at_most_a_handshakes_worth_each: it measures the process's memory"]
+fn unauthenticated_clients_hold_at_most_a_handshakes_worth_each_case() {
     use morio::proto::limits::{FRAME_MAGIC, MAX_BODY_BYTES, MAX_HANDSHAKE_BODY_BYTES};
     let (a, b) = pair_with("auth_mem", Some(SECRET), Some(SECRET));
     verified_traffic(&a, &b);

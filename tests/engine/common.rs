@@ -440,3 +440,28 @@ pub fn established_on_local_port(port: u16) -> usize {
         })
         .count()
 }
+
+/// Run the ignored test `case` (module path, e.g. `auth::some_case`) alone in a child
+/// process of this test binary and require it to pass: for tests that measure the whole
+/// process (its memory, its sockets), which tests running beside them on other threads of a
+/// `cargo test` process would disturb.
+pub fn run_alone(case: &str) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            case,
+            "--ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("1 passed"), "the case did not run: {text}");
+}

@@ -1905,6 +1905,12 @@ fn statm() -> (u64, u64) {
 /// allow. The process's memory stays put, and normal traffic flows after.
 #[test]
 fn hostile_chunk_counts_reserve_no_memory() {
+    run_alone("failures::hostile_chunk_counts_reserve_no_memory_case");
+}
+
+#[test]
+#[ignore = "run alone by hostile_chunk_counts_reserve_no_memory: it measures the process's memory"]
+fn hostile_chunk_counts_reserve_no_memory_case() {
     let (a, b) = hostile_pair("hostile_counts");
     let dst = b.alloc_buffer(4096).unwrap();
     let id = target_of(dst.desc());
