@@ -15,6 +15,10 @@ pub struct IoEngineConfig {
     pub host: String,
     /// Port; 0 binds an ephemeral port that [`crate::EngineDesc`] then carries.
     pub port: u16,
+    /// What the engine's descriptor tells peers to dial instead of `host`: for an engine
+    /// behind NAT or in a pod, the address (numeric, or a name peers resolve when they
+    /// register the descriptor) at which they reach it. `None`: `host` (see above).
+    pub advertise_host: Option<String>,
 }
 
 impl IoEngineConfig {
@@ -23,6 +27,7 @@ impl IoEngineConfig {
         Self {
             host: host.to_string(),
             port,
+            advertise_host: None,
         }
     }
 }

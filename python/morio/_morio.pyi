@@ -49,7 +49,8 @@ class IOEngineConfig:
     """Where an engine listens and what it advertises."""
     host: str
     port: int
-    def __init__(self, host: str = "", port: int = 0) -> None: ...
+    advertise_host: Optional[str]
+    def __init__(self, host: str = "", port: int = 0, *, advertise_host: Optional[str] = None) -> None: ...
 
 class TcpBackendConfig:
     """The TCP backend's settings: MORI-IO's keywords and defaults, then morio's (keyword-only).

@@ -18,24 +18,41 @@ pub struct PyIoEngineConfig {
     /// Port; 0 binds an ephemeral port that the engine's descriptor then carries.
     #[pyo3(get, set)]
     pub port: u16,
+    /// morio: what the descriptor tells peers to dial instead of `host` (behind NAT or in a
+    /// pod; a numeric address or a name peers resolve).
+    #[pyo3(get, set)]
+    pub advertise_host: Option<String>,
 }
 
 #[pymethods]
 impl PyIoEngineConfig {
     #[new]
-    #[pyo3(signature = (host = String::new(), port = 0))]
-    fn new(host: String, port: u16) -> Self {
-        Self { host, port }
+    #[pyo3(signature = (host = String::new(), port = 0, *, advertise_host = None))]
+    fn new(host: String, port: u16, advertise_host: Option<String>) -> Self {
+        Self {
+            host,
+            port,
+            advertise_host,
+        }
     }
 
     fn __repr__(&self) -> String {
-        format!("IOEngineConfig(host={:?}, port={})", self.host, self.port)
+        match &self.advertise_host {
+            None => format!("IOEngineConfig(host={:?}, port={})", self.host, self.port),
+            Some(a) => format!(
+                "IOEngineConfig(host={:?}, port={}, advertise_host={a:?})",
+                self.host, self.port
+            ),
+        }
     }
 }
 
 impl PyIoEngineConfig {
     pub fn to_rust(&self) -> IoEngineConfig {
-        IoEngineConfig::new(&self.host, self.port)
+        IoEngineConfig {
+            advertise_host: self.advertise_host.clone(),
+            ..IoEngineConfig::new(&self.host, self.port)
+        }
     }
 }
 

@@ -77,3 +77,21 @@ def test_check_host_passes_here_and_says_what_to_change_elsewhere():
     r = subprocess.run(["sh", "-c", f'ulimit -l 128 && exec "{sys.executable}" -c "$0"', code],
                        capture_output=True, text=True, timeout=60)
     assert "ulimit -l unlimited" in r.stdout, (r.stdout, r.stderr)
+
+
+def test_advertise_host_is_what_the_descriptor_carries(engines):
+    from morio import BackendType, IOEngine, IOEngineConfig
+
+    cfg = IOEngineConfig(host="", port=0, advertise_host="127.0.0.4")
+    assert "advertise_host" in repr(cfg)
+    e = IOEngine("adv_py", cfg)
+    try:
+        e.create_backend(BackendType.TCP, small_config())
+        assert e.get_engine_desc().host == "127.0.0.4"
+        a = engines.engine("adv_py_a")
+        a.register_remote_engine(e.get_engine_desc())
+        src, dst = pattern(4096, 4), np.zeros(4096, np.uint8)
+        wait_ok(a.write(a.register_array(src), 0, e.register_array(dst), 0, 4096, a.allocate_transfer_uid()))
+        assert np.array_equal(dst, src)
+    finally:
+        e.close()

@@ -68,9 +68,16 @@ impl IoEngine {
             Some(ip) if ip.is_unspecified() => Some(advertised_address(ip.is_ipv6(), key)),
             Some(_) => None,
         };
+        let explicit = match cfg.advertise_host.as_deref() {
+            Some(h) if h.is_empty() || h.len() > MAX_KEY_BYTES => {
+                return Err(ConfigError::Host(h.to_string()).into());
+            }
+            other => other.map(str::to_string),
+        };
+        let advertise = explicit.or_else(|| advertise.map(|ip| ip.to_string()));
         let core = Core::new(key, cfg);
-        if let Some(ip) = advertise {
-            lock(&core.desc).host = ip.to_string();
+        if let Some(host) = advertise {
+            lock(&core.desc).host = host;
         }
         Ok(Self {
             core: Arc::new(core),

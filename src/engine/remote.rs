@@ -18,7 +18,9 @@ impl IoEngine {
     /// As in MORI-IO, the descriptor of a peer that has no backend yet (port 0) is accepted:
     /// transfers to it fail with an error status naming the cause until its descriptor is
     /// registered again after its `create_backend`. An empty host (an engine listening on
-    /// all interfaces) is reached at 127.0.0.1.
+    /// all interfaces) is reached at 127.0.0.1. A host that is a name (an advertised address,
+    /// [`crate::IoEngineConfig::advertise_host`]) is resolved here, once: its first IPv4
+    /// address, else its first address.
     pub fn register_remote_engine(&self, desc: &EngineDesc) -> Result<(), EngineError> {
         let bad = || EngineError::BadRemoteAddress {
             key: desc.key.clone(),
@@ -27,8 +29,10 @@ impl IoEngine {
         };
         let ip: IpAddr = if desc.host.is_empty() {
             IpAddr::from([127, 0, 0, 1])
+        } else if let Ok(ip) = desc.host.parse() {
+            ip
         } else {
-            desc.host.parse().map_err(|_| bad())?
+            resolve(&desc.host).ok_or_else(bad)?
         };
         if desc.key.is_empty() {
             return Err(bad());
@@ -51,4 +55,15 @@ impl IoEngine {
             }
         }
     }
+}
+
+/// The address of host name `name`: its first IPv4 address, else its first address.
+fn resolve(name: &str) -> Option<IpAddr> {
+    use std::net::ToSocketAddrs;
+    let addrs: Vec<IpAddr> = (name, 0).to_socket_addrs().ok()?.map(|a| a.ip()).collect();
+    addrs
+        .iter()
+        .find(|ip| ip.is_ipv4())
+        .or_else(|| addrs.first())
+        .copied()
 }

@@ -17,6 +17,9 @@ key = "morio-serve"
 host = "127.0.0.1"
 # Data port (0: ephemeral; the control service reports the one bound).
 port = 0
+# What descriptors tell peers to dial, when it is not `host` (behind NAT, in a pod): a
+# numeric address or a name peers resolve.
+# advertise_host = "node-7.example"
 
 [tcp]
 # Lanes (TCP connections) per peer, 1..=16.
@@ -94,6 +97,8 @@ pub struct EngineSection {
     pub host: String,
     #[serde(default)]
     pub port: u16,
+    #[serde(default)]
+    pub advertise_host: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -274,6 +279,13 @@ mod tests {
         assert_eq!(c.memory.len(), 1);
         assert_eq!(c.memory[0].size, Size(1 << 30));
         assert_eq!(c.memory[0].gpu, None);
+        assert_eq!(c.engine.advertise_host, None);
+        let adv = DEFAULT_TOML.replace(
+            "# advertise_host = \"node-7.example\"",
+            "advertise_host = \"10.1.2.3\"",
+        );
+        let adv = ServeConfig::parse(&adv).unwrap();
+        assert_eq!(adv.engine.advertise_host.as_deref(), Some("10.1.2.3"));
         let g = ServeConfig::parse(&DEFAULT_TOML.replace("# gpu = 0", "gpu = 1")).unwrap();
         assert_eq!(g.memory[0].gpu, Some(1));
         let t = c.tcp_config();

@@ -75,7 +75,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 
     let engine = IoEngine::new(
         &cfg.engine.key,
-        IoEngineConfig::new(&cfg.engine.host, cfg.engine.port),
+        IoEngineConfig {
+            advertise_host: cfg.engine.advertise_host.clone(),
+            ..IoEngineConfig::new(&cfg.engine.host, cfg.engine.port)
+        },
     )?;
     let mut tcp = cfg.tcp_config();
     tcp.auth_secret = cfg.auth_secret()?;
