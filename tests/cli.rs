@@ -11,6 +11,7 @@ fn morio(args: &[&str]) -> (Output, Duration) {
         .args(args)
         .env("RUST_BACKTRACE", "1")
         .env_remove("RUST_LOG")
+        .env_remove("MORIO_LOG")
         .output()
         .expect("run morio");
     (out, t.elapsed())
@@ -138,4 +139,44 @@ fn loopback_reports_each_phase() {
             .unwrap_or_else(|| panic!("no {phase:?} after byte {at}: {text}"));
         at += i + phase.len();
     }
+}
+
+/// `--log-level` and `--log-format json`: the library's records come out as JSON objects
+/// naming their module; a bad level is one clear error.
+#[test]
+fn logs_are_leveled_and_can_be_json() {
+    let (out, _) = morio(&[
+        "loopback",
+        "--size",
+        "8MiB",
+        "--no-pin",
+        "--log-level",
+        "info",
+        "--log-format",
+        "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    let records: Vec<serde_json::Value> = err
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(
+        records.iter().any(|r| r["level"] == "INFO"
+            && r["target"] == "morio::engine::backend"
+            && r["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("listening on port"))),
+        "{err}"
+    );
+    // The default level shows no info records.
+    let (quiet, _) = morio(&["loopback", "--size", "8MiB", "--no-pin"]);
+    assert!(!String::from_utf8_lossy(&quiet.stderr).contains("listening on port"));
+    let (bad, _) = morio(&["check", "--log-level", "warn,["]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--log-level"));
 }

@@ -3,6 +3,7 @@
 //! bench` runs MORI-IO's benchmark table between two processes, with the raw-TCP ceiling.
 
 mod bench;
+mod logs;
 mod loopback;
 mod serve;
 mod topology;
@@ -24,6 +25,13 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// Log level (`error`, `warn`, `info`, `debug`, `trace`) or a filter such as
+    /// `warn,morio::service=debug`; default: `MORIO_LOG`, then `RUST_LOG`, then `warn`.
+    #[arg(long, global = true, value_name = "LEVEL")]
+    log_level: Option<String>,
+    /// Log lines as readable text or as JSON objects (on stderr).
+    #[arg(long, global = true, value_enum, default_value_t = logs::Format::Human)]
+    log_format: logs::Format,
 }
 
 #[derive(Subcommand, Debug)]
@@ -47,8 +55,12 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let r = match Cli::parse().cmd {
+    let cli = Cli::parse();
+    if let Err(e) = logs::init(cli.log_level.as_deref(), cli.log_format) {
+        eprintln!("morio: error: {e}");
+        return ExitCode::from(2);
+    }
+    let r = match cli.cmd {
         Cmd::Loopback(a) => loopback::run(a).map(|()| ExitCode::SUCCESS),
         Cmd::Bench(a) => bench::run(*a),
         Cmd::Serve(a) => serve::run(a).map(|()| ExitCode::SUCCESS),
