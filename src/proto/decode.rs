@@ -208,7 +208,10 @@ pub fn decode_body(h: &Header, body: &[u8]) -> Result<Frame, DecodeError> {
             msg: r.msg()?,
         },
     };
-    if !r.b.is_empty() {
+    // HELLO and HELLO_ACK may grow at their end in later versions: what follows the fields
+    // this version knows is ignored there (and only there).
+    let grows = matches!(h.kind, Kind::Hello | Kind::HelloAck);
+    if !r.b.is_empty() && !grows {
         return Err(DecodeError::Trailing(r.b.len()));
     }
     let expected = match &frame {

@@ -17,7 +17,7 @@ use sha2::Sha256;
 
 use super::codes;
 use super::frame::{Hello, HelloAck};
-use super::limits::{MAX_LANES, NONCE_BYTES, PROOF_BYTES, VERSION};
+use super::limits::{MAX_LANES, MIN_VERSION, NONCE_BYTES, PROOF_BYTES, VERSION};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -88,9 +88,9 @@ pub fn check_hello(hello: &Hello, me: &str) -> Result<(), Refused> {
         code: codes::ERR_INVALID_ARGS,
         msg,
     };
-    if hello.version != VERSION {
+    if hello.version < MIN_VERSION {
         Err(bad(format!(
-            "protocol version {} not supported (want {VERSION})",
+            "protocol version {} is older than the oldest this engine speaks ({MIN_VERSION})",
             hello.version
         )))
     } else if hello.dst_key != me {
@@ -124,6 +124,12 @@ pub fn refusal(r: Refused, secret: Option<&[u8]>) -> HelloAck {
     }
 }
 
+/// The version a connection speaks: the newer both sides know (the dialer offered
+/// `hello.version`; the acceptor checked it is not older than [`MIN_VERSION`]).
+pub fn spoken(hello: &Hello) -> u32 {
+    hello.version.min(VERSION)
+}
+
 /// The acceptor's answer to a HELLO it accepts, as engine `me`: with a secret, no key but a
 /// proof over the acceptor's fresh `nonce` (the dialer must then answer AUTH).
 pub fn accept(
@@ -134,7 +140,7 @@ pub fn accept(
 ) -> HelloAck {
     match secret {
         Some(s) => HelloAck {
-            version: VERSION,
+            version: spoken(hello),
             code: codes::SUCCESS,
             key: String::new(),
             msg: String::new(),
@@ -142,7 +148,7 @@ pub fn accept(
             proof: Some(proof(s, Role::Acceptor, hello, &nonce)),
         },
         None => HelloAck {
-            version: VERSION,
+            version: spoken(hello),
             code: codes::SUCCESS,
             key: me.to_string(),
             msg: String::new(),
@@ -174,9 +180,9 @@ pub fn check_ack(
     if ack.code != codes::SUCCESS {
         return Err(format!("peer refused the connection: {}", ack.msg));
     }
-    if ack.version != VERSION {
+    if ack.version < MIN_VERSION || ack.version > hello.version.min(VERSION) {
         return Err(format!(
-            "peer speaks protocol version {}, we speak {VERSION}",
+            "peer answered protocol version {}; we speak {MIN_VERSION} to {VERSION}",
             ack.version
         ));
     }
@@ -230,7 +236,7 @@ mod tests {
         );
         for h in [
             Hello {
-                version: VERSION + 1,
+                version: MIN_VERSION - 1,
                 ..hello()
             },
             Hello {
@@ -254,6 +260,50 @@ mod tests {
                 "{h:?}"
             );
         }
+    }
+
+    /// A newer dialer (a later version whose HELLO carries more at its end) is answered with
+    /// this version, which both then speak; an older one than this build knows is refused.
+    #[test]
+    fn versions_are_negotiated_down_to_the_newer_both_know() {
+        use crate::proto::decode::decode_frame;
+        use crate::proto::frame::Frame;
+        let newer = Hello {
+            version: VERSION + 1,
+            ..hello()
+        };
+        let mut bytes = Vec::new();
+        Frame::Hello(newer.clone()).encode(0, &mut bytes);
+        // A field a later version appends: the body grows by 8 bytes.
+        bytes.extend_from_slice(&[0xEE; 8]);
+        let body = (bytes.len() - crate::proto::limits::HEADER_BYTES) as u32;
+        bytes[4..8].copy_from_slice(&body.to_le_bytes());
+        let Ok(Some((Frame::Hello(got), 0, used))) = decode_frame(&bytes) else {
+            panic!("a newer HELLO must decode");
+        };
+        assert_eq!((got.clone(), used), (newer.clone(), bytes.len()));
+        assert_eq!(check_hello(&got, "b"), Ok(()));
+        for secret in [None, Some(&b"a secret of the deployment"[..])] {
+            let ack = accept("b", &got, secret, [1; NONCE_BYTES]);
+            assert_eq!(ack.version, VERSION, "spoken: the newer both know");
+            // The newer dialer, speaking this version now, takes the answer.
+            assert!(check_ack(&ack, &newer, secret).is_ok());
+        }
+        // An answer above what the dialer offered, or below what it knows, is refused.
+        let mut ack = accept("b", &hello(), None, [0; NONCE_BYTES]);
+        ack.version = VERSION + 1;
+        assert!(check_ack(&ack, &hello(), None).is_err());
+        ack.version = MIN_VERSION - 1;
+        assert!(check_ack(&ack, &hello(), None)
+            .unwrap_err()
+            .contains("protocol version"));
+        // Other frames do not grow: trailing bytes there are an error.
+        let mut auth = Vec::new();
+        Frame::Auth([2; PROOF_BYTES]).encode(0, &mut auth);
+        auth.push(0);
+        let body = (auth.len() - crate::proto::limits::HEADER_BYTES) as u32;
+        auth[4..8].copy_from_slice(&body.to_le_bytes());
+        assert!(decode_frame(&auth).is_err());
     }
 
     #[test]

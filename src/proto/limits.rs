@@ -1,8 +1,12 @@
 //! Named limits: every length read from the wire is checked against one of these before it
 //! allocates or places a byte.
 
-/// Protocol version carried in HELLO; peers must match exactly.
+/// The newest protocol version this build speaks, offered in HELLO; the acceptor answers with
+/// the version the connection then speaks (PROTOCOL.md, "Versions").
 pub const VERSION: u32 = 6;
+/// The oldest protocol version this build speaks (HELLO's and HELLO_ACK's layouts are fixed
+/// from this version on; later versions only append fields to them).
+pub const MIN_VERSION: u32 = 6;
 /// Random bytes each side of a handshake contributes ([`super::handshake`]).
 pub const NONCE_BYTES: usize = 16;
 /// An HMAC-SHA-256 proof in the handshake.

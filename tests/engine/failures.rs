@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use morio::proto::codes;
 use morio::proto::frame::{Chunk, Frame, Hello, Seg};
-use morio::proto::limits::{CHUNK_FIXED_BYTES, HEADER_BYTES, VERSION};
+use morio::proto::limits::{CHUNK_FIXED_BYTES, HEADER_BYTES, MIN_VERSION, VERSION};
 use morio::{
     AccessKey, EngineError, IoEngine, IoEngineConfig, MemoryDesc, MemoryLocationType,
     RegisterOptions, RegisteredBuffer, StatusCode, TransferStatus,
@@ -844,7 +844,11 @@ fn hostile_bad_hellos_are_refused_with_a_code() {
         ),
         ("lane >= n_lanes", bad(VERSION, 2, 2, "x", b.key()), None),
         ("17 lanes", bad(VERSION, 0, 17, "x", b.key()), None),
-        ("version 99", bad(99, 0, 1, "x", b.key()), None),
+        (
+            "a version older than any this build speaks",
+            bad(MIN_VERSION - 1, 0, 1, "x", b.key()),
+            None,
+        ),
         ("empty src key", bad(VERSION, 0, 1, "", b.key()), None),
     ];
     let mut conns = Vec::new();
@@ -2167,4 +2171,35 @@ fn regions_larger_than_physical_memory_are_refused() {
         e.alloc_buffer(1 << 50),
         Err(EngineError::RegionTooLarge { .. })
     ));
+}
+
+/// A dialer of a later version (its HELLO offers version + 1 and carries a field this build
+/// does not know) is answered with this version, which the connection then speaks: a fleet
+/// upgrades node by node.
+#[test]
+fn a_newer_dialer_is_answered_with_this_version() {
+    let (a, b) = hostile_pair("newer_dialer");
+    let port = b.engine_desc().port;
+    let mut bytes = encode(
+        &Frame::Hello(Hello {
+            version: VERSION + 1,
+            lane: 0,
+            n_lanes: 1,
+            src_key: "newer".into(),
+            dst_key: b.key().into(),
+            instance: 5,
+            nonce: [9; 16],
+        }),
+        0,
+    );
+    bytes.extend_from_slice(&[0xAB; 12]);
+    let body = (bytes.len() - HEADER_BYTES) as u32;
+    bytes[4..8].copy_from_slice(&body.to_le_bytes());
+    let mut s = raw_connect(port);
+    s.write_all(&bytes).unwrap();
+    match read_frame(&mut s, Duration::from_secs(10)) {
+        Frame::HelloAck(ack) => assert_eq!((ack.code, ack.version), (codes::SUCCESS, VERSION)),
+        f => panic!("expected HELLO_ACK, got {f:?}"),
+    }
+    normal_traffic(&a, &b);
 }
