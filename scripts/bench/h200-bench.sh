@@ -24,6 +24,9 @@
 #                                       # keep (1 MiB x 256 write and read, 8 B x 256 write, single
 #                                       # 8 B write) from each binary of BINS, interleaved ROUNDS
 #                                       # times (default 3), one summary row per run
+#   scripts/bench/h200-bench.sh authab  # there (or here): the same rows as archab from BIN,
+#                                       # without and with MORIO_AUTH_SECRET (peer
+#                                       # authentication on), interleaved ROUNDS times
 #   scripts/bench/h200-bench.sh ftrace  # there (root): the single 8 B and 8 B x 256 write rows under
 #                                       # ftrace (send syscalls, IPIs, io_uring task work), then
 #                                       # scripts/bench/kernel-sends.py on each buffer
@@ -46,7 +49,7 @@ OUT_DIR="${OUT:-/tmp/morio-bench}"
 ITERS="${ITERS:-128}"
 
 usage() {
-	echo "usage: $0 build|run|tp|gpu|lat|trace|cpus|ab|archab|stripes|ftrace" >&2
+	echo "usage: $0 build|run|tp|gpu|lat|trace|cpus|ab|archab|authab|stripes|ftrace" >&2
 	exit 2
 }
 
@@ -345,6 +348,29 @@ archab() {
 	finish
 }
 
+# authab: authentication's cost, every row without and with a deployment secret in turn.
+authab() {
+	begin
+	local big=(--buffer-size 1048576 --transfer-batch-size 256 --enable-batch-transfer
+		--enable-sess --batch-contiguous)
+	local r mode tag
+	for ((r = 1; r <= ${ROUNDS:-3}; r++)); do
+		for mode in off on; do
+			if [[ ${mode} == on ]]; then
+				export MORIO_AUTH_SECRET="morio bench deployment secret"
+			else
+				unset MORIO_AUTH_SECRET
+			fi
+			tag="r${r}-auth-${mode}"
+			add "w1m-${tag}" --op-type write "${big[@]}"
+			add "r1m-${tag}" --op-type read "${big[@]}"
+			add "w8b1-${tag}" --op-type write --buffer-size 8 --transfer-batch-size 1 --no-ceiling
+		done
+	done
+	unset MORIO_AUTH_SECRET
+	finish
+}
+
 # ftrace: the kernel's side of the small rows (is a send dearer for morio than for the floor?).
 ftrace() {
 	local t=/sys/kernel/tracing
@@ -379,6 +405,7 @@ ftrace() {
 case "${1:-}" in
 ab) ab ;;
 archab) archab ;;
+authab) authab ;;
 ftrace) ftrace ;;
 stripes) stripes ;;
 cpus) cpus ;;
