@@ -1,0 +1,220 @@
+//! Discovery on a real etcd (Debian's `etcd-server`), started by each test on free loopback
+//! ports with a temporary data directory and killed after: engines publish under a lease, a
+//! watcher registers and forgets them, transfers follow.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use morio::discovery::{Discovery, DiscoveryError, DiscoveryOptions};
+use morio::{IoEngine, IoEngineConfig, RegisteredBuffer, StatusCode, TcpBackendConfig};
+
+const ETCD: &str = "etcd";
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// An etcd of this test's own; killed (and its data removed) on drop.
+struct Etcd {
+    child: Child,
+    dir: PathBuf,
+    endpoint: String,
+}
+
+impl Etcd {
+    fn start() -> Etcd {
+        let found = Command::new(ETCD)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(
+            found,
+            "no `etcd` binary on PATH: these tests start a real etcd. Install it \
+             (`apt-get install etcd-server` on Debian, then make sure no system etcd service \
+             keeps running) or run .ci/run, which does"
+        );
+        let (client, peer) = (free_port(), free_port());
+        let dir = std::env::temp_dir().join(format!(
+            "morio-etcd-{}-{client}-{}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        let c = format!("http://127.0.0.1:{client}");
+        let p = format!("http://127.0.0.1:{peer}");
+        let child = Command::new(ETCD)
+            .args(["--name", "morio-test", "--data-dir"])
+            .arg(&dir)
+            .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
+            .args([
+                "--listen-peer-urls",
+                &p,
+                "--initial-advertise-peer-urls",
+                &p,
+            ])
+            .args(["--initial-cluster", &format!("morio-test={p}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start etcd");
+        let etcd = Etcd {
+            child,
+            dir,
+            endpoint: format!("127.0.0.1:{client}"),
+        };
+        let t0 = Instant::now();
+        loop {
+            let o = DiscoveryOptions {
+                connect_timeout: Duration::from_millis(500),
+                ..Default::default()
+            };
+            match Discovery::connect_with(&[&etcd.endpoint], "/probe", o) {
+                Ok(_) => break,
+                Err(e) if t0.elapsed() > Duration::from_secs(20) => {
+                    panic!("etcd did not come up: {e}")
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+        etcd
+    }
+
+    fn connect(&self, prefix: &str) -> Discovery {
+        let o = DiscoveryOptions {
+            lease_ttl: Duration::from_secs(2),
+            ..Default::default()
+        };
+        Discovery::connect_with(&[&self.endpoint], prefix, o).expect("connect to etcd")
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn engine(key: &str) -> IoEngine {
+    let e = IoEngine::new(key, IoEngineConfig::new("127.0.0.1", 0)).unwrap();
+    e.create_backend(TcpBackendConfig {
+        num_shards: Some(2),
+        pin_shards: false,
+        op_timeout: Duration::from_secs(10),
+        ..Default::default()
+    })
+    .unwrap();
+    e
+}
+
+fn filled(e: &IoEngine, n: usize, seed: u8) -> RegisteredBuffer {
+    let b = e.alloc_buffer(n).unwrap();
+    let bytes: Vec<u8> = (0..n).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect();
+    b.write_at(0, &bytes);
+    b
+}
+
+/// Write `n` bytes from `src` into `remote`'s region published as `kv` by engine `key`
+/// (looked up in etcd) and return the status code.
+fn write_to(d: &Discovery, me: &IoEngine, src: &RegisteredBuffer, key: &str) -> StatusCode {
+    let regions = d.regions(key).unwrap();
+    let (_, dst) = regions.iter().find(|(n, _)| n == "kv").expect("kv region");
+    let st = me.write(src.desc(), 0, dst, 0, src.len(), me.allocate_transfer_uid());
+    st.wait_for(Duration::from_secs(10));
+    st.code()
+}
+
+#[test]
+fn unreachable_etcd_is_a_clear_error_within_the_connect_timeout() {
+    let port = free_port(); // nothing listens there now
+    let t0 = Instant::now();
+    let o = DiscoveryOptions {
+        connect_timeout: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let e = Discovery::connect_with(&[format!("127.0.0.1:{port}")], "/morio", o).unwrap_err();
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert!(matches!(e, DiscoveryError::Unreachable { .. }), "{e:?}");
+    assert!(e.to_string().contains(&port.to_string()), "{e}");
+}
+
+#[test]
+fn engines_publish_are_watched_move_data_and_are_forgotten_when_their_lease_goes() {
+    let etcd = Etcd::start();
+    let n = 256 << 10;
+    let (a, b, c) = (engine("disc_a"), engine("disc_b"), engine("disc_c"));
+    let (ra, rb) = (a.alloc_buffer(n).unwrap(), b.alloc_buffer(n).unwrap());
+    let da = etcd.connect("/t1");
+    da.publish(&a, &[("kv", ra.desc())]).unwrap();
+    let db = etcd.connect("/t1");
+    db.publish(&b, &[("kv", rb.desc())]).unwrap();
+    assert!(matches!(
+        db.publish(&b, &[("a/b", rb.desc())]),
+        Err(DiscoveryError::RegionName(_))
+    ));
+
+    // Lookups see what was published.
+    let dc = etcd.connect("/t1");
+    assert_eq!(dc.lookup("disc_a").unwrap(), Some(a.engine_desc()));
+    assert_eq!(dc.lookup("nobody").unwrap(), None);
+    let regions = dc.regions("disc_b").unwrap();
+    assert_eq!(regions.len(), 1);
+    assert_eq!(regions[0].0, "kv");
+    assert_eq!(&regions[0].1, rb.desc());
+
+    // The watcher registers both peers on c; data moves, verified.
+    dc.watch(&c).unwrap();
+    let src = filled(&c, n, 7);
+    assert_eq!(write_to(&dc, &c, &src, "disc_a"), StatusCode::Success);
+    assert_eq!(write_to(&dc, &c, &src, "disc_b"), StatusCode::Success);
+    assert_eq!(ra.to_vec(), src.to_vec());
+    assert_eq!(rb.to_vec(), src.to_vec());
+    let a_region = dc.regions("disc_a").unwrap().remove(0).1;
+
+    // a's handle goes (its lease is revoked): c forgets a within the TTL; b still works.
+    drop(da);
+    let t0 = Instant::now();
+    loop {
+        let st = c.write(src.desc(), 0, &a_region, 0, n, c.allocate_transfer_uid());
+        st.wait_for(Duration::from_secs(10));
+        if st.code() != StatusCode::Success {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(2),
+            "c still reaches a {:?} after a's lease went",
+            t0.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(dc.lookup("disc_a").unwrap(), None);
+    assert!(dc.regions("disc_a").unwrap().is_empty());
+    assert_eq!(write_to(&dc, &c, &src, "disc_b"), StatusCode::Success);
+
+    // a restarts (a new engine, a new port, new regions): c registers it again.
+    drop(ra);
+    drop(a);
+    let a2 = engine("disc_a");
+    let ra2 = a2.alloc_buffer(n).unwrap();
+    let da2 = etcd.connect("/t1");
+    da2.publish(&a2, &[("kv", ra2.desc())]).unwrap();
+    let t0 = Instant::now();
+    while write_to(&dc, &c, &src, "disc_a") != StatusCode::Success {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "restarted a unreachable"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(ra2.to_vec(), src.to_vec());
+    da2.close().unwrap();
+    drop(db);
+}
