@@ -15,7 +15,8 @@
 //!
 //! The etcd client runs on a small tokio runtime on one background thread owned by the
 //! handle, never on an engine's shards; the calls here block the calling thread until etcd
-//! answers or the handle's timeout passes.
+//! answers or the handle's timeout passes (so call them, and drop the handle, outside any
+//! tokio runtime of your own).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, Weak};
@@ -23,7 +24,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, ConnectOptions, EventType, GetOptions, PutOptions, WatchOptions, WatchStream, Watcher,
+    Client, ConnectOptions, EventType, GetOptions, LeaseKeepAliveStream, LeaseKeeper, PutOptions,
+    WatchOptions, WatchStream, Watcher,
 };
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
@@ -230,28 +232,14 @@ impl Discovery {
             .run("lease grant", async move { c.lease_grant(ttl, None).await })?
             .id();
         let mut c = self.client.clone();
-        let (mut keeper, mut stream) =
+        let (keeper, stream) =
             self.run(
                 "lease keep-alive",
                 async move { c.lease_keep_alive(id).await },
             )?;
         let every = Duration::from_millis((ttl as u64 * 1000 / 3).max(200));
-        self.rt.spawn(async move {
-            loop {
-                if keeper.keep_alive().await.is_err() {
-                    log::warn!("etcd lease {id:x}: keep-alive failed; published keys may expire");
-                    return;
-                }
-                match stream.message().await {
-                    Ok(Some(r)) if r.ttl() > 0 => {}
-                    _ => {
-                        log::warn!("etcd lease {id:x} expired or was revoked");
-                        return;
-                    }
-                }
-                tokio::time::sleep(every).await;
-            }
-        });
+        let client = self.client.clone();
+        self.rt.spawn(keep_alive(client, id, keeper, stream, every));
         *slot = Some(id);
         Ok(id)
     }
@@ -397,6 +385,38 @@ impl Drop for Discovery {
     fn drop(&mut self) {
         if let Err(e) = self.shutdown() {
             log::warn!("discovery: {e}");
+        }
+    }
+}
+
+/// Refresh lease `id` every `every` until it is gone; a broken keep-alive stream (a lost
+/// connection, an etcd restart) is opened again while the lease may still live.
+async fn keep_alive(
+    mut c: Client,
+    id: i64,
+    mut keeper: LeaseKeeper,
+    mut stream: LeaseKeepAliveStream,
+    every: Duration,
+) {
+    loop {
+        let answer = match keeper.keep_alive().await {
+            Ok(()) => stream.message().await,
+            Err(e) => Err(e),
+        };
+        match answer {
+            Ok(Some(r)) if r.ttl() > 0 => tokio::time::sleep(every).await,
+            Ok(_) => {
+                log::warn!("etcd lease {id:x} expired or was revoked: published keys are gone");
+                return;
+            }
+            Err(e) => {
+                log::warn!("etcd lease {id:x}: keep-alive failed ({e}); retrying");
+                tokio::time::sleep(every).await;
+                match c.lease_keep_alive(id).await {
+                    Ok((k, s)) => (keeper, stream) = (k, s),
+                    Err(e) => log::warn!("etcd lease {id:x}: {e}"),
+                }
+            }
         }
     }
 }

@@ -25,6 +25,7 @@ struct Etcd {
     child: Child,
     dir: PathBuf,
     endpoint: String,
+    peer: u16,
 }
 
 impl Etcd {
@@ -47,11 +48,24 @@ impl Etcd {
             std::process::id(),
             rand::random::<u32>()
         ));
-        let c = format!("http://127.0.0.1:{client}");
+        let endpoint = format!("127.0.0.1:{client}");
+        let child = Self::spawn(&dir, &endpoint, peer);
+        let etcd = Etcd {
+            child,
+            dir,
+            endpoint,
+            peer,
+        };
+        etcd.wait_ready();
+        etcd
+    }
+
+    fn spawn(dir: &PathBuf, endpoint: &str, peer: u16) -> Child {
+        let c = format!("http://{endpoint}");
         let p = format!("http://127.0.0.1:{peer}");
-        let child = Command::new(ETCD)
+        Command::new(ETCD)
             .args(["--name", "morio-test", "--data-dir"])
-            .arg(&dir)
+            .arg(dir)
             .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
             .args([
                 "--listen-peer-urls",
@@ -63,19 +77,17 @@ impl Etcd {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("start etcd");
-        let etcd = Etcd {
-            child,
-            dir,
-            endpoint: format!("127.0.0.1:{client}"),
-        };
+            .expect("start etcd")
+    }
+
+    fn wait_ready(&self) {
         let t0 = Instant::now();
         loop {
             let o = DiscoveryOptions {
                 connect_timeout: Duration::from_millis(500),
                 ..Default::default()
             };
-            match Discovery::connect_with(&[&etcd.endpoint], "/probe", o) {
+            match Discovery::connect_with(&[&self.endpoint], "/probe", o) {
                 Ok(_) => break,
                 Err(e) if t0.elapsed() > Duration::from_secs(20) => {
                     panic!("etcd did not come up: {e}")
@@ -83,7 +95,15 @@ impl Etcd {
                 Err(_) => std::thread::sleep(Duration::from_millis(100)),
             }
         }
-        etcd
+    }
+
+    /// Kill etcd, wait `down`, start it again on the same ports and data.
+    fn restart(&mut self, down: Duration) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::thread::sleep(down);
+        self.child = Self::spawn(&self.dir, &self.endpoint, self.peer);
+        self.wait_ready();
     }
 
     fn connect(&self, prefix: &str) -> Discovery {
@@ -374,4 +394,39 @@ fn a_killed_serve_expires_with_its_lease_and_watchers_forget_it() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// etcd restarts under a live handle: the keep-alive and the watch reconnect by themselves,
+/// so the published engine stays (well past its TTL) and a peer published after the restart
+/// is registered by the watcher.
+#[test]
+fn keep_alive_and_watch_survive_an_etcd_restart() {
+    let mut etcd = Etcd::start();
+    let n = 4096;
+    let (a, b, c) = (engine("rs_a"), engine("rs_b"), engine("rs_c"));
+    let ra = a.alloc_buffer(n).unwrap();
+    let da = etcd.connect("/t4");
+    da.publish(&a, &[("kv", ra.desc())]).unwrap();
+    let dc = etcd.connect("/t4");
+    dc.watch(&c).unwrap();
+    etcd.restart(Duration::from_millis(500));
+    std::thread::sleep(Duration::from_secs(5)); // more than twice the 2 s TTL
+    assert!(
+        dc.lookup("rs_a").unwrap().is_some(),
+        "a's lease was not kept alive"
+    );
+    let rb = b.alloc_buffer(n).unwrap();
+    let db = etcd.connect("/t4");
+    db.publish(&b, &[("kv", rb.desc())]).unwrap();
+    let src = filled(&c, n, 9);
+    let t0 = Instant::now();
+    while write_to(&dc, &c, &src, "rs_b") != StatusCode::Success {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the watch did not resume"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(rb.to_vec(), src.to_vec());
+    assert_eq!(write_to(&dc, &c, &src, "rs_a"), StatusCode::Success);
 }
