@@ -18,8 +18,9 @@
 //! answers or the handle's timeout passes (so call them, and drop the handle, outside any
 //! tokio runtime of your own).
 
-use std::collections::HashMap;
-use std::sync::{Mutex, Weak};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -98,7 +99,7 @@ pub struct Discovery {
     prefix: String,
     opts: DiscoveryOptions,
     rt: Handle,
-    lease: Mutex<Option<i64>>,
+    shared: Arc<Shared>,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -109,6 +110,21 @@ impl std::fmt::Debug for Discovery {
             .field("prefix", &self.prefix)
             .finish()
     }
+}
+
+/// What the handle and its keep-alive task share.
+#[derive(Default)]
+struct Shared {
+    /// The lease the published keys ride on (granted on first publish).
+    lease: Mutex<Option<i64>>,
+    /// Every key published and its value: put again on a new lease if the lease is lost.
+    published: Mutex<BTreeMap<String, Vec<u8>>>,
+    /// Set (under `lease`'s lock) when the handle closes: no new lease then.
+    closing: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn etcd_err(op: &'static str) -> impl FnOnce(etcd_client::Error) -> DiscoveryError {
@@ -187,7 +203,7 @@ impl Discovery {
             prefix: prefix.trim_end_matches('/').to_string(),
             opts,
             rt,
-            lease: Mutex::new(None),
+            shared: Arc::default(),
             stop: Some(stop_tx),
             thread: Some(thread),
         })
@@ -222,7 +238,7 @@ impl Discovery {
 
     /// The handle's lease, granted (and kept alive on the background runtime) on first use.
     fn lease(&self) -> Result<i64, DiscoveryError> {
-        let mut slot = self.lease.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = lock(&self.shared.lease);
         if let Some(id) = *slot {
             return Ok(id);
         }
@@ -239,14 +255,18 @@ impl Discovery {
             )?;
         let every = Duration::from_millis((ttl as u64 * 1000 / 3).max(200));
         let client = self.client.clone();
-        self.rt.spawn(keep_alive(client, id, keeper, stream, every));
+        let shared = self.shared.clone();
+        self.rt
+            .spawn(keep_alive(client, shared, ttl, id, keeper, stream, every));
         *slot = Some(id);
         Ok(id)
     }
 
     /// Publish `engine`'s descriptor under `{prefix}/engines/{key}` and each named region's
     /// under `{prefix}/regions/{key}/{name}`, on this handle's lease. Publishing again
-    /// replaces the values (call it after `create_backend`, so the descriptor has its port).
+    /// replaces the values and removes regions no longer named (call it after
+    /// `create_backend`, so the descriptor has its port). If the lease is ever lost (etcd
+    /// unreachable for longer than its TTL), the handle takes a new one and publishes again.
     pub fn publish(
         &self,
         engine: &IoEngine,
@@ -267,15 +287,30 @@ impl Discovery {
                 .iter()
                 .map(|(name, md)| (format!("{rp}{name}"), md.pack())),
         );
+        let stale: Vec<String> = lock(&self.shared.published)
+            .keys()
+            .filter(|k| k.starts_with(&rp) && !puts.iter().any(|(p, _)| p == *k))
+            .cloned()
+            .collect();
         let mut c = self.client.clone();
+        let (p, st) = (puts.clone(), stale.clone());
         self.run("put", async move {
             // Regions first: a watcher that sees the engine finds its regions.
-            for (k, v) in puts.into_iter().rev() {
+            for (k, v) in p.into_iter().rev() {
                 c.put(k, v, Some(PutOptions::new().with_lease(lease)))
                     .await?;
             }
+            for k in st {
+                c.delete(k, None).await?;
+            }
             Ok(())
-        })
+        })?;
+        let mut published = lock(&self.shared.published);
+        for k in stale {
+            published.remove(&k);
+        }
+        published.extend(puts);
+        Ok(())
     }
 
     /// The descriptor engine `key` published, if it is there.
@@ -363,7 +398,11 @@ impl Discovery {
     }
 
     fn shutdown(&mut self) -> Result<(), DiscoveryError> {
-        let lease = self.lease.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let lease = {
+            let mut slot = lock(&self.shared.lease);
+            self.shared.closing.store(true, Ordering::Relaxed);
+            slot.take()
+        };
         let mut r = Ok(());
         if let Some(id) = lease {
             let mut c = self.client.clone();
@@ -389,11 +428,14 @@ impl Drop for Discovery {
     }
 }
 
-/// Refresh lease `id` every `every` until it is gone; a broken keep-alive stream (a lost
-/// connection, an etcd restart) is opened again while the lease may still live.
+/// Refresh lease `id` every `every` until the handle closes. A broken keep-alive stream (a
+/// lost connection, an etcd restart) is opened again; a lease that expired anyway is replaced
+/// by a new one with every published key put again.
 async fn keep_alive(
     mut c: Client,
-    id: i64,
+    shared: Arc<Shared>,
+    ttl: i64,
+    mut id: i64,
     mut keeper: LeaseKeeper,
     mut stream: LeaseKeepAliveStream,
     every: Duration,
@@ -405,12 +447,30 @@ async fn keep_alive(
         };
         match answer {
             Ok(Some(r)) if r.ttl() > 0 => tokio::time::sleep(every).await,
-            Ok(_) => {
-                log::warn!("etcd lease {id:x} expired or was revoked: published keys are gone");
-                return;
+            Ok(Some(_)) => {
+                if shared.closing.load(Ordering::Relaxed) {
+                    return;
+                }
+                log::warn!("etcd lease {id:x} expired: publishing again on a new lease");
+                loop {
+                    match regrant(&mut c, &shared, ttl).await {
+                        Ok(Some((nid, k, s))) => {
+                            (id, keeper, stream) = (nid, k, s);
+                            break;
+                        }
+                        Ok(None) => return, // closing
+                        Err(e) => {
+                            log::warn!("etcd: a new lease: {e}; retrying");
+                            tokio::time::sleep(every).await;
+                        }
+                    }
+                }
             }
-            Err(e) => {
-                log::warn!("etcd lease {id:x}: keep-alive failed ({e}); retrying");
+            Ok(None) | Err(_) => {
+                if shared.closing.load(Ordering::Relaxed) {
+                    return;
+                }
+                log::warn!("etcd lease {id:x}: keep-alive stream lost; reopening");
                 tokio::time::sleep(every).await;
                 match c.lease_keep_alive(id).await {
                     Ok((k, s)) => (keeper, stream) = (k, s),
@@ -419,6 +479,37 @@ async fn keep_alive(
             }
         }
     }
+}
+
+type Kept = (i64, LeaseKeeper, LeaseKeepAliveStream);
+
+/// A new lease with every published key put again on it (`None`: the handle is closing).
+async fn regrant(
+    c: &mut Client,
+    shared: &Shared,
+    ttl: i64,
+) -> Result<Option<Kept>, etcd_client::Error> {
+    let id = c.lease_grant(ttl, None).await?.id();
+    let puts: Vec<(String, Vec<u8>)> = lock(&shared.published)
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    // Regions before engines: a watcher that sees an engine finds its regions.
+    let (engines, regions): (Vec<_>, Vec<_>) =
+        puts.into_iter().partition(|(k, _)| k.contains("/engines/"));
+    for (k, v) in regions.into_iter().chain(engines) {
+        c.put(k, v, Some(PutOptions::new().with_lease(id))).await?;
+    }
+    let (keeper, stream) = c.lease_keep_alive(id).await?;
+    {
+        let mut slot = lock(&shared.lease);
+        if !shared.closing.load(Ordering::Relaxed) {
+            *slot = Some(id);
+            return Ok(Some((id, keeper, stream)));
+        }
+    }
+    c.lease_revoke(id).await?;
+    Ok(None)
 }
 
 /// Register every engine under `dir` (but `own`), forget those in `known` that are gone, and
