@@ -27,6 +27,8 @@
 mod config;
 mod cpu_claim;
 mod desc;
+#[cfg(feature = "etcd")]
+pub mod discovery;
 mod engine;
 mod error;
 pub mod gpu;

@@ -120,13 +120,14 @@ fn glommio_is_named_only_in_morio_shards() {
     );
 }
 
-/// The API is the root's re-exports and the modules `gpu`, `placement` and `status`; every
+/// The API is the root's re-exports and the modules `gpu`, `placement`, `status` and
+/// `discovery` (feature `etcd`); every
 /// other module is private, or public only as a hidden item under the `testing` feature (for
 /// this package's tests and benches), or hidden for the `morio` command (`trace`). Nothing the
 /// default features build turns `testing` on.
 #[test]
 fn internals_are_public_only_under_testing() {
-    const API: [&str; 3] = ["gpu", "placement", "status"];
+    const API: [&str; 4] = ["gpu", "placement", "status", "discovery"];
     const COMMAND: [&str; 1] = ["trace"];
     let lib = fs::read_to_string(root().join("src/lib.rs")).unwrap();
     let mut attrs: Vec<&str> = Vec::new();

@@ -8,7 +8,7 @@
 mod backend;
 mod buffer;
 mod memory;
-mod remote;
+pub(crate) mod remote;
 mod transfer;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};

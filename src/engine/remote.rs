@@ -2,12 +2,12 @@
 //! (which closes its connections and fails its transfers).
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use crate::desc::EngineDesc;
 use crate::error::EngineError;
 use crate::service::{Peer, ShardMsg};
-use crate::submit::write_lock;
+use crate::submit::{write_lock, Core};
 
 use super::IoEngine;
 
@@ -22,36 +22,53 @@ impl IoEngine {
     /// [`crate::IoEngineConfig::advertise_host`]) is resolved here, once: its first IPv4
     /// address, else its first address.
     pub fn register_remote_engine(&self, desc: &EngineDesc) -> Result<(), EngineError> {
-        let bad = || EngineError::BadRemoteAddress {
-            key: desc.key.clone(),
-            host: desc.host.clone(),
-            port: desc.port,
-        };
-        let ip: IpAddr = if desc.host.is_empty() {
-            IpAddr::from([127, 0, 0, 1])
-        } else if let Ok(ip) = desc.host.parse() {
-            ip
-        } else {
-            resolve(&desc.host).ok_or_else(bad)?
-        };
-        if desc.key.is_empty() {
-            return Err(bad());
-        }
-        let peer = Arc::new(Peer {
-            key: desc.key.as_str().into(),
-            addr: SocketAddr::new(ip, desc.port),
-        });
-        write_lock(&self.core.remotes).insert(desc.key.clone(), peer);
-        Ok(())
+        register(&self.core, desc)
     }
 
     /// Forget a peer and close its connections; its transfers in flight fail.
     pub fn deregister_remote_engine(&self, desc: &EngineDesc) {
-        if write_lock(&self.core.remotes).remove(&desc.key).is_some() {
-            if let Some(b) = self.core.backend() {
-                for s in 0..b.n_shards() {
-                    let _ = b.mesh.send(s, ShardMsg::DropPeer(desc.key.as_str().into()));
-                }
+        deregister(&self.core, desc)
+    }
+
+    /// A handle on the engine's state that does not keep it alive (for a background watcher
+    /// that registers and forgets peers while the engine lives).
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    pub(crate) fn weak_core(&self) -> Weak<Core> {
+        Arc::downgrade(&self.core)
+    }
+}
+
+/// [`IoEngine::register_remote_engine`] on the engine's state.
+pub(crate) fn register(core: &Core, desc: &EngineDesc) -> Result<(), EngineError> {
+    let bad = || EngineError::BadRemoteAddress {
+        key: desc.key.clone(),
+        host: desc.host.clone(),
+        port: desc.port,
+    };
+    let ip: IpAddr = if desc.host.is_empty() {
+        IpAddr::from([127, 0, 0, 1])
+    } else if let Ok(ip) = desc.host.parse() {
+        ip
+    } else {
+        resolve(&desc.host).ok_or_else(bad)?
+    };
+    if desc.key.is_empty() {
+        return Err(bad());
+    }
+    let peer = Arc::new(Peer {
+        key: desc.key.as_str().into(),
+        addr: SocketAddr::new(ip, desc.port),
+    });
+    write_lock(&core.remotes).insert(desc.key.clone(), peer);
+    Ok(())
+}
+
+/// [`IoEngine::deregister_remote_engine`] on the engine's state.
+pub(crate) fn deregister(core: &Core, desc: &EngineDesc) {
+    if write_lock(&core.remotes).remove(&desc.key).is_some() {
+        if let Some(b) = core.backend() {
+            for s in 0..b.n_shards() {
+                let _ = b.mesh.send(s, ShardMsg::DropPeer(desc.key.as_str().into()));
             }
         }
     }

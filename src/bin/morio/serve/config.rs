@@ -62,6 +62,16 @@ spin_us = 0
 # /healthz (open), /nonce.
 listen = "127.0.0.1:7070"
 
+[discovery]
+# etcd endpoints (host:port) to publish this node in (a build with the `etcd` feature; none:
+# no discovery). Its descriptor goes to {prefix}/engines/{key} and each region's to
+# {prefix}/regions/{key}/{name}, on a lease that ends with the node; every engine published
+# under the prefix is registered as a peer (and forgotten when its lease ends).
+etcd = []
+prefix = "/morio"
+# Seconds a node that died stays published.
+lease_ttl_s = 10
+
 [stats]
 # Print a stats line every this many seconds (0: never).
 interval_s = 10
@@ -86,6 +96,8 @@ pub struct ServeConfig {
     pub control: ControlSection,
     #[serde(default)]
     pub stats: StatsSection,
+    #[serde(default)]
+    pub discovery: DiscoverySection,
     #[serde(default)]
     pub memory: Vec<MemorySection>,
 }
@@ -169,6 +181,24 @@ impl Default for StatsSection {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DiscoverySection {
+    pub etcd: Vec<String>,
+    pub prefix: String,
+    pub lease_ttl_s: u64,
+}
+
+impl Default for DiscoverySection {
+    fn default() -> Self {
+        Self {
+            etcd: Vec::new(),
+            prefix: "/morio".into(),
+            lease_ttl_s: 10,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MemorySection {
     pub name: String,
@@ -214,6 +244,18 @@ impl ServeConfig {
         }
         c.tcp_config().validate().context("invalid [tcp] section")?;
         c.auth_secret()?;
+        let d = &c.discovery;
+        if !d.etcd.is_empty() {
+            if !cfg!(feature = "etcd") {
+                bail!("[discovery] etcd: this morio was built without the `etcd` feature");
+            }
+            if d.lease_ttl_s == 0 {
+                bail!("[discovery] lease_ttl_s must be positive");
+            }
+            if !d.prefix.starts_with('/') {
+                bail!("[discovery] prefix {:?} must start with '/'", d.prefix);
+            }
+        }
         Ok(c)
     }
 
@@ -360,5 +402,31 @@ mod tests {
         assert!(format!("{:#}", ServeConfig::parse(&dup).unwrap_err()).contains("twice"));
         let bad = DEFAULT_TOML.replace("size = \"1GiB\"", "size = \"1XB\"");
         assert!(ServeConfig::parse(&bad).is_err());
+    }
+
+    /// `[discovery]`: off by default; with endpoints, a build without `etcd` refuses it and a
+    /// zero TTL or a relative prefix is an error.
+    #[test]
+    fn discovery_section() {
+        let c = ServeConfig::parse(DEFAULT_TOML).unwrap();
+        assert!(c.discovery.etcd.is_empty());
+        assert_eq!(
+            (c.discovery.prefix.as_str(), c.discovery.lease_ttl_s),
+            ("/morio", 10)
+        );
+        let on = DEFAULT_TOML.replace("etcd = []", "etcd = [\"127.0.0.1:2379\"]");
+        let r = ServeConfig::parse(&on);
+        if cfg!(feature = "etcd") {
+            assert_eq!(r.unwrap().discovery.etcd, ["127.0.0.1:2379"]);
+            let ttl = on.replace("lease_ttl_s = 10", "lease_ttl_s = 0");
+            let e = ServeConfig::parse(&ttl).unwrap_err();
+            assert!(format!("{e:#}").contains("lease_ttl_s"), "{e:#}");
+            let rel = on.replace("prefix = \"/morio\"", "prefix = \"morio\"");
+            let e = ServeConfig::parse(&rel).unwrap_err();
+            assert!(format!("{e:#}").contains("prefix"), "{e:#}");
+        } else {
+            let e = r.unwrap_err();
+            assert!(format!("{e:#}").contains("`etcd` feature"), "{e:#}");
+        }
     }
 }

@@ -115,6 +115,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             })
             .collect(),
     };
+    let _discovery = discovery(&cfg.discovery, &engine, &regions)?;
     let engine = Arc::new(engine);
     let handler = control::handler(
         engine.clone(),
@@ -149,6 +150,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     println!("morio serve: signal received, shutting down");
     let _ = ctl.join();
+    // Unpublish first (the lease is revoked): peers forget this node before it goes.
+    #[cfg(feature = "etcd")]
+    drop(_discovery);
     drop(regions);
     match Arc::try_unwrap(engine) {
         Ok(e) => drop(e),
@@ -156,6 +160,48 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     println!("morio serve: shut down cleanly");
     Ok(())
+}
+
+/// With `[discovery] etcd` endpoints: publish the engine and its regions on a lease and
+/// register every engine published under the prefix (the handle lives until shutdown).
+#[cfg(feature = "etcd")]
+fn discovery(
+    d: &config::DiscoverySection,
+    engine: &IoEngine,
+    regions: &[(String, RegisteredBuffer)],
+) -> anyhow::Result<Option<morio::discovery::Discovery>> {
+    use morio::discovery::{Discovery, DiscoveryOptions};
+    if d.etcd.is_empty() {
+        return Ok(None);
+    }
+    let opts = DiscoveryOptions {
+        lease_ttl: Duration::from_secs(d.lease_ttl_s),
+        ..Default::default()
+    };
+    let disc = Discovery::connect_with(&d.etcd, &d.prefix, opts).context("[discovery]")?;
+    let named: Vec<(&str, &morio::MemoryDesc)> = regions
+        .iter()
+        .map(|(n, b)| (n.as_str(), b.desc()))
+        .collect();
+    disc.publish(engine, &named)
+        .context("[discovery] publish")?;
+    disc.watch(engine).context("[discovery] watch")?;
+    println!(
+        "morio serve: published in etcd {} under {}",
+        d.etcd.join(","),
+        d.prefix
+    );
+    Ok(Some(disc))
+}
+
+/// Without the `etcd` feature, configuration parsing refuses `[discovery] etcd` endpoints.
+#[cfg(not(feature = "etcd"))]
+fn discovery(
+    _: &config::DiscoverySection,
+    _: &IoEngine,
+    _: &[(String, RegisteredBuffer)],
+) -> anyhow::Result<Option<()>> {
+    Ok(None)
 }
 
 pub fn ctl(a: CtlArgs) -> anyhow::Result<()> {
