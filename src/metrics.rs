@@ -250,6 +250,24 @@ impl Collector for Snapshot {
             c,
             |s, m| counter(m, s.busy_poll_wakes),
         )?;
+        family(
+            e,
+            shards,
+            "lane_connects",
+            "Lanes the shard connected (beyond its lanes: reconnects)",
+            None,
+            c,
+            |s, m| counter(m, s.lane_connects),
+        )?;
+        family(
+            e,
+            shards,
+            "lane_failures",
+            "Lanes of the shard that failed (not closed on purpose)",
+            None,
+            c,
+            |s, m| counter(m, s.lane_failures),
+        )?;
         Ok(())
     }
 }
@@ -314,6 +332,8 @@ mod tests {
         a.gpu_staging_bytes = 4 << 20;
         a.gpu_staging_peak_bytes = 1 << 20;
         b.busy_poll_wakes = 9;
+        a.lane_connects = 4;
+        b.lane_failures = 2;
         let stats = EngineStats { shards: vec![a, b] };
         let text = stats.metrics_text();
         let s = parse(&text);
@@ -340,6 +360,8 @@ mod tests {
         assert_eq!(at("morio_gpu_staging_pinned_bytes", "0"), (4 << 20) as f64);
         assert_eq!(at("morio_gpu_staging_peak_bytes", "0"), (1 << 20) as f64);
         assert_eq!(at("morio_busy_poll_wakes_total", "1"), 9.0);
+        assert_eq!(at("morio_lane_connects_total", "0"), 4.0);
+        assert_eq!(at("morio_lane_failures_total", "1"), 2.0);
         assert_eq!(at("morio_outbound_latency_seconds_count", "0"), 3.0);
         let sum = at("morio_outbound_latency_seconds_sum", "0");
         assert!((sum - 0.007_008).abs() < 1e-5, "sum {sum}");

@@ -58,6 +58,12 @@ pub struct ShardStats {
     pub gpu_staging_peak_bytes: usize,
     /// Socket reads woken by the shard's busy poller (spinning shards only).
     pub busy_poll_wakes: u64,
+    /// Lanes this shard connected (handshake done); more than its lanes means reconnects.
+    pub lane_connects: u64,
+    /// Lanes of this shard that failed (a dial, a send or a receive failed, the peer closed
+    /// or broke the protocol); closes on purpose (shutdown, a deregistered peer) are not
+    /// counted.
+    pub lane_failures: u64,
 }
 
 impl ShardStats {
@@ -85,6 +91,8 @@ impl ShardStats {
             gpu_staging_bytes: 0,
             gpu_staging_peak_bytes: 0,
             busy_poll_wakes: 0,
+            lane_connects: 0,
+            lane_failures: 0,
         }
     }
 
@@ -132,6 +140,8 @@ impl std::fmt::Debug for ShardStats {
             .field("gpu_staging_bytes", &self.gpu_staging_bytes)
             .field("gpu_staging_peak_bytes", &self.gpu_staging_peak_bytes)
             .field("busy_poll_wakes", &self.busy_poll_wakes)
+            .field("lane_connects", &self.lane_connects)
+            .field("lane_failures", &self.lane_failures)
             .finish()
     }
 }
@@ -183,6 +193,8 @@ impl EngineStats {
             t.gpu_staging_bytes += s.gpu_staging_bytes;
             t.gpu_staging_peak_bytes += s.gpu_staging_peak_bytes;
             t.busy_poll_wakes += s.busy_poll_wakes;
+            t.lane_connects += s.lane_connects;
+            t.lane_failures += s.lane_failures;
             // Same bounds on every shard, so adding cannot fail.
             let _ = t.latency_us.add(&s.latency_us);
         }

@@ -134,3 +134,36 @@ fn a_descriptor_carries_the_advertised_host_and_peers_dial_it() {
     };
     assert!(IoEngine::new("adv_bad", bad).is_err());
 }
+
+/// Lanes are counted as they connect and as they fail; a close on purpose (a deregistered
+/// peer) is not a failure.
+#[test]
+fn lane_connects_and_failures_are_counted() {
+    let (a, b) = pair("lanes_counted", test_cfg());
+    let n = 4096;
+    let src = random_buffer(&a, n, 3);
+    let dst = b.alloc_buffer(n).unwrap();
+    assert_ok(
+        &a.write(src.desc(), 0, dst.desc(), 0, n, a.allocate_transfer_uid()),
+        "write",
+    );
+    let t = a.stats().unwrap().total();
+    assert!(t.lane_connects >= 1, "{t:?}");
+    assert_eq!(t.lane_failures, 0, "{t:?}");
+    // Deregistering the peer closes its lanes on purpose.
+    a.deregister_remote_engine(&b.engine_desc());
+    a.register_remote_engine(&b.engine_desc()).unwrap();
+    assert_ok(
+        &a.write(src.desc(), 0, dst.desc(), 0, n, a.allocate_transfer_uid()),
+        "write after re-registering",
+    );
+    let t = a.stats().unwrap().total();
+    assert_eq!(t.lane_failures, 0, "a close on purpose counted: {t:?}");
+    assert!(t.lane_connects >= 2, "{t:?}");
+    // The peer goes away: the next transfer's lane fails (its dial, or its connection).
+    b.remove_backend(morio::BackendType::Tcp).unwrap();
+    let st = a.write(src.desc(), 0, dst.desc(), 0, n, a.allocate_transfer_uid());
+    assert_ne!(wait(&st), StatusCode::Success);
+    let t = a.stats().unwrap().total();
+    assert!(t.lane_failures >= 1, "{t:?}");
+}

@@ -72,7 +72,7 @@ fn lane_for(shard: &Rc<Shard>, peer: &Arc<Peer>, idx: u16) -> (Rc<Lane>, bool) {
         if l.peer.addr == peer.addr && !l.dead() {
             return (l, false);
         }
-        die(shard, &l, "remote engine address changed");
+        retire(shard, &l, "remote engine address changed");
     }
     let lane = Rc::new(Lane {
         peer: peer.clone(),
@@ -98,7 +98,7 @@ pub(crate) fn cancel(shard: &Rc<Shard>, peer: &str, uid: u64, gen: u64, why: &st
                  ({why})",
                 l.peer.key
             );
-            die_as(shard, &l, msg);
+            die_as(shard, &l, msg, true);
         }
     }
 }
@@ -106,7 +106,7 @@ pub(crate) fn cancel(shard: &Rc<Shard>, peer: &str, uid: u64, gen: u64, why: &st
 /// Close every lane to `peer`.
 pub(crate) fn drop_peer(shard: &Rc<Shard>, peer: &str) {
     for l in lanes_to(shard, peer) {
-        die(shard, &l, "remote engine deregistered");
+        retire(shard, &l, "remote engine deregistered");
     }
 }
 
@@ -125,7 +125,7 @@ fn lanes_to(shard: &Shard, peer: &str) -> Vec<Rc<Lane>> {
 pub(crate) fn close_all(shard: &Rc<Shard>) {
     let lanes: Vec<_> = shard.lanes.borrow().values().cloned().collect();
     for l in lanes {
-        die(shard, &l, "engine shut down");
+        retire(shard, &l, "engine shut down");
     }
 }
 
@@ -136,11 +136,24 @@ fn die(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: &str) {
         shard,
         lane,
         format!("connection to {} lost: {msg}", lane.peer.key),
+        true,
     );
 }
 
-/// [`die`], failing the transfers with `msg` as it is.
-fn die_as(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: String) {
+/// Close a lane on purpose (shutdown, the peer deregistered or moved): as [`die`], but not
+/// counted as a lane failure.
+fn retire(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: &str) {
+    die_as(
+        shard,
+        lane,
+        format!("connection to {} lost: {msg}", lane.peer.key),
+        false,
+    );
+}
+
+/// [`die`], failing the transfers with `msg` as it is; `failure`: count it as a lane failure
+/// (not a close on purpose).
+fn die_as(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: String, failure: bool) {
     let Some(hit) = lane
         .book
         .borrow_mut()
@@ -148,6 +161,9 @@ fn die_as(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: String) {
     else {
         return;
     };
+    if failure && !shard.closing.get() {
+        shard.stats.borrow_mut().lane_failures += 1;
+    }
     {
         let mut lanes = shard.lanes.borrow_mut();
         let key = (lane.peer.key.clone(), lane.lane);
@@ -208,6 +224,7 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
         return;
     }
     let cfg = &shard.shared.cfg;
+    shard.stats.borrow_mut().lane_connects += 1;
     let (r, w, closer) = conn.split();
     lane.closer.set(Some(closer));
     let reader = FrameReader::new(r, cfg.op_timeout);

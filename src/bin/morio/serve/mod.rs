@@ -264,6 +264,8 @@ fn stats_json(e: &IoEngine) -> serde_json::Value {
             "inbound_bytes_written": st.inbound_bytes_written,
             "inbound_bytes_read": st.inbound_bytes_read,
             "inbound_transfers": st.inbound_transfers,
+            "lane_connects": st.lane_connects,
+            "lane_failures": st.lane_failures,
             "latency_us": {
                 "count": h.len(),
                 "p50": h.value_at_quantile(0.5),
