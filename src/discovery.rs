@@ -66,6 +66,10 @@ pub enum DiscoveryError {
     /// A region name that cannot be a key segment (empty or containing `/`).
     #[error("region name {0:?} must be non-empty and contain no '/'")]
     RegionName(String),
+    /// An engine key that cannot be a key segment (containing `/`): its regions would be
+    /// mistaken for another engine's.
+    #[error("engine key {0:?} contains '/', which discovery keys cannot hold")]
+    EngineKey(String),
     /// The background runtime could not start.
     #[error("discovery runtime: {0}")]
     Runtime(#[from] std::io::Error),
@@ -272,6 +276,9 @@ impl Discovery {
         engine: &IoEngine,
         regions: &[(&str, &MemoryDesc)],
     ) -> Result<(), DiscoveryError> {
+        if engine.key().contains('/') {
+            return Err(DiscoveryError::EngineKey(engine.key().to_string()));
+        }
         if let Some((name, _)) = regions
             .iter()
             .find(|(n, _)| n.is_empty() || n.contains('/'))
@@ -315,6 +322,9 @@ impl Discovery {
 
     /// The descriptor engine `key` published, if it is there.
     pub fn lookup(&self, key: &str) -> Result<Option<EngineDesc>, DiscoveryError> {
+        if key.contains('/') {
+            return Err(DiscoveryError::EngineKey(key.to_string()));
+        }
         let k = self.engine_key(key);
         let mut c = self.client.clone();
         let kk = k.clone();
@@ -329,6 +339,9 @@ impl Discovery {
 
     /// The named regions engine `key` published (sorted by name).
     pub fn regions(&self, key: &str) -> Result<Vec<(String, MemoryDesc)>, DiscoveryError> {
+        if key.contains('/') {
+            return Err(DiscoveryError::EngineKey(key.to_string()));
+        }
         let p = self.regions_prefix(key);
         let mut c = self.client.clone();
         let pp = p.clone();

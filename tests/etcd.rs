@@ -180,6 +180,16 @@ fn engines_publish_are_watched_move_data_and_are_forgotten_when_their_lease_goes
         db.publish(&b, &[("a/b", rb.desc())]),
         Err(DiscoveryError::RegionName(_))
     ));
+    // Engine keys with '/' would make one engine's keys look like another's.
+    let slashed = engine("disc/slashed");
+    assert!(matches!(
+        db.publish(&slashed, &[]),
+        Err(DiscoveryError::EngineKey(_))
+    ));
+    assert!(matches!(
+        db.lookup("disc/slashed"),
+        Err(DiscoveryError::EngineKey(_))
+    ));
 
     // Lookups see what was published.
     let dc = etcd.connect("/t1");
