@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::inbound_status::StatusCaps;
 use crate::proto::join::JoinCaps;
-use crate::proto::limits::{MAX_CHUNK_BYTES, MAX_KEY_BYTES, MAX_LANES};
+use crate::proto::limits::{MAX_CHUNK_BYTES, MAX_KEY_BYTES, MAX_LANES, MIN_VERSION, VERSION};
 
 /// `IOEngineConfig`: where the engine listens and what it advertises.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -139,6 +139,58 @@ pub struct TcpBackendConfig {
     /// Target side: inbound statuses kept for all initiators together (default 65536);
     /// past it the initiator holding the most loses its oldest.
     pub max_inbound_statuses: usize,
+    /// Whether connections to engines of this host use the same-host transport (payloads
+    /// copied once, process to process, instead of twice through loopback TCP). `None`: the
+    /// environment variable `MORIO_SAME_HOST` (`auto`, `off` or `require`) when set, else
+    /// [`SameHost::Auto`].
+    pub same_host: Option<SameHost>,
+    /// The newest protocol version this engine offers (default and most: the newest this
+    /// build speaks, `proto::limits::VERSION`). For rolling upgrades: keep a fleet on the
+    /// version its oldest node speaks until every node runs the new build, then raise it.
+    pub max_protocol_version: u32,
+}
+
+/// Whether an engine uses the same-host transport (ARCHITECTURE.md, "Transports").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SameHost {
+    /// For every peer proven to run on this host (a probe of its memory in the handshake),
+    /// unless that cannot be set up: then TCP, with one log line, and no transfer fails.
+    #[default]
+    Auto,
+    /// Never: TCP to every peer.
+    Off,
+    /// For every peer on this host, or not at all: a connection whose same-host set-up fails
+    /// fails (its transfers with it) instead of falling back. For benchmarks and tests that
+    /// must know which transport carried them; peers on other hosts still use TCP.
+    Require,
+}
+
+/// The environment variable that picks [`SameHost`] when the configuration does not.
+pub const SAME_HOST_ENV: &str = "MORIO_SAME_HOST";
+
+impl std::str::FromStr for SameHost {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" | "on" => Ok(Self::Auto),
+            "off" | "tcp" => Ok(Self::Off),
+            "require" | "required" => Ok(Self::Require),
+            other => Err(format!(
+                "same-host mode must be auto, off or require, got {other:?}"
+            )),
+        }
+    }
+}
+
+impl SameHost {
+    /// The mode [`SAME_HOST_ENV`] picks: `Ok(None)` when it is unset or empty.
+    pub fn from_env() -> Result<Option<Self>, ConfigError> {
+        match std::env::var(SAME_HOST_ENV) {
+            Ok(v) if !v.trim().is_empty() => v.parse().map(Some).map_err(ConfigError::SameHostEnv),
+            _ => Ok(None),
+        }
+    }
 }
 
 /// A deployment secret. Its `Debug` output never shows the bytes.
@@ -218,6 +270,8 @@ impl Default for TcpBackendConfig {
             max_joins: JoinCaps::DEFAULT.total,
             max_inbound_statuses_per_peer: StatusCaps::DEFAULT.per_peer,
             max_inbound_statuses: StatusCaps::DEFAULT.total,
+            same_host: None,
+            max_protocol_version: VERSION,
         }
     }
 }
@@ -255,6 +309,12 @@ pub enum ConfigError {
     /// A host that is not a numeric IP address.
     #[error("host {0:?} is not a numeric IP address")]
     Host(String),
+    /// `MORIO_SAME_HOST` holds something else than a mode.
+    #[error("{SAME_HOST_ENV}: {0}")]
+    SameHostEnv(String),
+    /// `max_protocol_version` outside the versions this build speaks.
+    #[error("max_protocol_version must be in [{MIN_VERSION}, {VERSION}], got {0}")]
+    ProtocolVersion(u32),
     /// Socket buffer sizes above what `setsockopt` takes.
     #[error("socket buffer sizes must fit in an i32")]
     SockBuf,
@@ -321,6 +381,9 @@ impl TcpBackendConfig {
             || self.max_connections_per_peer == 0
         {
             return Err(ConfigError::ZeroConnections);
+        }
+        if !(MIN_VERSION..=VERSION).contains(&self.max_protocol_version) {
+            return Err(ConfigError::ProtocolVersion(self.max_protocol_version));
         }
         if let Some(s) = &self.auth_secret {
             if s.as_bytes().len() < MIN_AUTH_SECRET_BYTES {

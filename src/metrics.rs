@@ -262,6 +262,15 @@ impl Collector for Snapshot {
         family(
             e,
             shards,
+            "lane_same_host_connects",
+            "Of the lanes the shard connected, those on the same-host transport",
+            None,
+            c,
+            |s, m| counter(m, s.lane_connects_same_host),
+        )?;
+        family(
+            e,
+            shards,
             "lane_failures",
             "Lanes of the shard that failed (not closed on purpose)",
             None,

@@ -60,6 +60,8 @@ pub struct ShardStats {
     pub busy_poll_wakes: u64,
     /// Lanes this shard connected (handshake done); more than its lanes means reconnects.
     pub lane_connects: u64,
+    /// Of those, lanes on the same-host transport (a peer of this host; the rest are TCP).
+    pub lane_connects_same_host: u64,
     /// Lanes of this shard that failed (a dial, a send or a receive failed, the peer closed
     /// or broke the protocol); closes on purpose (shutdown, a deregistered peer) are not
     /// counted.
@@ -92,6 +94,7 @@ impl ShardStats {
             gpu_staging_peak_bytes: 0,
             busy_poll_wakes: 0,
             lane_connects: 0,
+            lane_connects_same_host: 0,
             lane_failures: 0,
         }
     }
@@ -141,6 +144,7 @@ impl std::fmt::Debug for ShardStats {
             .field("gpu_staging_peak_bytes", &self.gpu_staging_peak_bytes)
             .field("busy_poll_wakes", &self.busy_poll_wakes)
             .field("lane_connects", &self.lane_connects)
+            .field("lane_connects_same_host", &self.lane_connects_same_host)
             .field("lane_failures", &self.lane_failures)
             .finish()
     }
@@ -194,6 +198,7 @@ impl EngineStats {
             t.gpu_staging_peak_bytes += s.gpu_staging_peak_bytes;
             t.busy_poll_wakes += s.busy_poll_wakes;
             t.lane_connects += s.lane_connects;
+            t.lane_connects_same_host += s.lane_connects_same_host;
             t.lane_failures += s.lane_failures;
             // Same bounds on every shard, so adding cannot fail.
             let _ = t.latency_us.add(&s.latency_us);

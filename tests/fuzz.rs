@@ -79,6 +79,7 @@ fn seeds() -> Vec<Vec<u8>> {
         dst_key: "target".into(),
         instance: 9,
         nonce: [5; 16],
+        host_tag: None,
     });
     let ack = Frame::HelloAck(HelloAck {
         version: VERSION,
@@ -87,6 +88,7 @@ fn seeds() -> Vec<Vec<u8>> {
         msg: String::new(),
         nonce: [6; 16],
         proof: Some([7; 32]),
+        same_host: false,
     });
     let segs = |n: u64, len: u64, stride: u64| -> Vec<Seg> {
         (0..n)

@@ -15,7 +15,7 @@ use morio::proto::layout::{layout_chunks, layout_stripe, normalize_layout, Layou
 use morio::proto::limits::{
     ACCESS_KEY_BYTES, CHUNK_FIXED_BYTES, FRAME_MAGIC, HEADER_BYTES, MAX_BODY_BYTES,
     MAX_CHUNK_BYTES, MAX_KEY_BYTES, MAX_LANES, MAX_MSG_BYTES, MAX_SEGS_PER_CHUNK, MIN_STRIPE_BYTES,
-    RUN_BYTES, SEG_BYTES,
+    RUN_BYTES, SAME_HOST_VERSION, SEG_BYTES,
 };
 use morio::proto::outbound::{Action, Outbound, Phase, Violation};
 use morio::proto::plan::{
@@ -162,9 +162,10 @@ fn frame_and_payload() -> impl Strategy<Value = (Frame, u64)> {
         text(MAX_KEY_BYTES),
         any::<u64>(),
         any::<[u8; 16]>(),
+        proptest::option::of(any::<[u8; 16]>()),
     )
         .prop_map(
-            |(version, lane, n_lanes, src_key, dst_key, instance, nonce)| {
+            |(version, lane, n_lanes, src_key, dst_key, instance, nonce, host_tag)| {
                 (
                     Frame::Hello(Hello {
                         version,
@@ -174,6 +175,8 @@ fn frame_and_payload() -> impl Strategy<Value = (Frame, u64)> {
                         dst_key,
                         instance,
                         nonce,
+                        // Carried from v7 on only.
+                        host_tag: host_tag.filter(|_| version >= SAME_HOST_VERSION),
                     }),
                     0,
                 )
@@ -186,8 +189,9 @@ fn frame_and_payload() -> impl Strategy<Value = (Frame, u64)> {
         text(MAX_MSG_BYTES),
         any::<[u8; 16]>(),
         proptest::option::of(any::<[u8; 32]>()),
+        any::<bool>(),
     )
-        .prop_map(|(version, code, key, msg, nonce, proof)| {
+        .prop_map(|(version, code, key, msg, nonce, proof, same_host)| {
             (
                 Frame::HelloAck(HelloAck {
                     version,
@@ -196,6 +200,7 @@ fn frame_and_payload() -> impl Strategy<Value = (Frame, u64)> {
                     msg,
                     nonce,
                     proof,
+                    same_host: same_host && version >= SAME_HOST_VERSION,
                 }),
                 0,
             )
@@ -401,6 +406,7 @@ proptest! {
                 dst_key: key.clone(),
                 instance: u64::MAX,
                 nonce: [0xA5; 16],
+                host_tag: None,
             }),
         ];
         for f in frames {
@@ -1292,6 +1298,7 @@ fn final_on_partial_chunk_and_odd_hello_ack_code_are_rejected() {
         msg: String::new(),
         nonce: [0; 16],
         proof: None,
+        same_host: false,
     };
     Frame::HelloAck(ack).encode(0, &mut buf);
     assert_eq!(decode_frame(&buf), Err(DecodeError::BadCode(3)));

@@ -667,6 +667,7 @@ impl PyIoEngine {
             d.set_item("gpu_staging_bytes", s.gpu_staging_bytes)?;
             d.set_item("gpu_staging_peak_bytes", s.gpu_staging_peak_bytes)?;
             d.set_item("lane_connects", s.lane_connects)?;
+            d.set_item("lane_connects_same_host", s.lane_connects_same_host)?;
             d.set_item("lane_failures", s.lane_failures)?;
             d.set_item("latency_us_p50", s.latency_us.value_at_quantile(0.5))?;
             d.set_item("latency_us_p99", s.latency_us.value_at_quantile(0.99))?;

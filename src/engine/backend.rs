@@ -50,6 +50,9 @@ impl IoEngine {
         if cfg.auth_secret.is_none() {
             cfg.auth_secret = crate::config::AuthSecret::from_env();
         }
+        if cfg.same_host.is_none() {
+            cfg.same_host = Some(crate::config::SameHost::from_env()?.unwrap_or_default());
+        }
         cfg.validate()?;
         let core = &self.core;
         let _life = lock(&core.lifecycle);
@@ -85,6 +88,7 @@ impl IoEngine {
                 total: cfg.max_joins,
             }),
             admission: Arc::new(service::admission_for(&cfg)),
+            same_host_failed: Mutex::new(Default::default()),
         });
         let mut pool_cfg = PoolConfig::unpinned(0, "morio-shard");
         pool_cfg.cpus = placed.cpus.clone();

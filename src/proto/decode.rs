@@ -3,11 +3,12 @@
 use super::access::AccessKey;
 use super::codes;
 use super::frame::{
-    Chunk, Finish, Frame, Hello, HelloAck, Kind, Op, Reply, Seg, FLAG_FINAL, FLAG_RUNS,
+    Chunk, Finish, Frame, Hello, HelloAck, Kind, LocalOffer, Op, Reply, Seg, FLAG_FINAL, FLAG_RUNS,
 };
 use super::limits::{
     ACCESS_KEY_BYTES, FRAME_MAGIC, HEADER_BYTES, MAX_BODY_BYTES, MAX_CHUNK_BYTES, MAX_KEY_BYTES,
-    MAX_LANES, MAX_MSG_BYTES, MAX_SEGS_PER_CHUNK, PROOF_BYTES, RUN_BYTES, SEG_BYTES,
+    MAX_LANES, MAX_MSG_BYTES, MAX_SEGS_PER_CHUNK, NONCE_BYTES, PROOF_BYTES, RUN_BYTES,
+    SAME_HOST_VERSION, SEG_BYTES,
 };
 
 /// Why bytes from the wire are not a valid frame. Any of these closes the connection.
@@ -69,8 +70,9 @@ pub enum DecodeError {
     /// Unknown op byte in FINISH.
     #[error("unknown op {0}")]
     BadOp(u8),
-    /// A HELLO_ACK proof of another length than [`PROOF_BYTES`].
-    #[error("handshake proof of {0} bytes")]
+    /// A handshake field of another length than it has (HELLO_ACK's proof, [`PROOF_BYTES`];
+    /// HELLO's host tag, [`NONCE_BYTES`]).
+    #[error("handshake field of {0} bytes")]
     BadProofLen(u8),
 }
 
@@ -147,26 +149,49 @@ pub fn decode_body(h: &Header, body: &[u8]) -> Result<Frame, DecodeError> {
     let final_ = h.flags & FLAG_FINAL != 0;
     let as_runs = h.flags & FLAG_RUNS != 0;
     let frame = match h.kind {
-        Kind::Hello => Frame::Hello(Hello {
-            version: r.u32()?,
-            lane: r.u16()?,
-            n_lanes: r.u16()?,
-            src_key: r.str16(MAX_KEY_BYTES)?,
-            dst_key: r.str16(MAX_KEY_BYTES)?,
-            instance: r.u64()?,
-            nonce: r.array()?,
-        }),
-        Kind::HelloAck => Frame::HelloAck(HelloAck {
-            version: r.u32()?,
-            code: r.code()?,
-            key: r.str16(MAX_KEY_BYTES)?,
-            msg: r.msg()?,
-            nonce: r.array()?,
-            proof: match r.u8()? {
-                0 => None,
-                n if n as usize == PROOF_BYTES => Some(r.array()?),
-                n => return Err(DecodeError::BadProofLen(n)),
-            },
+        Kind::Hello => {
+            let mut h = Hello {
+                version: r.u32()?,
+                lane: r.u16()?,
+                n_lanes: r.u16()?,
+                src_key: r.str16(MAX_KEY_BYTES)?,
+                dst_key: r.str16(MAX_KEY_BYTES)?,
+                instance: r.u64()?,
+                nonce: r.array()?,
+                host_tag: None,
+            };
+            // v7's field, when the HELLO has it (a v6 HELLO ends before it).
+            if h.version >= SAME_HOST_VERSION && !r.b.is_empty() {
+                h.host_tag = match r.u8()? {
+                    0 => None,
+                    n if n as usize == NONCE_BYTES => Some(r.array()?),
+                    n => return Err(DecodeError::BadProofLen(n)),
+                };
+            }
+            Frame::Hello(h)
+        }
+        Kind::HelloAck => {
+            let mut a = HelloAck {
+                version: r.u32()?,
+                code: r.code()?,
+                key: r.str16(MAX_KEY_BYTES)?,
+                msg: r.msg()?,
+                nonce: r.array()?,
+                proof: match r.u8()? {
+                    0 => None,
+                    n if n as usize == PROOF_BYTES => Some(r.array()?),
+                    n => return Err(DecodeError::BadProofLen(n)),
+                },
+                same_host: false,
+            };
+            if a.version >= SAME_HOST_VERSION && !r.b.is_empty() {
+                a.same_host = r.u8()? != 0;
+            }
+            Frame::HelloAck(a)
+        }
+        Kind::Local => Frame::Local(LocalOffer {
+            pid: r.u32()?,
+            slot: r.u64()?,
         }),
         Kind::Auth => Frame::Auth(r.array()?),
         Kind::Write => Frame::Write {

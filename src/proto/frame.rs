@@ -27,6 +27,11 @@ pub enum Kind {
     /// Dialer → acceptor, after a HELLO_ACK that carried a proof: the dialer's proof that it
     /// holds the deployment secret (the connection's last handshake frame).
     Auth = 10,
+    /// Either way, last in a handshake whose HELLO_ACK said both ends are on one host (from
+    /// protocol v7): the sender's process id and the address of its probe slot, whose
+    /// contents prove the sender is this connection's peer ([`super::handshake`]); from the
+    /// acceptor, a zero pid declines.
+    Local = 11,
 }
 
 impl Kind {
@@ -43,6 +48,7 @@ impl Kind {
             8 => Self::Complete,
             9 => Self::GoAway,
             10 => Self::Auth,
+            11 => Self::Local,
             _ => return None,
         })
     }
@@ -170,6 +176,10 @@ pub struct Hello {
     /// Fresh random bytes of this connection, bound into both proofs of an authenticated
     /// handshake ([`super::handshake`]).
     pub nonce: [u8; NONCE_BYTES],
+    /// From v7, when the dialer offers the same-host transport: a tag of its host for this
+    /// connection ([`super::handshake::host_tag`]), which an acceptor on the same host
+    /// recognises and one on another learns nothing from.
+    pub host_tag: Option<[u8; NONCE_BYTES]>,
 }
 
 /// Answer to HELLO.
@@ -188,6 +198,18 @@ pub struct HelloAck {
     pub nonce: [u8; NONCE_BYTES],
     /// The acceptor's proof that it holds the deployment secret, when it has one.
     pub proof: Option<[u8; PROOF_BYTES]>,
+    /// From v7: the acceptor recognised the dialer's host tag as its own host and is willing
+    /// to move bytes through the same-host transport (the LOCAL frames follow).
+    pub same_host: bool,
+}
+
+/// A LOCAL frame's body: whose memory the peer may read, and where this connection's proof is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LocalOffer {
+    /// The sender's process id (0: the acceptor declines).
+    pub pid: u32,
+    /// The address, in that process, of the probe slot holding the sender's proof.
+    pub slot: u64,
 }
 
 /// A decoded frame (the payload, if any, follows on the stream and is not part of it).
@@ -224,6 +246,8 @@ pub enum Frame {
     Complete(Reply),
     /// See [`Kind::Auth`]: the dialer's proof.
     Auth([u8; PROOF_BYTES]),
+    /// See [`Kind::Local`].
+    Local(LocalOffer),
     /// See [`Kind::GoAway`].
     GoAway {
         /// Why.
@@ -246,6 +270,7 @@ impl Frame {
             Self::Complete(_) => Kind::Complete,
             Self::GoAway { .. } => Kind::GoAway,
             Self::Auth(_) => Kind::Auth,
+            Self::Local(_) => Kind::Local,
         }
     }
 
@@ -286,6 +311,17 @@ impl Frame {
                 put_str16(out, &h.dst_key, super::limits::MAX_KEY_BYTES);
                 put_u64(out, h.instance);
                 out.extend_from_slice(&h.nonce);
+                // v7 appends the host tag (v6 peers ignore what follows the fields they know;
+                // a v6 HELLO carries none).
+                if h.version >= super::limits::SAME_HOST_VERSION {
+                    match &h.host_tag {
+                        Some(t) => {
+                            out.push(NONCE_BYTES as u8);
+                            out.extend_from_slice(t);
+                        }
+                        None => out.push(0),
+                    }
+                }
             }
             Self::HelloAck(a) => {
                 put_u32(out, a.version);
@@ -300,8 +336,15 @@ impl Frame {
                     }
                     None => out.push(0),
                 }
+                if a.version >= super::limits::SAME_HOST_VERSION {
+                    out.push(a.same_host as u8);
+                }
             }
             Self::Auth(p) => out.extend_from_slice(p),
+            Self::Local(l) => {
+                put_u32(out, l.pid);
+                put_u64(out, l.slot);
+            }
             Self::Write { .. } | Self::Read { .. } => unreachable!("encoded above"),
             Self::Complete(r) | Self::ReadData { reply: r, .. } => {
                 put_u64(out, r.tag);

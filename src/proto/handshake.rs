@@ -11,13 +11,26 @@
 //! nonce differs), a proof for one lane or engine is no proof for another, and neither side's
 //! proof can stand in for the other's. Until the dialer's proof is checked, an acceptor with a
 //! secret tells a peer nothing but a generic refusal: no engine key, no reason.
+//!
+//! **Same host** (v7). A dialer that may use the same-host transport puts in its HELLO a tag
+//! of its host for this connection ([`host_tag`]: a hash of the host's boot id and the HELLO's
+//! nonce); an acceptor whose own tag for that nonce is equal, and that may use the transport,
+//! says so in HELLO_ACK. Then each side proves that a process it names is the very peer of
+//! this connection and that it can read that process's memory: the dialer writes
+//! [`local_proof`]`(Dialer)` (a hash over both nonces) into a probe slot of its memory and
+//! sends LOCAL with its pid and the slot's address; the acceptor reads the slot through the
+//! kernel (cross-memory attach) and, if it holds the proof, writes its own proof and answers
+//! LOCAL likewise (or with pid 0 to decline); the dialer reads that slot in turn. A host name,
+//! an address or a pid proves nothing; reading a fresh value of this connection out of the
+//! named process proves the process is the peer, on this host, in a reachable pid namespace,
+//! and that cross-process reads are allowed: exactly what the transport needs.
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use super::codes;
 use super::frame::{Hello, HelloAck};
-use super::limits::{MAX_LANES, MIN_VERSION, NONCE_BYTES, PROOF_BYTES, VERSION};
+use super::limits::{MAX_LANES, MIN_VERSION, NONCE_BYTES, PROOF_BYTES, SAME_HOST_VERSION, VERSION};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -35,9 +48,53 @@ pub struct Refused {
 
 /// Which side a proof is from (domain separation: one side's proof is never the other's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Role {
+pub enum Role {
+    /// The side that accepted the connection.
     Acceptor,
+    /// The side that dialed.
     Dialer,
+}
+
+/// The tag of the host with boot id `host` for the HELLO with `nonce` (same-host transport,
+/// v7): equal tags mean one host, and a tag tells another host nothing.
+pub fn host_tag(host: &[u8; 16], nonce: &[u8; NONCE_BYTES]) -> [u8; NONCE_BYTES] {
+    use sha2::Digest;
+    let mut h = Sha256::new();
+    h.update(b"morio host\0");
+    h.update(host);
+    h.update(nonce);
+    let mut out = [0u8; NONCE_BYTES];
+    out.copy_from_slice(&h.finalize()[..NONCE_BYTES]);
+    out
+}
+
+/// What `role` writes into its probe slot for the peer to read, for the handshake of `hello`
+/// answered with `ack_nonce`: fresh for every connection, so only a process taking part in
+/// this very handshake can hold it.
+pub fn local_proof(role: Role, hello: &Hello, ack_nonce: &[u8; NONCE_BYTES]) -> [u8; NONCE_BYTES] {
+    use sha2::Digest;
+    let mut h = Sha256::new();
+    h.update(match role {
+        Role::Acceptor => b"morio local acceptor",
+        Role::Dialer => b"morio local dialer\0\0",
+    });
+    h.update(hello.nonce);
+    h.update(ack_nonce);
+    let mut out = [0u8; NONCE_BYTES];
+    out.copy_from_slice(&h.finalize()[..NONCE_BYTES]);
+    out
+}
+
+/// Whether the acceptor with boot id `host` and the dialer of `hello` are on one host and
+/// may use the same-host transport (`willing`: the acceptor's configuration allows it).
+pub fn same_host(hello: &Hello, host: Option<&[u8; 16]>, willing: bool) -> bool {
+    match (hello.host_tag, host) {
+        (Some(tag), Some(host)) if willing && hello.version >= SAME_HOST_VERSION => {
+            use subtle::ConstantTimeEq;
+            bool::from(tag.ct_eq(&host_tag(host, &hello.nonce)))
+        }
+        _ => false,
+    }
 }
 
 /// The proof of `role` for the handshake of `hello` answered with `nonce`.
@@ -121,39 +178,54 @@ pub fn refusal(r: Refused, secret: Option<&[u8]>) -> HelloAck {
         msg,
         nonce: [0; NONCE_BYTES],
         proof: None,
+        same_host: false,
     }
 }
 
-/// The version a connection speaks: the newer both sides know (the dialer offered
-/// `hello.version`; the acceptor checked it is not older than [`MIN_VERSION`]).
-pub fn spoken(hello: &Hello) -> u32 {
-    hello.version.min(VERSION)
+/// The version a connection speaks: the newer both sides offer (the dialer offered
+/// `hello.version`, the acceptor at most `max`, at most [`VERSION`]; the acceptor checked the
+/// dialer's is not older than [`MIN_VERSION`]).
+pub fn spoken(hello: &Hello, max: u32) -> u32 {
+    hello.version.min(max).clamp(MIN_VERSION, VERSION)
 }
 
-/// The acceptor's answer to a HELLO it accepts, as engine `me`: with a secret, no key but a
-/// proof over the acceptor's fresh `nonce` (the dialer must then answer AUTH).
+/// The acceptor's answer to a HELLO it accepts, as engine `me`, with its fresh `nonce`: with
+/// a secret, no key but a proof over that nonce (the dialer must then answer AUTH).
+/// `same_host`: what [`same_host`] said (the LOCAL frames follow). The acceptor offers
+/// `max` at most (its `max_protocol_version`).
 pub fn accept(
     me: &str,
     hello: &Hello,
     secret: Option<&[u8]>,
     nonce: [u8; NONCE_BYTES],
+    same_host: bool,
+    max: u32,
 ) -> HelloAck {
+    let version = spoken(hello, max);
+    let same_host = same_host && version >= SAME_HOST_VERSION;
     match secret {
         Some(s) => HelloAck {
-            version: spoken(hello),
+            version,
             code: codes::SUCCESS,
             key: String::new(),
             msg: String::new(),
             nonce,
             proof: Some(proof(s, Role::Acceptor, hello, &nonce)),
+            same_host,
         },
         None => HelloAck {
-            version: spoken(hello),
+            version,
             code: codes::SUCCESS,
             key: me.to_string(),
             msg: String::new(),
-            nonce: [0; NONCE_BYTES],
+            // v6 sent zeros without a secret; from v7 the nonce also keys the LOCAL proofs.
+            nonce: if version >= SAME_HOST_VERSION {
+                nonce
+            } else {
+                [0; NONCE_BYTES]
+            },
             proof: None,
+            same_host,
         },
     }
 }
@@ -224,6 +296,7 @@ mod tests {
             dst_key: "b".into(),
             instance: 3,
             nonce: [7; NONCE_BYTES],
+            host_tag: None,
         }
     }
 
@@ -284,13 +357,13 @@ mod tests {
         assert_eq!((got.clone(), used), (newer.clone(), bytes.len()));
         assert_eq!(check_hello(&got, "b"), Ok(()));
         for secret in [None, Some(&b"a secret of the deployment"[..])] {
-            let ack = accept("b", &got, secret, [1; NONCE_BYTES]);
+            let ack = accept("b", &got, secret, [1; NONCE_BYTES], false, VERSION);
             assert_eq!(ack.version, VERSION, "spoken: the newer both know");
             // The newer dialer, speaking this version now, takes the answer.
             assert!(check_ack(&ack, &newer, secret).is_ok());
         }
         // An answer above what the dialer offered, or below what it knows, is refused.
-        let mut ack = accept("b", &hello(), None, [0; NONCE_BYTES]);
+        let mut ack = accept("b", &hello(), None, [0; NONCE_BYTES], false, VERSION);
         ack.version = VERSION + 1;
         assert!(check_ack(&ack, &hello(), None).is_err());
         ack.version = MIN_VERSION - 1;
@@ -310,14 +383,19 @@ mod tests {
     fn without_a_secret_the_ack_names_the_engine() {
         let h = hello();
         assert_eq!(
-            check_ack(&accept("b", &h, None, [0; 16]), &h, None),
+            check_ack(&accept("b", &h, None, [0; 16], false, VERSION), &h, None),
             Ok(None)
         );
         let other = Hello {
             dst_key: "x".into(),
             ..hello()
         };
-        assert!(check_ack(&accept("b", &h, None, [0; 16]), &other, None).is_err());
+        assert!(check_ack(
+            &accept("b", &h, None, [0; 16], false, VERSION),
+            &other,
+            None
+        )
+        .is_err());
         let no = refusal(check_hello(&h, "c").unwrap_err(), None);
         assert!(no.key.is_empty(), "a refusal names no engine");
         assert!(no.msg.contains("this is engine"), "{}", no.msg);
@@ -327,7 +405,7 @@ mod tests {
     #[test]
     fn with_a_secret_both_sides_prove_it_for_this_connection() {
         let h = hello();
-        let ack = accept("b", &h, Some(SECRET), [9; NONCE_BYTES]);
+        let ack = accept("b", &h, Some(SECRET), [9; NONCE_BYTES], false, VERSION);
         assert!(
             ack.key.is_empty(),
             "nothing about the engine before the dialer's proof"
@@ -376,14 +454,88 @@ mod tests {
         ));
     }
 
+    /// One host is recognised by its tag, another is not, and the proofs of a connection are
+    /// its own: another nonce of either side, or the other side's role, gives another value.
+    #[test]
+    fn same_host_is_recognised_and_proofs_are_per_connection() {
+        let host = [3u8; 16];
+        let h = Hello {
+            host_tag: Some(host_tag(&host, &[7; NONCE_BYTES])),
+            ..hello()
+        };
+        assert!(same_host(&h, Some(&host), true));
+        assert!(!same_host(&h, Some(&host), false), "unwilling acceptor");
+        assert!(!same_host(&h, Some(&[4u8; 16]), true), "another host");
+        assert!(!same_host(&h, None, true), "acceptor without a boot id");
+        assert!(!same_host(&hello(), Some(&host), true), "no offer");
+        let replayed = Hello {
+            nonce: [8; NONCE_BYTES],
+            ..h.clone()
+        };
+        assert!(
+            !same_host(&replayed, Some(&host), true),
+            "tag of another HELLO"
+        );
+        let v6 = Hello {
+            version: 6,
+            ..h.clone()
+        };
+        assert!(
+            !same_host(&v6, Some(&host), true),
+            "v6 has no same-host transport"
+        );
+        let ack = accept("b", &h, None, [9; NONCE_BYTES], true, VERSION);
+        assert!(ack.same_host && ack.nonce == [9; NONCE_BYTES]);
+        assert!(!accept("b", &v6, None, [9; NONCE_BYTES], true, VERSION).same_host);
+        // An acceptor that offers v6 at most answers a v7 HELLO with v6, without same host.
+        let capped = accept("b", &h, None, [9; NONCE_BYTES], true, 6);
+        assert_eq!((capped.version, capped.same_host), (6, false));
+        let d = local_proof(Role::Dialer, &h, &ack.nonce);
+        assert_ne!(d, local_proof(Role::Acceptor, &h, &ack.nonce));
+        assert_ne!(d, local_proof(Role::Dialer, &h, &[1; NONCE_BYTES]));
+        assert_ne!(d, local_proof(Role::Dialer, &replayed, &ack.nonce));
+    }
+
+    /// A v6 HELLO and HELLO_ACK are encoded exactly as v6 did (no v7 field), and a v7 build
+    /// reads them with the v7 fields absent.
+    #[test]
+    fn v6_frames_carry_no_v7_fields() {
+        use crate::proto::decode::decode_frame;
+        use crate::proto::frame::Frame;
+        let v6 = Hello {
+            version: 6,
+            host_tag: Some([1; NONCE_BYTES]),
+            ..hello()
+        };
+        let mut b = Vec::new();
+        Frame::Hello(v6.clone()).encode(0, &mut b);
+        let body = b.len() - crate::proto::limits::HEADER_BYTES;
+        assert_eq!(body, 4 + 2 + 2 + 3 + 3 + 8 + NONCE_BYTES, "the v6 layout");
+        let Ok(Some((Frame::Hello(got), 0, _))) = decode_frame(&b) else {
+            panic!("decodes");
+        };
+        assert_eq!(got.host_tag, None);
+        let ack = accept("b", &v6, None, [9; NONCE_BYTES], true, VERSION);
+        assert_eq!(
+            (ack.version, ack.same_host, ack.nonce),
+            (6, false, [0; NONCE_BYTES])
+        );
+        let mut b = Vec::new();
+        Frame::HelloAck(ack.clone()).encode(0, &mut b);
+        let Ok(Some((Frame::HelloAck(got), 0, _))) = decode_frame(&b) else {
+            panic!("decodes");
+        };
+        assert_eq!(got, ack);
+    }
+
     #[test]
     fn a_secret_on_one_side_only_fails_clearly() {
         let h = hello();
-        let plain = accept("b", &h, None, [0; NONCE_BYTES]);
+        let plain = accept("b", &h, None, [0; NONCE_BYTES], false, VERSION);
         assert!(check_ack(&plain, &h, Some(SECRET))
             .unwrap_err()
             .contains("does not authenticate"));
-        let authed = accept("b", &h, Some(SECRET), [5; NONCE_BYTES]);
+        let authed = accept("b", &h, Some(SECRET), [5; NONCE_BYTES], false, VERSION);
         assert!(check_ack(&authed, &h, None)
             .unwrap_err()
             .contains("requires authentication"));

@@ -3,10 +3,13 @@
 
 /// The newest protocol version this build speaks, offered in HELLO; the acceptor answers with
 /// the version the connection then speaks (PROTOCOL.md, "Versions").
-pub const VERSION: u32 = 6;
+pub const VERSION: u32 = 7;
 /// The oldest protocol version this build speaks (HELLO's and HELLO_ACK's layouts are fixed
 /// from this version on; later versions only append fields to them).
 pub const MIN_VERSION: u32 = 6;
+/// The first version with the same-host transport (HELLO's host tag, HELLO_ACK's same-host
+/// flag, the LOCAL frames; PROTOCOL.md "Same-host transport").
+pub const SAME_HOST_VERSION: u32 = 7;
 /// Random bytes each side of a handshake contributes ([`super::handshake`]).
 pub const NONCE_BYTES: usize = 16;
 /// An HMAC-SHA-256 proof in the handshake.
@@ -15,10 +18,12 @@ pub const PROOF_BYTES: usize = 32;
 /// nonce, proof): what a connection that has not yet proven anything can make a target
 /// allocate.
 pub const MAX_HANDSHAKE_BODY_BYTES: usize =
-    4 + 4 + 2 + MAX_KEY_BYTES + 4 + MAX_MSG_BYTES + NONCE_BYTES + 1 + PROOF_BYTES;
-// The largest HELLO (version, lane, lanes, two keys, instance, nonce) fits too.
-const _: () =
-    assert!(4 + 2 + 2 + 2 * (2 + MAX_KEY_BYTES) + 8 + NONCE_BYTES <= MAX_HANDSHAKE_BODY_BYTES);
+    4 + 4 + 2 + MAX_KEY_BYTES + 4 + MAX_MSG_BYTES + NONCE_BYTES + 1 + PROOF_BYTES + 1;
+// The largest HELLO (version, lane, lanes, two keys, instance, nonce, host tag) fits too.
+const _: () = assert!(
+    4 + 2 + 2 + 2 * (2 + MAX_KEY_BYTES) + 8 + NONCE_BYTES + 1 + NONCE_BYTES
+        <= MAX_HANDSHAKE_BODY_BYTES
+);
 /// Magic at the start of every frame header ("MO" little-endian).
 pub const FRAME_MAGIC: u16 = 0x4F4D;
 /// Size of the fixed frame header.

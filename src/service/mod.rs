@@ -17,6 +17,7 @@ mod join;
 mod lane;
 mod msg;
 mod owner;
+mod same_host;
 mod serve;
 
 use std::cell::{Cell, RefCell};
@@ -72,9 +73,45 @@ pub(crate) struct Shared {
     pub admission: Arc<admission::Admission>,
     /// Target side: the joins of multi-chunk transfers, whichever shards serve their chunks.
     pub joins: join::Joins,
+    /// Peers (engine keys) the same-host transport could not be set up with: their
+    /// connections are TCP from then on, and the reason was logged once.
+    pub same_host_failed: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Shared {
+    /// Whether this backend uses the same-host transport, and how.
+    pub fn same_host(&self) -> crate::config::SameHost {
+        match self.transport {
+            crate::transport::Kind::Tcp => self.cfg.same_host.unwrap_or_default(),
+            #[cfg(any(test, feature = "testing"))]
+            crate::transport::Kind::InProcess => crate::config::SameHost::Off,
+        }
+    }
+
+    /// Note that the same-host transport failed with `peer` (logged once per peer): its
+    /// connections use TCP from now on.
+    pub fn same_host_failed(&self, peer: &str, why: &str) {
+        let first = self
+            .same_host_failed
+            .lock()
+            .map(|mut s| s.insert(peer.to_string()))
+            .unwrap_or(false);
+        if first {
+            log::warn!(
+                "engine {}: same-host transport with {peer:?} unavailable, using TCP: {why}",
+                self.key
+            );
+        }
+    }
+
+    /// Whether the same-host transport already failed with `peer`.
+    pub fn same_host_known_failed(&self, peer: &str) -> bool {
+        self.same_host_failed
+            .lock()
+            .map(|s| s.contains(peer))
+            .unwrap_or(false)
+    }
+
     /// Whether the transfer of generation `gen` owned by shard `owner` may still be running.
     pub fn may_run(&self, owner: ShardId, gen: u64) -> bool {
         self.low_water

@@ -10,6 +10,7 @@ use morio_shards::rt;
 use super::admission::{Admitted, Handshaking};
 use super::gpu_io::{self, SendError};
 use super::msg::ShardMsg;
+use super::same_host;
 use super::{ServedConn, Shard, TaskGuard};
 use crate::proto::codes;
 use crate::proto::frame::{Chunk, Frame, Hello, HelloAck};
@@ -72,17 +73,17 @@ async fn refuse(conn: &mut Conn, ack: HelloAck) {
 /// Shake hands with a new connection: its HELLO checked, HELLO_ACK sent and, with a
 /// secret, the dialer's AUTH checked, all within `handshake_timeout`. The HELLO of a
 /// connection that may be served, or `None` (refused or closed).
-async fn shake(shard: &Shard, conn: &mut Conn) -> Option<Hello> {
+async fn shake(shard: &Shard, mut conn: Conn) -> Option<(Conn, Hello)> {
     let cfg = &shard.shared.cfg;
     let secret = cfg.auth_secret.as_ref().map(|s| s.as_bytes());
-    let hello = match read_frame_exact(conn).await {
+    let hello = match read_frame_exact(&mut conn).await {
         Ok(Frame::Hello(h)) => h,
         Ok(f) => {
             let refused = handshake::Refused {
                 code: codes::ERR_INVALID_ARGS,
                 msg: format!("expected HELLO, got {:?}", f.kind()),
             };
-            refuse(conn, handshake::refusal(refused, secret)).await;
+            refuse(&mut conn, handshake::refusal(refused, secret)).await;
             return None;
         }
         Err(e) => {
@@ -91,41 +92,45 @@ async fn shake(shard: &Shard, conn: &mut Conn) -> Option<Hello> {
         }
     };
     if let Err(refused) = handshake::check_hello(&hello, &shard.shared.key) {
-        refuse(conn, handshake::refusal(refused, secret)).await;
+        refuse(&mut conn, handshake::refusal(refused, secret)).await;
         return None;
     }
     let nonce: [u8; NONCE_BYTES] = rand::random();
-    let ack = handshake::accept(&shard.shared.key, &hello, secret, nonce);
+    let same_host = same_host::recognised(&shard.shared, &hello);
+    let max = shard.shared.cfg.max_protocol_version;
+    let ack = handshake::accept(&shard.shared.key, &hello, secret, nonce, same_host, max);
+    let same_host = ack.same_host;
     let mut buf = Vec::new();
     Frame::HelloAck(ack).encode(0, &mut buf);
     conn.send(&buf).await.ok()?;
-    let Some(secret) = secret else {
-        return Some(hello);
-    };
-    match read_frame_exact(conn).await {
-        Ok(Frame::Auth(proof)) if handshake::check_auth(secret, &hello, &nonce, &proof) => {
-            Some(hello)
-        }
-        other => {
-            // Nothing more to say to a peer that cannot prove the secret: close.
-            log::debug!(
-                "closing a connection claiming to be {:?}: authentication failed ({})",
-                hello.src_key,
-                match other {
-                    Ok(f) => format!("{:?}", f.kind()),
-                    Err(e) => e.to_string(),
-                }
-            );
-            None
+    if let Some(secret) = secret {
+        match read_frame_exact(&mut conn).await {
+            Ok(Frame::Auth(proof)) if handshake::check_auth(secret, &hello, &nonce, &proof) => {}
+            other => {
+                // Nothing more to say to a peer that cannot prove the secret: close.
+                log::debug!(
+                    "closing a connection claiming to be {:?}: authentication failed ({})",
+                    hello.src_key,
+                    match other {
+                        Ok(f) => format!("{:?}", f.kind()),
+                        Err(e) => e.to_string(),
+                    }
+                );
+                return None;
+            }
         }
     }
+    if same_host {
+        conn = same_host::accept(&shard.shared, conn, &hello, &nonce).await?;
+    }
+    Some((conn, hello))
 }
 
-async fn handshake(shard: Rc<Shard>, mut conn: Conn, ticket: Handshaking) {
+async fn handshake(shard: Rc<Shard>, conn: Conn, ticket: Handshaking) {
     let _live = TaskGuard::new(&shard);
     let served = ServedConn::new(&shard, conn.closer());
     let limit = shard.shared.cfg.handshake_timeout;
-    let hello = match rt::timeout(limit, shake(&shard, &mut conn)).await {
+    let (mut conn, hello) = match rt::timeout(limit, shake(&shard, conn)).await {
         Some(Some(h)) => h,
         Some(None) => return,
         None => {

@@ -8,12 +8,15 @@
 //! frame followed by slices of registered memory in one gather ([`Tx`], written through
 //! [`framed::FrameWriter`]), and a [`Closer`] that shuts it down from anywhere on the shard.
 //!
-//! TCP ([`tcp`]) is the first implementation; in-process pipes ([`mem`], built for tests) the
-//! second, which runs the engine's shards with no socket at all. Another (shared memory,
-//! RDMA, AF_XDP) is a new file here and one more variant of these types; nothing in
+//! TCP ([`tcp`]) is the first implementation; the same-host transport ([`local`]) the second:
+//! a TCP connection to a process of this host, upgraded after its handshake, whose large
+//! payloads the receiver copies out of the sender's memory instead of the socket; in-process
+//! pipes ([`mem`], built for tests) run the engine's shards with no socket at all. Another
+//! (RDMA, AF_XDP) is a new file here and one more variant of these types; nothing in
 //! `service/` changes.
 
 pub(crate) mod framed;
+pub(crate) mod local;
 #[cfg(any(test, feature = "testing"))]
 pub(crate) mod mem;
 pub(crate) mod tcp;
@@ -44,6 +47,8 @@ pub(crate) enum Kind {
 pub(crate) enum Conn {
     /// A TCP stream.
     Tcp(rt::TcpStream),
+    /// A same-host connection.
+    Local(local::LocalConn),
     /// An in-process pipe pair.
     #[cfg(any(test, feature = "testing"))]
     Mem(mem::MemConn),
@@ -54,6 +59,8 @@ pub(crate) enum Conn {
 pub(crate) enum Handoff {
     /// A TCP socket.
     Tcp(std::os::fd::OwnedFd),
+    /// A same-host connection's socket and what upgraded it.
+    Local(local::LocalHandoff),
     /// An in-process connection.
     #[cfg(any(test, feature = "testing"))]
     Mem(mem::MemConn),
@@ -64,6 +71,8 @@ pub(crate) enum Handoff {
 pub(crate) enum Rx {
     /// TCP.
     Tcp(rt::ReadHalf),
+    /// Same host.
+    Local(local::LocalRx),
     /// In-process.
     #[cfg(any(test, feature = "testing"))]
     Mem(mem::MemRx),
@@ -74,6 +83,8 @@ pub(crate) enum Rx {
 pub(crate) enum Tx {
     /// TCP.
     Tcp(rt::WriteHalf),
+    /// Same host.
+    Local(local::LocalTx),
     /// In-process.
     #[cfg(any(test, feature = "testing"))]
     Mem(mem::MemTx),
@@ -181,6 +192,7 @@ impl Conn {
         use futures_lite::AsyncWriteExt;
         match self {
             Conn::Tcp(s) => s.write_all(bytes).await,
+            Conn::Local(c) => c.stream.write_all(bytes).await,
             #[cfg(any(test, feature = "testing"))]
             Conn::Mem(c) => c.send_all(&[bytes]).await,
         }
@@ -190,6 +202,7 @@ impl Conn {
     pub(crate) fn closer(&self) -> Closer {
         match self {
             Conn::Tcp(s) => Closer::Tcp(std::os::fd::AsRawFd::as_raw_fd(s)),
+            Conn::Local(c) => Closer::Tcp(std::os::fd::AsRawFd::as_raw_fd(&c.stream)),
             #[cfg(any(test, feature = "testing"))]
             Conn::Mem(c) => Closer::Mem(c.closer()),
         }
@@ -199,6 +212,10 @@ impl Conn {
     pub(crate) fn hand_off(self) -> io::Result<Handoff> {
         match self {
             Conn::Tcp(s) => tcp::hand_off(s).map(Handoff::Tcp),
+            Conn::Local(c) => {
+                let fd = tcp::hand_off(c.stream)?;
+                Ok(Handoff::Local(local::LocalHandoff { fd, up: c.up }))
+            }
             #[cfg(any(test, feature = "testing"))]
             Conn::Mem(c) => Ok(Handoff::Mem(c)),
         }
@@ -208,8 +225,23 @@ impl Conn {
     pub(crate) fn configure(&self, cfg: &TcpBackendConfig) -> io::Result<()> {
         match self {
             Conn::Tcp(s) => tcp::configure_accepted(s, cfg),
+            Conn::Local(c) => tcp::configure_accepted(&c.stream, cfg),
             #[cfg(any(test, feature = "testing"))]
             Conn::Mem(_) => Ok(()),
+        }
+    }
+
+    /// Whether it is a same-host connection.
+    pub(crate) fn is_local(&self) -> bool {
+        matches!(self, Conn::Local(_))
+    }
+
+    /// The same-host connection this TCP one becomes after a handshake that proved its peer
+    /// is process `up.peer` of this host; any other connection is returned unchanged.
+    pub(crate) fn into_local(self, up: local::Upgrade) -> Conn {
+        match self {
+            Conn::Tcp(stream) => Conn::Local(local::LocalConn { stream, up }),
+            other => other,
         }
     }
 
@@ -220,6 +252,10 @@ impl Conn {
             Conn::Tcp(s) => {
                 let (r, w) = rt::split(s);
                 (Rx::Tcp(r), Tx::Tcp(w), closer)
+            }
+            Conn::Local(c) => {
+                let (r, w) = c.split();
+                (Rx::Local(r), Tx::Local(w), closer)
             }
             #[cfg(any(test, feature = "testing"))]
             Conn::Mem(c) => {
@@ -235,6 +271,10 @@ impl Handoff {
     pub(crate) fn adopt(self) -> io::Result<Conn> {
         match self {
             Handoff::Tcp(fd) => tcp::adopt(fd).map(Conn::Tcp),
+            Handoff::Local(h) => Ok(Conn::Local(local::LocalConn {
+                stream: tcp::adopt(h.fd)?,
+                up: h.up,
+            })),
             #[cfg(any(test, feature = "testing"))]
             Handoff::Mem(c) => Ok(Conn::Mem(c)),
         }
@@ -259,6 +299,7 @@ impl Tx {
     pub(crate) async fn send_all(&mut self, parts: &[&[u8]]) -> io::Result<()> {
         match self {
             Tx::Tcp(w) => w.send_all(parts).await,
+            Tx::Local(w) => w.send_all(parts).await,
             #[cfg(any(test, feature = "testing"))]
             Tx::Mem(w) => w.send_all(parts).await,
         }
@@ -273,6 +314,7 @@ impl AsyncRead for Rx {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Rx::Tcp(r) => Pin::new(r).poll_read(cx, buf),
+            Rx::Local(r) => Pin::new(r).poll_read(cx, buf),
             #[cfg(any(test, feature = "testing"))]
             Rx::Mem(r) => Pin::new(r).poll_read_vectored(cx, &mut [io::IoSliceMut::new(buf)]),
         }
@@ -285,6 +327,7 @@ impl AsyncRead for Rx {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Rx::Tcp(r) => Pin::new(r).poll_read_vectored(cx, bufs),
+            Rx::Local(r) => Pin::new(r).poll_read_vectored(cx, bufs),
             #[cfg(any(test, feature = "testing"))]
             Rx::Mem(r) => Pin::new(r).poll_read_vectored(cx, bufs),
         }
@@ -299,6 +342,7 @@ impl AsyncRead for Conn {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Conn::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Conn::Local(c) => Pin::new(&mut c.stream).poll_read(cx, buf),
             #[cfg(any(test, feature = "testing"))]
             Conn::Mem(c) => c.poll_read(cx, buf),
         }

@@ -202,6 +202,7 @@ fn a_client_without_the_secret_learns_nothing_and_writes_nothing() {
         dst_key: key.clone(),
         instance: 9,
         nonce: [4; 16],
+        host_tag: None,
     };
     let shake = |s: &mut std::net::TcpStream| -> morio::proto::frame::HelloAck {
         s.write_all(&encode(&Frame::Hello(h.clone()), 0)).unwrap();

@@ -204,6 +204,7 @@ pub fn hello(src: &str, dst: &str) -> Vec<u8> {
             dst_key: dst.into(),
             instance: 1,
             nonce: [0; 16],
+            host_tag: None,
         }),
         0,
     )
@@ -219,6 +220,7 @@ pub fn hello_ack(key: &str) -> Vec<u8> {
             msg: String::new(),
             nonce: [0; 16],
             proof: None,
+            same_host: false,
         }),
         0,
     )

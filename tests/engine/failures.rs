@@ -832,6 +832,7 @@ fn hostile_bad_hellos_are_refused_with_a_code() {
                 dst_key: dst.into(),
                 instance: 1,
                 nonce: [3; 16],
+                host_tag: None,
             }),
             0,
         )
@@ -2189,6 +2190,7 @@ fn a_newer_dialer_is_answered_with_this_version() {
             dst_key: b.key().into(),
             instance: 5,
             nonce: [9; 16],
+            host_tag: None,
         }),
         0,
     );

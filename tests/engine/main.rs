@@ -11,5 +11,6 @@ mod gpu;
 mod host;
 mod in_process;
 mod mori_cases;
+mod same_host;
 mod sizes;
 mod spin;

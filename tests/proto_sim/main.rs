@@ -365,6 +365,7 @@ fn garbage(rng: &mut StdRng, n_lanes: u16, at_target: bool) -> (Vec<u8>, Closer)
                 dst_key: "y".into(),
                 instance: 0,
                 nonce: [0; 16],
+                host_tag: None,
             }),
             unexpected,
         ),

@@ -473,6 +473,7 @@ impl Sim {
             dst_key: TARGET_KEY.into(),
             instance: self.inits[i].instance,
             nonce: self.rng.gen(),
+            host_tag: None,
         };
         let mut conn = Conn::new(i, l, hello);
         conn.weight = *[1, 3, 9].choose(&mut self.rng).expect("weights");
@@ -1184,7 +1185,14 @@ impl Sim {
             let verdict = check_hello(&h, TARGET_KEY);
             let ok = verdict.clone();
             let ack = match verdict {
-                Ok(()) => accept(TARGET_KEY, &h, None, [0; 16]),
+                Ok(()) => accept(
+                    TARGET_KEY,
+                    &h,
+                    None,
+                    [0; 16],
+                    false,
+                    morio::proto::limits::VERSION,
+                ),
                 Err(r) => refusal(r, None),
             };
             self.answer(c, &Frame::HelloAck(ack), &[]);

@@ -12,6 +12,7 @@ use morio_shards::rt;
 use super::bell::Bell;
 use super::gpu_io::{self, SendError};
 use super::msg::{LaneEvent, LaneWork, Peer, ShardMsg};
+use super::same_host;
 use super::{Shard, TaskGuard};
 use crate::proto::codes;
 use crate::proto::dispatch::{ChunkSpec, FinishSpec, TransferRef};
@@ -20,7 +21,7 @@ use crate::proto::handshake;
 use crate::proto::lane::{LaneBook, ReadWait, Report, Sendable};
 use crate::proto::layout::remote_seg;
 use crate::proto::layout::Layout;
-use crate::proto::limits::VERSION;
+use crate::proto::limits::{NONCE_BYTES, VERSION};
 use crate::proto::plan::total_bytes;
 use crate::region::SharedRegion;
 use crate::trace;
@@ -224,7 +225,11 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
         return;
     }
     let cfg = &shard.shared.cfg;
-    shard.stats.borrow_mut().lane_connects += 1;
+    {
+        let mut st = shard.stats.borrow_mut();
+        st.lane_connects += 1;
+        st.lane_connects_same_host += conn.is_local() as u64;
+    }
     let (r, w, closer) = conn.split();
     lane.closer.set(Some(closer));
     let reader = FrameReader::new(r, cfg.op_timeout);
@@ -263,7 +268,9 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
     }
 }
 
-/// Dial the peer and shake hands: HELLO out, its HELLO_ACK checked.
+/// Dial the peer and shake hands: HELLO out, its HELLO_ACK checked, AUTH and the same-host
+/// step when they apply. A same-host step the peer passed but we could not check ends that
+/// connection: the next dial offers TCP only (and the peer is remembered as such).
 async fn connect(shard: &Rc<Shard>, lane: &Rc<Lane>) -> Result<transport::Conn, String> {
     let cfg = &shard.shared.cfg;
     let addr = lane.peer.addr;
@@ -274,42 +281,75 @@ async fn connect(shard: &Rc<Shard>, lane: &Rc<Lane>) -> Result<transport::Conn, 
             lane.peer.key
         ));
     }
-    let handshake = async {
-        let mut conn = transport::dial(addr, cfg, shard.shared.transport).await?;
-        let hello = Hello {
-            version: VERSION,
-            lane: lane.lane,
-            n_lanes: cfg.num_data_conns as u16,
-            src_key: shard.shared.key.clone(),
-            dst_key: lane.peer.key.to_string(),
-            instance: shard.shared.instance,
-            nonce: rand::random(),
-        };
-        let mut buf = Vec::new();
-        Frame::Hello(hello.clone()).encode(0, &mut buf);
+    let deadline = std::time::Instant::now() + cfg.op_timeout;
+    let mut local = true;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rt::timeout(left, shake(shard, lane, local)).await {
+            None => return Err(format!("connect to {addr} timed out")),
+            Some(Ok(conn)) => return Ok(conn),
+            Some(Err(same_host::DialFailure::Fallback(why))) if local => {
+                shard.shared.same_host_failed(&lane.peer.key, &why);
+                local = false;
+            }
+            Some(Err(same_host::DialFailure::Failed(e) | same_host::DialFailure::Fallback(e))) => {
+                return Err(e)
+            }
+        }
+    }
+}
+
+/// One dial and handshake (`local`: offer the same-host transport if it applies).
+async fn shake(
+    shard: &Rc<Shard>,
+    lane: &Rc<Lane>,
+    local: bool,
+) -> Result<transport::Conn, same_host::DialFailure> {
+    use same_host::DialFailure::Failed;
+    let shared = &shard.shared;
+    let cfg = &shared.cfg;
+    let addr = lane.peer.addr;
+    let mut conn = transport::dial(addr, cfg, shared.transport)
+        .await
+        .map_err(Failed)?;
+    let version = cfg.max_protocol_version.min(VERSION);
+    let nonce: [u8; NONCE_BYTES] = rand::random();
+    let hello = Hello {
+        version,
+        lane: lane.lane,
+        n_lanes: cfg.num_data_conns as u16,
+        src_key: shared.key.clone(),
+        dst_key: lane.peer.key.to_string(),
+        instance: shared.instance,
+        nonce,
+        host_tag: local
+            .then(|| same_host::offer(shared, &lane.peer.key, version, &nonce))
+            .flatten(),
+    };
+    let mut buf = Vec::new();
+    Frame::Hello(hello.clone()).encode(0, &mut buf);
+    conn.send(&buf)
+        .await
+        .map_err(|e| Failed(format!("send HELLO: {e}")))?;
+    let secret = cfg.auth_secret.as_ref().map(|s| s.as_bytes());
+    let ack = match read_frame_exact(&mut conn).await {
+        Ok(Frame::HelloAck(a)) => a,
+        Ok(f) => return Err(Failed(format!("expected HELLO_ACK, got {:?}", f.kind()))),
+        Err(e) => return Err(Failed(format!("handshake: {e}"))),
+    };
+    let auth =
+        handshake::check_ack(&ack, &hello, secret).map_err(|e| Failed(format!("{addr}: {e}")))?;
+    if let Some(proof) = auth {
+        buf.clear();
+        Frame::Auth(proof).encode(0, &mut buf);
         conn.send(&buf)
             .await
-            .map_err(|e| format!("send HELLO: {e}"))?;
-        let secret = cfg.auth_secret.as_ref().map(|s| s.as_bytes());
-        let auth = match read_frame_exact(&mut conn).await {
-            Ok(Frame::HelloAck(a)) => {
-                handshake::check_ack(&a, &hello, secret).map_err(|e| format!("{addr}: {e}"))?
-            }
-            Ok(f) => return Err(format!("expected HELLO_ACK, got {:?}", f.kind())),
-            Err(e) => return Err(format!("handshake: {e}")),
-        };
-        if let Some(proof) = auth {
-            buf.clear();
-            Frame::Auth(proof).encode(0, &mut buf);
-            conn.send(&buf)
-                .await
-                .map_err(|e| format!("send AUTH: {e}"))?;
-        }
-        Ok(conn)
-    };
-    rt::timeout(cfg.op_timeout, handshake)
-        .await
-        .unwrap_or_else(|| Err(format!("connect to {addr} timed out")))
+            .map_err(|e| Failed(format!("send AUTH: {e}")))?;
+    }
+    if ack.same_host && hello.host_tag.is_some() {
+        return same_host::dial(shared, conn, &hello, &ack).await;
+    }
+    Ok(conn)
 }
 
 /// Send a WRITE chunk from host memory: a small payload is copied from the region next to

@@ -265,6 +265,7 @@ fn stats_json(e: &IoEngine) -> serde_json::Value {
             "inbound_bytes_read": st.inbound_bytes_read,
             "inbound_transfers": st.inbound_transfers,
             "lane_connects": st.lane_connects,
+            "lane_connects_same_host": st.lane_connects_same_host,
             "lane_failures": st.lane_failures,
             "latency_us": {
                 "count": h.len(),

@@ -1,0 +1,248 @@
+//! The same-host transport: a TCP connection between two processes of one host whose large
+//! payloads never go through the socket. The receiver copies them out of the sender's memory
+//! with one cross-memory-attach read (`process_vm_readv`), straight into their destination;
+//! the socket carries the frames, the small payloads and the descriptions of the large ones
+//! ([`records`]). A connection becomes one after the handshake proved that the peer process
+//! is readable ([`crate::proto::handshake`], "Same host"); everything above the transport
+//! (frames, checks, statuses, joins) is the same as over TCP.
+
+mod records;
+mod rx;
+mod tx;
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use morio_shards::rt;
+
+pub(crate) use rx::LocalRx;
+pub(crate) use tx::LocalTx;
+
+/// This host's boot id (`/proc/sys/kernel/random/boot_id`), read once; `None` where the
+/// kernel does not expose it (the transport is then never offered).
+pub(crate) fn host_id() -> Option<[u8; 16]> {
+    static ID: OnceLock<Option<[u8; 16]>> = OnceLock::new();
+    *ID.get_or_init(|| {
+        let s = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+        let hex: Vec<u8> = s.trim().bytes().filter(|b| *b != b'-').collect();
+        if hex.len() != 32 {
+            return None;
+        }
+        let mut id = [0u8; 16];
+        for (i, pair) in hex.chunks(2).enumerate() {
+            id[i] = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+        }
+        Some(id)
+    })
+}
+
+/// Let peers of this host read this process's memory where the Yama security module would
+/// otherwise allow only its ancestors (`ptrace_scope` 1: `PR_SET_PTRACER_ANY`, done once,
+/// logged). With `ptrace_scope` 2 or 3 nothing can be done here: the handshake's probe then
+/// fails and connections stay on TCP.
+pub(crate) fn prepare() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok());
+        if scope == Some(1) {
+            // SAFETY: prctl with integer arguments only.
+            let r = unsafe { libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0) };
+            if r == 0 {
+                log::info!(
+                    "same-host transport: allowed processes of this user to read this one's \
+                     memory (Yama ptrace_scope 1); set same_host = off to keep it closed"
+                );
+            }
+        }
+    });
+}
+
+/// A word pair of this process that peers read and write through the kernel: the probe of a
+/// handshake (its proof in `proof`) and then the pull cell of the connection's sending half
+/// (`live`, `acked`). Slots are never freed, only reused (a peer that reads one late reads a
+/// value that is not its token, never unmapped memory).
+#[repr(C, align(32))]
+#[derive(Debug)]
+pub(crate) struct Slot {
+    /// The token of the send whose parts may be pulled now (0: none).
+    pub(crate) live: AtomicU64,
+    /// The index of the last part of that send the peer acknowledged.
+    pub(crate) acked: AtomicU64,
+    /// The handshake proof (two little-endian words).
+    proof: [AtomicU64; 2],
+}
+
+static SLOTS: Mutex<Vec<&'static Slot>> = Mutex::new(Vec::new());
+
+/// A slot of this process, held until dropped.
+#[derive(Debug)]
+pub(crate) struct SlotRef(&'static Slot);
+
+impl SlotRef {
+    /// A free slot, cleared.
+    pub(crate) fn take() -> Self {
+        let s = SLOTS.lock().ok().and_then(|mut v| v.pop());
+        let s = s.unwrap_or_else(|| {
+            Box::leak(Box::new(Slot {
+                live: AtomicU64::new(0),
+                acked: AtomicU64::new(0),
+                proof: [AtomicU64::new(0), AtomicU64::new(0)],
+            }))
+        });
+        s.live.store(0, Ordering::SeqCst);
+        s.acked.store(0, Ordering::SeqCst);
+        Self(s)
+    }
+
+    /// Put a handshake proof in the slot.
+    pub(crate) fn set_proof(&self, p: &[u8; 16]) {
+        for (w, b) in self.0.proof.iter().zip(p.chunks(8)) {
+            w.store(
+                u64::from_le_bytes(b.try_into().unwrap_or_default()),
+                Ordering::SeqCst,
+            );
+        }
+    }
+
+    /// Its address, for the peer.
+    pub(crate) fn addr(&self) -> u64 {
+        self.0 as *const Slot as u64
+    }
+
+    pub(super) fn slot(&self) -> &'static Slot {
+        self.0
+    }
+}
+
+impl Drop for SlotRef {
+    fn drop(&mut self) {
+        self.0.live.store(0, Ordering::SeqCst);
+        self.0.proof[0].store(0, Ordering::SeqCst);
+        self.0.proof[1].store(0, Ordering::SeqCst);
+        if let Ok(mut v) = SLOTS.lock() {
+            v.push(self.0);
+        }
+    }
+}
+
+/// Offset of the proof within a slot.
+const PROOF_OFFSET: u64 = 16;
+/// Offset of `acked` within a slot.
+pub(crate) const ACKED_OFFSET: u64 = 8;
+
+/// Check that process `pid` holds `expect` in the probe slot at `slot`: that it is the peer of
+/// this handshake, and that this process may read its memory.
+pub(crate) fn check_peer(pid: u32, slot: u64, expect: &[u8; 16]) -> Result<(), String> {
+    if pid == 0 || pid > i32::MAX as u32 {
+        return Err(format!("no such process {pid}"));
+    }
+    let mut got = [0u8; 16];
+    let n = read_peer(
+        pid as libc::pid_t,
+        &mut [libc::iovec {
+            iov_base: got.as_mut_ptr().cast(),
+            iov_len: got.len(),
+        }],
+        &[libc::iovec {
+            iov_base: slot.wrapping_add(PROOF_OFFSET) as *mut libc::c_void,
+            iov_len: 16,
+        }],
+    )
+    .map_err(|e| format!("cannot read the memory of process {pid}: {e}"))?;
+    if n != 16 || &got != expect {
+        return Err(format!(
+            "process {pid} does not hold this connection's proof (not the peer, or another \
+             pid namespace)"
+        ));
+    }
+    Ok(())
+}
+
+/// `process_vm_readv`: copy from `remote` ranges of process `pid` into `local` buffers; the
+/// bytes copied.
+pub(crate) fn read_peer(
+    pid: libc::pid_t,
+    local: &mut [libc::iovec],
+    remote: &[libc::iovec],
+) -> io::Result<usize> {
+    // SAFETY: every local iovec points into memory the caller lends us for writing; the
+    // remote ones are only read by the kernel in the other process (bad ones fail with EFAULT).
+    let r = unsafe {
+        libc::process_vm_readv(
+            pid,
+            local.as_ptr(),
+            local.len() as _,
+            remote.as_ptr(),
+            remote.len() as _,
+            0,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(r as usize)
+}
+
+/// `process_vm_writev` of one word: write `v` at `addr` in process `pid`.
+pub(crate) fn write_peer_word(pid: libc::pid_t, addr: u64, v: u64) -> io::Result<()> {
+    let bytes = v.to_ne_bytes();
+    let local = libc::iovec {
+        iov_base: bytes.as_ptr() as *mut libc::c_void,
+        iov_len: 8,
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: 8,
+    };
+    // SAFETY: the local iovec points at `bytes`, alive for the call; the remote address is
+    // written by the kernel in the other process only (a bad one fails with EFAULT).
+    let r = unsafe { libc::process_vm_writev(pid, &local, 1, &remote, 1, 0) };
+    match r {
+        8 => Ok(()),
+        r if r < 0 => Err(io::Error::last_os_error()),
+        _ => Err(io::Error::other("short cross-process write")),
+    }
+}
+
+/// What makes a TCP connection a same-host one: the peer's pid, this side's slot, the
+/// deadline of a send.
+#[derive(Debug)]
+pub(crate) struct Upgrade {
+    /// The peer process.
+    pub(crate) peer: u32,
+    /// This side's slot (its pull cell from now on).
+    pub(crate) slot: SlotRef,
+    /// How long a send may wait for the peer to take its parts (`op_timeout`).
+    pub(crate) stall: Duration,
+}
+
+/// A same-host connection, whole.
+#[derive(Debug)]
+pub(crate) struct LocalConn {
+    pub(crate) stream: rt::TcpStream,
+    pub(crate) up: Upgrade,
+}
+
+/// A same-host connection on its way to another shard.
+#[derive(Debug)]
+pub(crate) struct LocalHandoff {
+    pub(crate) fd: OwnedFd,
+    pub(crate) up: Upgrade,
+}
+
+impl LocalConn {
+    /// Its receiving and sending halves.
+    pub(crate) fn split(self) -> (LocalRx, LocalTx) {
+        let (r, w) = rt::split(self.stream);
+        let pid = self.up.peer as libc::pid_t;
+        (
+            LocalRx::new(r, pid),
+            LocalTx::new(w, pid, self.up.slot, self.up.stall),
+        )
+    }
+}

@@ -1,0 +1,234 @@
+//! The receiving half of a same-host connection: inline bytes from the socket, pulled parts
+//! copied out of the peer's memory straight into the caller's buffers.
+
+use std::io::{self, IoSliceMut};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use futures_lite::AsyncRead;
+use morio_shards::rt;
+
+use super::records::{parse, Pull, Record};
+use super::{read_peer, write_peer_word, ACKED_OFFSET};
+
+/// Socket bytes buffered at most (record heads and inline bytes).
+const BUF_BYTES: usize = 64 << 10;
+/// Inline bytes read from the socket straight into the caller's buffer when it wants at least
+/// this many (no copy through ours).
+const DIRECT_READ_BYTES: usize = 4 << 10;
+/// Local buffers one pull fills at most (the kernel takes up to 1024 vectors; one more is
+/// the token check).
+const MAX_PULL_IOV: usize = 1023;
+
+/// What the stream is in the middle of.
+#[derive(Debug)]
+enum Cur {
+    /// Between records.
+    Idle,
+    /// This many inline bytes of the current record are still to come.
+    Inline(usize),
+    /// A part being pulled, and how much of it is in already.
+    Pull(Pull, u64),
+}
+
+/// The receiving half.
+#[derive(Debug)]
+pub(crate) struct LocalRx {
+    r: rt::ReadHalf,
+    peer: libc::pid_t,
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+    cur: Cur,
+}
+
+impl LocalRx {
+    pub(crate) fn new(r: rt::ReadHalf, peer: libc::pid_t) -> Self {
+        Self {
+            r,
+            peer,
+            buf: vec![0u8; BUF_BYTES].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            cur: Cur::Idle,
+        }
+    }
+
+    /// Read more socket bytes into the buffer (after what it holds).
+    fn fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        let Self { r, buf, end, .. } = self;
+        let p = Pin::new(r).poll_read(cx, &mut buf[*end..]);
+        if let Poll::Ready(Ok(n)) = p {
+            self.end += n;
+        }
+        p
+    }
+
+    /// Pull up to what `bufs` hold of part `p` from its `off`-th byte, then check the part
+    /// was still the peer's to give; acknowledge it once it is all in.
+    fn pull(&mut self, p: Pull, off: u64, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        let mut want = (p.len - off) as usize;
+        let mut local: Vec<libc::iovec> = Vec::with_capacity(bufs.len().min(MAX_PULL_IOV) + 1);
+        for b in bufs.iter_mut() {
+            if want == 0 || local.len() == MAX_PULL_IOV {
+                break;
+            }
+            let k = b.len().min(want);
+            if k == 0 {
+                continue;
+            }
+            local.push(libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: k,
+            });
+            want -= k;
+        }
+        let n: usize = local.iter().map(|v| v.iov_len).sum();
+        let mut token = [0u8; 8];
+        local.push(libc::iovec {
+            iov_base: token.as_mut_ptr().cast(),
+            iov_len: 8,
+        });
+        let remote = [
+            libc::iovec {
+                iov_base: (p.addr + off) as *mut libc::c_void,
+                iov_len: n,
+            },
+            libc::iovec {
+                iov_base: p.cell as *mut libc::c_void,
+                iov_len: 8,
+            },
+        ];
+        let got = read_peer(self.peer, &mut local, &remote).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("same-host read from process {}: {e}", self.peer),
+            )
+        })?;
+        if got != n + 8 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("short same-host read from process {}", self.peer),
+            ));
+        }
+        if u64::from_ne_bytes(token) != p.token {
+            // The peer gave up on this send (its side failed or timed out): what was read may
+            // be anything, so the connection ends here.
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                format!("process {} withdrew a same-host send", self.peer),
+            ));
+        }
+        if off + n as u64 == p.len {
+            write_peer_word(self.peer, p.cell + ACKED_OFFSET, p.index as u64)?;
+            self.cur = Cur::Idle;
+        } else {
+            self.cur = Cur::Pull(p, off + n as u64);
+        }
+        Ok(n)
+    }
+}
+
+/// Copy `src` into `bufs`, in order; the bytes copied.
+fn scatter(src: &[u8], bufs: &mut [IoSliceMut<'_>]) -> usize {
+    let mut done = 0;
+    for b in bufs.iter_mut() {
+        if done == src.len() {
+            break;
+        }
+        let k = b.len().min(src.len() - done);
+        b[..k].copy_from_slice(&src[done..done + k]);
+        done += k;
+    }
+    done
+}
+
+impl AsyncRead for LocalRx {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_read_vectored(cx, &mut [IoSliceMut::new(buf)])
+    }
+
+    fn poll_read_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &mut [IoSliceMut<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if bufs.iter().all(|b| b.is_empty()) {
+            return Poll::Ready(Ok(0));
+        }
+        loop {
+            match this.cur {
+                Cur::Pull(p, off) => return Poll::Ready(this.pull(p, off, bufs)),
+                Cur::Inline(left) => {
+                    if this.start == this.end {
+                        // Nothing buffered: a large enough first buffer takes the bytes
+                        // straight from the socket.
+                        if let Some(b) = bufs.iter_mut().find(|b| !b.is_empty()) {
+                            if b.len() >= DIRECT_READ_BYTES {
+                                let k = b.len().min(left);
+                                let n = match Pin::new(&mut this.r).poll_read(cx, &mut b[..k]) {
+                                    Poll::Ready(Ok(n)) => n,
+                                    other => return other,
+                                };
+                                if n > 0 {
+                                    this.cur = if n == left {
+                                        Cur::Idle
+                                    } else {
+                                        Cur::Inline(left - n)
+                                    };
+                                }
+                                return Poll::Ready(Ok(n));
+                            }
+                        }
+                        match this.fill(cx) {
+                            Poll::Ready(Ok(0)) => return Poll::Ready(Ok(0)),
+                            Poll::Ready(Ok(_)) => {}
+                            other => return other,
+                        }
+                    }
+                    let have = (this.end - this.start).min(left);
+                    let n = scatter(&this.buf[this.start..this.start + have], bufs);
+                    this.start += n;
+                    this.cur = if n == left {
+                        Cur::Idle
+                    } else {
+                        Cur::Inline(left - n)
+                    };
+                    return Poll::Ready(Ok(n));
+                }
+                Cur::Idle => match parse(&this.buf[this.start..this.end]) {
+                    Ok(Some((rec, used))) => {
+                        this.start += used;
+                        this.cur = match rec {
+                            Record::Inline(n) => Cur::Inline(n as usize),
+                            Record::Pull(p) => Cur::Pull(p, 0),
+                        };
+                    }
+                    Ok(None) => match this.fill(cx) {
+                        // EOF: clean between records (the frame reader decides whether it was
+                        // between frames too).
+                        Poll::Ready(Ok(0)) => return Poll::Ready(Ok(0)),
+                        Poll::Ready(Ok(_)) => {}
+                        other => return other,
+                    },
+                    Err(e) => {
+                        return Poll::Ready(Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            e.to_string(),
+                        )))
+                    }
+                },
+            }
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! The sending half of a same-host connection: small parts into the socket, large ones
+//! described there and pulled by the peer, the send complete once every one is acknowledged.
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use morio_shards::rt;
+
+use super::records::{put_inline, put_pull, Pull, MAX_INLINE, PULL_MIN_BYTES};
+use super::SlotRef;
+
+/// The sending half.
+#[derive(Debug)]
+pub(crate) struct LocalTx {
+    w: rt::WriteHalf,
+    /// The peer process (for the log only: the peer does all the cross-process work).
+    peer: libc::pid_t,
+    cell: SlotRef,
+    stall: Duration,
+    heads: Vec<u8>,
+}
+
+/// Clears the cell's token when the send ends however it ends (completed, failed, or its
+/// future dropped): from then on a pull of its parts fails its check at the peer.
+struct Withdraw<'a>(&'a SlotRef);
+
+impl Drop for Withdraw<'_> {
+    fn drop(&mut self) {
+        self.0.slot().live.store(0, Ordering::SeqCst);
+    }
+}
+
+/// One piece of the gather list: a range of `heads`, or a part sent as is.
+enum Piece {
+    Head(usize, usize),
+    Part(usize),
+}
+
+impl LocalTx {
+    pub(crate) fn new(w: rt::WriteHalf, peer: libc::pid_t, cell: SlotRef, stall: Duration) -> Self {
+        Self {
+            w,
+            peer,
+            cell,
+            stall,
+            heads: Vec::with_capacity(256),
+        }
+    }
+
+    /// Send every byte of `parts`, in order: runs of small parts inline in the socket, each
+    /// large part as a description the peer pulls. Returns once the peer has taken every
+    /// pulled part (the caller may reuse the memory then), or fails after `op_timeout`.
+    pub(crate) async fn send_all(&mut self, parts: &[&[u8]]) -> io::Result<()> {
+        self.heads.clear();
+        let mut pieces: Vec<Piece> = Vec::with_capacity(parts.len() + 4);
+        let token = loop {
+            let t: u64 = rand::random();
+            if t != 0 {
+                break t;
+            }
+        };
+        let cell = self.cell.slot();
+        let mut pulls = 0u32;
+        let mut i = 0;
+        while i < parts.len() {
+            if parts[i].len() >= PULL_MIN_BYTES {
+                pulls += 1;
+                let at = self.heads.len();
+                let p = Pull {
+                    addr: parts[i].as_ptr() as u64,
+                    len: parts[i].len() as u64,
+                    cell: self.cell.addr(),
+                    token,
+                    index: pulls,
+                };
+                put_pull(&p, &mut self.heads);
+                pieces.push(Piece::Head(at, self.heads.len()));
+                i += 1;
+                continue;
+            }
+            // A run of small parts: one INLINE record.
+            let start = i;
+            let mut len = 0usize;
+            while i < parts.len()
+                && parts[i].len() < PULL_MIN_BYTES
+                && len + parts[i].len() <= MAX_INLINE
+            {
+                len += parts[i].len();
+                i += 1;
+            }
+            if len == 0 {
+                continue;
+            }
+            let at = self.heads.len();
+            put_inline(len, &mut self.heads);
+            pieces.push(Piece::Head(at, self.heads.len()));
+            pieces.extend(
+                (start..i)
+                    .filter(|&k| !parts[k].is_empty())
+                    .map(Piece::Part),
+            );
+        }
+        if pieces.is_empty() {
+            return Ok(());
+        }
+        let withdraw = (pulls > 0).then(|| {
+            cell.acked.store(0, Ordering::SeqCst);
+            cell.live.store(token, Ordering::SeqCst);
+            Withdraw(&self.cell)
+        });
+        let gather: Vec<&[u8]> = pieces
+            .iter()
+            .map(|p| match *p {
+                Piece::Head(a, b) => &self.heads[a..b],
+                Piece::Part(k) => parts[k],
+            })
+            .collect();
+        self.w.send_all(&gather).await?;
+        if pulls > 0 {
+            wait_acked(cell, pulls, self.stall, self.peer).await?;
+        }
+        drop(withdraw);
+        Ok(())
+    }
+}
+
+/// Wait until the peer acknowledged `n` pulled parts. The peer writes the cell from its own
+/// process, so there is nothing to wake on: check, then nap, the naps growing from a few µs
+/// (a part of a megabyte is pulled in tens of µs) to a fraction of a millisecond.
+async fn wait_acked(
+    cell: &super::Slot,
+    n: u32,
+    stall: Duration,
+    peer: libc::pid_t,
+) -> io::Result<()> {
+    let deadline = Instant::now() + stall;
+    let mut nap = Duration::from_micros(2);
+    loop {
+        if cell.acked.load(Ordering::SeqCst) >= n as u64 {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("process {peer} did not take a same-host send within {stall:?}"),
+            ));
+        }
+        rt::sleep(nap).await;
+        nap = (nap * 2).min(Duration::from_micros(200));
+    }
+}

@@ -1,0 +1,191 @@
+//! The same-host transport between engines of one process: chosen by itself, carrying every
+//! size and shape verified, off when configured off, and version 6 and 7 engines together.
+
+use morio::{SameHost, StatusCode};
+
+use crate::common::*;
+
+fn cfg(mode: SameHost) -> morio::TcpBackendConfig {
+    cfg_with(|c| c.same_host = Some(mode))
+}
+
+/// Writes and reads of a small, a medium (one pulled part), a striped and a batched transfer
+/// from `a` to `b`, each verified byte for byte.
+fn round_trips(a: &morio::IoEngine, b: &morio::IoEngine, seed: u64) {
+    let n = 24 << 20;
+    let src = random_buffer(a, n, seed);
+    let dst = b.alloc_buffer(n).unwrap();
+    let back = a.alloc_buffer(n).unwrap();
+    for (off, len) in [(0usize, 4096usize), (8192, 300 << 10), (1 << 20, 16 << 20)] {
+        let what = format!("write of {len} at {off}");
+        assert_ok(
+            &a.write(
+                src.desc(),
+                off,
+                dst.desc(),
+                off,
+                len,
+                a.allocate_transfer_uid(),
+            ),
+            &what,
+        );
+        assert_bytes_eq(&bytes_at(&dst, off, len), &bytes_at(&src, off, len), &what);
+        let what = format!("read of {len} at {off}");
+        assert_ok(
+            &a.read(
+                back.desc(),
+                off,
+                dst.desc(),
+                off,
+                len,
+                a.allocate_transfer_uid(),
+            ),
+            &what,
+        );
+        assert_bytes_eq(&bytes_at(&back, off, len), &bytes_at(&src, off, len), &what);
+    }
+    // A batch of 64 pieces of 128 KiB, scattered.
+    let offs: Vec<usize> = (0..64).map(|i| i * (256 << 10)).collect();
+    let sizes = vec![128 << 10; 64];
+    let sts = a.batch_write(
+        &[src.desc().clone()],
+        &[offs.clone()],
+        &[dst.desc().clone()],
+        &[offs.clone()],
+        &[sizes],
+        &[a.allocate_transfer_uid()],
+    );
+    assert_ok(&sts[0], "batch write");
+    for &o in &offs {
+        assert_bytes_eq(
+            &bytes_at(&dst, o, 128 << 10),
+            &bytes_at(&src, o, 128 << 10),
+            "batch piece",
+        );
+    }
+}
+
+#[test]
+fn same_host_carries_every_shape_verified() {
+    let (a, b) = pair("sh_every", cfg(SameHost::Require));
+    round_trips(&a, &b, 1);
+    let t = a.stats().unwrap().total();
+    assert!(t.lane_connects >= 1, "{t:?}");
+    assert_eq!(
+        t.lane_connects_same_host, t.lane_connects,
+        "every lane on the same-host transport: {t:?}"
+    );
+    assert_eq!(t.lane_failures, 0, "{t:?}");
+    // The target learns of every transfer as over TCP.
+    assert!(b.stats().unwrap().total().bytes_received > 0);
+}
+
+#[test]
+fn auto_picks_same_host_and_off_keeps_tcp() {
+    let (a, b) = pair("sh_auto", cfg(SameHost::Auto));
+    round_trips(&a, &b, 2);
+    let t = a.stats().unwrap().total();
+    assert!(t.lane_connects_same_host >= 1, "auto chose TCP: {t:?}");
+    let (c, d) = pair("sh_off", cfg(SameHost::Off));
+    round_trips(&c, &d, 3);
+    let t = c.stats().unwrap().total();
+    assert!(t.lane_connects >= 1, "{t:?}");
+    assert_eq!(t.lane_connects_same_host, 0, "off used same host: {t:?}");
+    // One side off is enough for TCP, whichever side it is.
+    let e = engine("sh_mixed_e", cfg(SameHost::Auto));
+    let f = engine("sh_mixed_f", cfg(SameHost::Off));
+    e.register_remote_engine(&f.engine_desc()).unwrap();
+    f.register_remote_engine(&e.engine_desc()).unwrap();
+    round_trips(&e, &f, 4);
+    round_trips(&f, &e, 5);
+    for x in [&e, &f] {
+        let t = x.stats().unwrap().total();
+        assert_eq!(t.lane_connects_same_host, 0, "{t:?}");
+    }
+}
+
+/// Rolling upgrades: an engine that offers only protocol v6 and one that speaks v7 agree on
+/// v6 (TCP, as v6 has no same-host transport) and move verified bytes both ways.
+#[test]
+fn protocol_versions_6_and_7_work_together() {
+    let old = engine(
+        "sh_v6",
+        cfg_with(|c| {
+            c.max_protocol_version = 6;
+            c.same_host = Some(SameHost::Auto);
+        }),
+    );
+    let new = engine("sh_v7", cfg(SameHost::Auto));
+    old.register_remote_engine(&new.engine_desc()).unwrap();
+    new.register_remote_engine(&old.engine_desc()).unwrap();
+    round_trips(&old, &new, 6);
+    round_trips(&new, &old, 7);
+    for x in [&old, &new] {
+        let t = x.stats().unwrap().total();
+        assert!(t.lane_connects >= 1, "{t:?}");
+        assert_eq!(t.lane_connects_same_host, 0, "v6 has no same-host: {t:?}");
+    }
+    // A version this build does not speak is refused at configuration.
+    for v in [5, morio::proto::limits::VERSION + 1] {
+        let bad = cfg_with(|c| c.max_protocol_version = v);
+        let e = morio::IoEngine::new("sh_bad_version", morio::IoEngineConfig::new("127.0.0.1", 0))
+            .unwrap();
+        assert!(e.create_backend(bad).is_err(), "version {v} accepted");
+    }
+}
+
+/// A transfer that fails over the same-host transport fails as over TCP: regions
+/// deregistered on either side while transfers are in flight, and a target that went away.
+#[test]
+fn same_host_failures_are_clean() {
+    use morio::MemoryLocationType::Cpu;
+    let (a, b) = pair("sh_fail", cfg(SameHost::Require));
+    let n = 8 << 20;
+    // The target's region is deregistered while writes into it are in flight: each write
+    // lands whole or fails, none hangs, and no byte lands after deregistration returns.
+    let src = random_buffer(&a, n, 8);
+    let mut mem = vec![0u8; n];
+    // SAFETY: `mem` outlives the registration (deregistered below, before it is dropped).
+    let md = unsafe { b.register_memory(mem.as_mut_ptr(), n, -1, Cpu) }.unwrap();
+    let sts: Vec<_> = (0..8)
+        .map(|_| a.write(src.desc(), 0, &md, 0, n, a.allocate_transfer_uid()))
+        .collect();
+    b.deregister_memory(&md).expect("deregister");
+    let snapshot = mem.clone();
+    for st in &sts {
+        assert_ne!(wait(st), StatusCode::Init);
+    }
+    assert_bytes_eq(&mem, &snapshot, "target memory after its deregistration");
+    let again = a.write(src.desc(), 0, &md, 0, n, a.allocate_transfer_uid());
+    assert_eq!(wait(&again), StatusCode::ErrNotFound, "{}", again.message());
+    // The initiator's source is deregistered while writes from it are in flight: the
+    // deregistration waits for the target to have taken their bytes.
+    let dst = b.alloc_buffer(n).unwrap();
+    let mut local = random_big(n, 9);
+    let expect = local.clone();
+    // SAFETY: as above.
+    let lmd = unsafe { a.register_memory(local.as_mut_ptr(), n, -1, Cpu) }.unwrap();
+    let sts: Vec<_> = (0..8)
+        .map(|_| a.write(&lmd, 0, dst.desc(), 0, n, a.allocate_transfer_uid()))
+        .collect();
+    a.deregister_memory(&lmd).expect("deregister");
+    local.fill(0xEE);
+    for st in &sts {
+        assert_ne!(wait(st), StatusCode::Init);
+    }
+    if sts.iter().all(|st| st.code() == StatusCode::Success) {
+        assert_bytes_eq(
+            &dst.to_vec(),
+            &expect,
+            "writes completed before deregistration",
+        );
+    }
+    // The target goes away: the next transfer fails, none hangs.
+    assert_ok(
+        &a.write(src.desc(), 0, dst.desc(), 0, n, a.allocate_transfer_uid()),
+        "write before the target goes",
+    );
+    b.remove_backend(morio::BackendType::Tcp).unwrap();
+    let st = a.write(src.desc(), 0, dst.desc(), 0, n, a.allocate_transfer_uid());
+    assert_ne!(wait(&st), StatusCode::Success);
+}
