@@ -49,9 +49,9 @@ fn round_trips(a: &morio::IoEngine, b: &morio::IoEngine, seed: u64) {
     let sizes = vec![128 << 10; 64];
     let sts = a.batch_write(
         &[src.desc().clone()],
-        &[offs.clone()],
+        std::slice::from_ref(&offs),
         &[dst.desc().clone()],
-        &[offs.clone()],
+        std::slice::from_ref(&offs),
         &[sizes],
         &[a.allocate_transfer_uid()],
     );
