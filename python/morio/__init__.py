@@ -8,6 +8,7 @@ A MORI-IO user switches by changing the import line::
 (``TransferStatus``, which MORI exports from ``mori.cpp``, is here too.) Memory registers
 from torch tensors (CPU and CUDA), DLPack producers (numpy, cupy, JAX) and writable
 buffers; batches take lists or numpy int64 arrays. Every submit and wait releases the GIL.
+``Discovery`` publishes engines in etcd and keeps their peers registered.
 """
 
 import atexit as _atexit
@@ -37,7 +38,13 @@ from ._morio import (
 )
 from ._morio import _shutdown_all
 
-# Stop every engine's shards before the interpreter goes away (they may log through it).
+try:
+    from ._morio import Discovery
+except ImportError:  # built without the `etcd` feature
+    pass
+
+# Close discovery handles (their leases go) and stop every engine's shards before the
+# interpreter goes away (they may log through it).
 _atexit.register(_shutdown_all)
 
 __all__ = [
@@ -63,3 +70,5 @@ __all__ = [
     "set_log_level",
     "set_wait_spin_us",
 ]
+if "Discovery" in globals():
+    __all__.append("Discovery")

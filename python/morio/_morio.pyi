@@ -274,6 +274,43 @@ class IOEngine:
     def metrics(self) -> str:
         """morio: the Prometheus text exposition (version 0.0.4) of the engine's statistics."""
 
+class Discovery:
+    """morio: discovery on etcd. Engines publish their EngineDesc and named MemoryDescs under
+    ``{prefix}/engines/{key}`` and ``{prefix}/regions/{key}/{name}`` on a lease this handle
+    keeps alive; closing it (or exiting) revokes the lease. Every call releases the GIL.
+
+    Errors: ConnectionError when etcd is unreachable or does not answer in time, ValueError
+    for bad names or options, RuntimeError on a closed handle.
+    """
+    def __init__(
+        self,
+        endpoints: Union[str, Sequence[str]],
+        prefix: str = "/morio",
+        *,
+        lease_ttl_s: Optional[int] = None,
+        connect_timeout_s: Optional[float] = None,
+        request_timeout_s: Optional[float] = None,
+    ) -> None:
+        """Connect (``"host:port"`` or URLs); defaults: TTL 10 s, timeouts 5 s."""
+    @property
+    def prefix(self) -> str: ...
+    @property
+    def closed(self) -> bool: ...
+    def publish(
+        self,
+        engine: IOEngine,
+        regions: Union[dict[str, MemoryDesc], Sequence[tuple[str, MemoryDesc]], None] = None,
+    ) -> None:
+        """Publish the engine (after create_backend) and its named regions; again replaces them."""
+    def lookup(self, key: str) -> Optional[EngineDesc]: ...
+    def regions(self, key: str) -> dict[str, MemoryDesc]: ...
+    def watch(self, engine: IOEngine) -> None:
+        """Register every published peer on ``engine`` now and later; deregister those that go."""
+    def close(self) -> None:
+        """Revoke the lease (the published keys go at once) and stop watching."""
+    def __enter__(self) -> Discovery: ...
+    def __exit__(self, *exc: object) -> bool: ...
+
 def check_host() -> None:
     """Raise RuntimeError saying what to change if this host cannot run engines."""
     ...

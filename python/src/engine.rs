@@ -71,19 +71,29 @@ pub struct Origin {
 }
 
 impl Origin {
-    fn here() -> Self {
+    pub fn here() -> Self {
         Self {
             pid: std::process::id(),
             forks: FORKS.load(Ordering::Relaxed),
         }
     }
 
+    /// Whether this is a process forked after the origin (whose threads it lacks).
+    pub fn is_forked(self) -> bool {
+        FORKS.load(Ordering::Relaxed) != self.forks
+    }
+
+    /// The process id where it was made.
+    pub fn pid(self) -> u32 {
+        self.pid
+    }
+
     /// `Err` in a process forked after the engine was made.
     pub fn check(self) -> PyResult<()> {
-        if FORKS.load(Ordering::Relaxed) == self.forks {
-            Ok(())
-        } else {
+        if self.is_forked() {
             Err(forked(self.pid))
+        } else {
+            Ok(())
         }
     }
 }
@@ -135,6 +145,9 @@ static LIVE: Mutex<Vec<Weak<EngineCell>>> = Mutex::new(Vec::new());
 /// Stop every engine of this process (registered with `atexit` by the package).
 #[pyfunction]
 pub fn _shutdown_all(py: Python<'_>) {
+    // Discovery handles first: their leases go, so peers forget these engines at once.
+    #[cfg(feature = "etcd")]
+    crate::discovery::close_all(py);
     let cells: Vec<Arc<EngineCell>> = {
         let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
         let v = live.iter().filter_map(Weak::upgrade).collect();
@@ -195,7 +208,7 @@ fn list_of<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Vec<Bound<'py, 
 }
 
 impl PyIoEngine {
-    fn engine(&self) -> PyResult<Arc<IoEngine>> {
+    pub(crate) fn engine(&self) -> PyResult<Arc<IoEngine>> {
         self.cell.get()
     }
 

@@ -7,6 +7,8 @@
 
 mod config;
 mod desc;
+#[cfg(feature = "etcd")]
+mod discovery;
 mod engine;
 mod enums;
 mod log;
@@ -74,6 +76,8 @@ fn _morio(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<status::PyTransferStatus>()?;
     m.add_class::<engine::PyIoEngine>()?;
     m.add_class::<session::PyIoEngineSession>()?;
+    #[cfg(feature = "etcd")]
+    m.add_class::<discovery::PyDiscovery>()?;
     m.add_function(wrap_pyfunction!(log::set_log_level, m)?)?;
     m.add_function(wrap_pyfunction!(set_wait_spin_us, m)?)?;
     m.add_function(wrap_pyfunction!(check_host, m)?)?;
