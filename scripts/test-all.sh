@@ -8,6 +8,11 @@ cd "$(dirname "$0")/.."
 
 # (The loom model checks, tests/loom.rs, are an ordinary test target: no special flags.)
 HIP_PATH="${HIP_PATH:-/usr}" cargo test --workspace --all-targets --all-features --locked
+# The engine tests once more with the same-host transport off: the run above took it for
+# every pair of engines (all on this host), this one runs the same tests over TCP. One suite,
+# two transports (tests that need a given transport set it themselves).
+MORIO_SAME_HOST=off HIP_PATH="${HIP_PATH:-/usr}" \
+  cargo test --workspace --all-features --locked --test engine
 
 venv="${MORIO_VENV:-.venv}"
 if [ ! -x "$venv/bin/python" ]; then

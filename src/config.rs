@@ -151,7 +151,8 @@ pub struct TcpBackendConfig {
 }
 
 /// Whether an engine uses the same-host transport (ARCHITECTURE.md, "Transports").
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum SameHost {
     /// For every peer proven to run on this host (a probe of its memory in the handshake),
     /// unless that cannot be set up: then TCP, with one log line, and no transfer fails.
@@ -180,6 +181,16 @@ impl std::str::FromStr for SameHost {
                 "same-host mode must be auto, off or require, got {other:?}"
             )),
         }
+    }
+}
+
+impl std::fmt::Display for SameHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Off => "off",
+            Self::Require => "require",
+        })
     }
 }
 

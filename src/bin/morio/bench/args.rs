@@ -185,6 +185,11 @@ pub struct Args {
     /// Busy-poll shards this many microseconds before parking them.
     #[arg(long)]
     pub spin_us: Option<u64>,
+    /// Same-host transport between the two sides: auto (when the handshake proves the peer
+    /// is on this host), off (TCP) or require (fail rather than fall back to TCP). Default:
+    /// the environment's MORIO_SAME_HOST, else auto. Each row says which carried it.
+    #[arg(long, value_name = "MODE")]
+    pub same_host: Option<morio::SameHost>,
     /// Waiting application threads spin this many microseconds on a status before sleeping
     /// (default 50).
     #[arg(long)]
@@ -402,6 +407,7 @@ impl Args {
             chunk_bytes: self.chunk_bytes.unwrap_or(d.chunk_bytes),
             share_stripes: d.share_stripes && !self.deal_stripes,
             spin_before_park: self.spin_us.map(Duration::from_micros),
+            same_host: self.same_host,
             gpu_staging_bytes: self.gpu_staging_bytes.unwrap_or(d.gpu_staging_bytes),
             gpu_slot_bytes: self.gpu_slot_bytes.unwrap_or(d.gpu_slot_bytes),
             ..d

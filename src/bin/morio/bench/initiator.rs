@@ -228,6 +228,7 @@ fn run_rows(
             .row(size, batch, warmup, iters, &|| pb.inc(1))
             .with_context(|| format!("row {name} failed"))?;
         let mut st = RowStats::new(a.op_type, size, batch, &durs)?;
+        st.transport = transport(runner.engine);
         if !a.no_validate {
             validate(a, ch, buf, size, batch).with_context(|| format!("row {name}"))?;
             st.validated = true;
@@ -242,6 +243,21 @@ fn run_rows(
     }
     pb.finish_and_clear();
     Ok(())
+}
+
+/// Which transport the initiator's lanes use so far.
+fn transport(engine: &IoEngine) -> String {
+    let t = match engine.stats() {
+        Some(s) => s.total(),
+        None => return "-".into(),
+    };
+    match (t.lane_connects_same_host, t.lane_connects) {
+        (_, 0) => "-",
+        (0, _) => "tcp",
+        (s, c) if s == c => "same-host",
+        _ => "mixed",
+    }
+    .into()
 }
 
 /// Compare xxh3 of the row's segments on both sides (source of a write is ours, of a read

@@ -276,6 +276,7 @@ pub fn table(rows: &[RowStats], ceiling: Option<&Ceiling>) -> String {
         "Floor p50 (us)",
         "Floor avg (us)",
         "p50/Floor",
+        "Transport",
     ]);
     for r in rows {
         t.add_row(vec![
@@ -295,6 +296,7 @@ pub fn table(rows: &[RowStats], ceiling: Option<&Ceiling>) -> String {
             r.floor.as_ref().map_or("-".into(), |f| f2(f.p50_us)),
             r.floor.as_ref().map_or("-".into(), |f| f2(f.avg_us)),
             r.p50_over_floor.map_or("-".into(), f2),
+            r.transport.clone(),
         ]);
     }
     titled(TITLE, &t)

@@ -47,6 +47,9 @@ pub struct RowStats {
     pub p50_over_floor: Option<f64>,
     /// Whether the row's bytes were checked after it ran.
     pub validated: bool,
+    /// Which transport carried the row: `same-host`, `tcp`, or `mixed` (the initiator's lanes
+    /// so far, some of each).
+    pub transport: String,
     /// Every timed iteration, in order.
     pub durations_us: Vec<f64>,
 }
@@ -89,6 +92,7 @@ impl RowStats {
             floor: None,
             p50_over_floor: None,
             validated: false,
+            transport: String::new(),
             durations_us: secs.iter().map(|s| s * 1e6).collect(),
         })
     }
