@@ -151,7 +151,7 @@ pub struct TcpBackendConfig {
 }
 
 /// Whether an engine uses the same-host transport (ARCHITECTURE.md, "Transports").
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SameHost {
     /// For every peer proven to run on this host (a probe of its memory in the handshake),

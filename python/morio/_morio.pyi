@@ -85,6 +85,8 @@ class TcpBackendConfig:
     max_joins_per_peer: int
     max_inbound_statuses: int
     max_inbound_statuses_per_peer: int
+    same_host: Optional[str]  # "auto" | "off" | "require" | None (MORIO_SAME_HOST, else auto)
+    max_protocol_version: int
     def __init__(
         self,
         sock_sndbuf_bytes: int = 33554432,
@@ -116,6 +118,8 @@ class TcpBackendConfig:
         max_joins_per_peer: Optional[int] = None,
         max_inbound_statuses: Optional[int] = None,
         max_inbound_statuses_per_peer: Optional[int] = None,
+        same_host: Optional[str] = None,
+        max_protocol_version: Optional[int] = None,
     ) -> None: ...
 
 class RdmaBackendConfig:

@@ -141,6 +141,8 @@ impl PyTcpBackendConfig {
         max_joins_per_peer = None,
         max_inbound_statuses = None,
         max_inbound_statuses_per_peer = None,
+        same_host = None,
+        max_protocol_version = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -172,6 +174,8 @@ impl PyTcpBackendConfig {
         max_joins_per_peer: Option<usize>,
         max_inbound_statuses: Option<usize>,
         max_inbound_statuses_per_peer: Option<usize>,
+        same_host: Option<String>,
+        max_protocol_version: Option<u32>,
     ) -> PyResult<Self> {
         let mut me = Self {
             cfg: TcpBackendConfig::default(),
@@ -234,6 +238,10 @@ impl PyTcpBackendConfig {
         }
         if let Some(v) = max_inbound_statuses_per_peer {
             me.cfg.max_inbound_statuses_per_peer = v;
+        }
+        me.set_same_host(same_host)?;
+        if let Some(v) = max_protocol_version {
+            me.cfg.max_protocol_version = v;
         }
         me.validated()?;
         Ok(me)
@@ -302,6 +310,33 @@ impl PyTcpBackendConfig {
     fn set_max_inbound_statuses_per_peer(&mut self, v: usize) {
         self.cfg.max_inbound_statuses_per_peer = v;
     }
+    /// The same-host transport: "auto", "off", "require", or None (the environment's
+    /// MORIO_SAME_HOST, else auto).
+    #[getter]
+    fn same_host(&self) -> Option<String> {
+        self.cfg.same_host.map(|m| m.to_string())
+    }
+
+    #[setter]
+    fn set_same_host(&mut self, v: Option<String>) -> PyResult<()> {
+        self.cfg.same_host = match v {
+            None => None,
+            Some(s) => Some(s.parse().map_err(PyValueError::new_err)?),
+        };
+        Ok(())
+    }
+
+    /// The newest protocol version the engine offers (rolling upgrades).
+    #[getter]
+    fn max_protocol_version(&self) -> u32 {
+        self.cfg.max_protocol_version
+    }
+
+    #[setter]
+    fn set_max_protocol_version(&mut self, v: u32) {
+        self.cfg.max_protocol_version = v;
+    }
+
     /// morio: the deployment secret (`bytes` or `str`, at least 16 bytes) every engine allowed
     /// to talk to this one shares; `None`: `MORIO_AUTH_SECRET` when set, else no
     /// authentication. Write-only: reading gives whether one is set.

@@ -56,3 +56,27 @@ def target_main(conn, as_objects: bool) -> None:
         engine.close()
     except BaseException:  # report instead of leaving the parent waiting
         conn.send({"error": traceback.format_exc()})
+
+
+BIG = 4 << 20
+
+
+def big(seed: int) -> np.ndarray:
+    return ((np.arange(BIG, dtype=np.int64) * (2 * seed + 1) + seed) % 253).astype(np.uint8)
+
+
+def same_host_target_main(conn) -> None:
+    """A target whose region holds big(5): sends its descriptors, waits for "done"."""
+    try:
+        from morio import BackendType, IOEngine, IOEngineConfig, TcpBackendConfig
+
+        engine = IOEngine("same_host_target", IOEngineConfig("127.0.0.1", 0))
+        engine.create_backend(BackendType.TCP, TcpBackendConfig(num_data_conns=2))
+        mem = big(5)
+        md = engine.register_array(mem)
+        conn.send_bytes(engine.get_engine_desc().pack())
+        conn.send_bytes(md.pack())
+        conn.recv()
+        engine.close()
+    except BaseException:
+        conn.send_bytes(traceback.format_exc().encode())

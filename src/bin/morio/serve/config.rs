@@ -48,6 +48,13 @@ spin_us = 0
 # max_joins_per_peer = 4096
 # max_inbound_statuses = 65536
 # max_inbound_statuses_per_peer = 4096
+# The same-host transport to engines of this host: "auto" (when the handshake proves the
+# peer runs here and may be read: payloads copied once, process to process), "off" (TCP
+# only) or "require" (fail rather than fall back). Default: MORIO_SAME_HOST, else auto.
+# same_host = "auto"
+# The newest protocol version this node offers. For rolling upgrades: keep the fleet on the
+# version its oldest node speaks until every node runs the new build, then raise it.
+# max_protocol_version = 7
 
 [auth]
 # A file holding the deployment secret (at least 16 bytes; a trailing newline is ignored)
@@ -131,6 +138,8 @@ pub struct TcpSection {
     pub max_joins_per_peer: Option<usize>,
     pub max_inbound_statuses: Option<usize>,
     pub max_inbound_statuses_per_peer: Option<usize>,
+    pub same_host: Option<morio::SameHost>,
+    pub max_protocol_version: Option<u32>,
 }
 
 impl Default for TcpSection {
@@ -152,6 +161,8 @@ impl Default for TcpSection {
             max_joins_per_peer: None,
             max_inbound_statuses: None,
             max_inbound_statuses_per_peer: None,
+            same_host: None,
+            max_protocol_version: None,
         }
     }
 }
@@ -293,7 +304,8 @@ impl ServeConfig {
             max_inbound_statuses_per_peer: t
                 .max_inbound_statuses_per_peer
                 .unwrap_or(d.max_inbound_statuses_per_peer),
-
+            same_host: t.same_host,
+            max_protocol_version: t.max_protocol_version.unwrap_or(d.max_protocol_version),
             num_data_conns: t.num_data_conns,
             striping_threshold_bytes: t.striping_threshold_bytes,
             op_timeout: Duration::from_millis(t.op_timeout_ms),
@@ -345,6 +357,27 @@ mod tests {
             .replace("# max_joins_per_peer = 4096", "max_joins_per_peer = 9");
         let t = ServeConfig::parse(&capped).unwrap().tcp_config();
         assert_eq!((t.max_connections, t.max_joins_per_peer), (7, 9));
+        assert_eq!(
+            (
+                c.tcp_config().same_host,
+                c.tcp_config().max_protocol_version
+            ),
+            (None, 7)
+        );
+        let sh = DEFAULT_TOML
+            .replace("# same_host = \"auto\"", "same_host = \"off\"")
+            .replace("# max_protocol_version = 7", "max_protocol_version = 6");
+        let t = ServeConfig::parse(&sh).unwrap().tcp_config();
+        assert_eq!(
+            (t.same_host, t.max_protocol_version),
+            (Some(morio::SameHost::Off), 6)
+        );
+        for bad in [
+            DEFAULT_TOML.replace("# same_host = \"auto\"", "same_host = \"sideways\""),
+            DEFAULT_TOML.replace("# max_protocol_version = 7", "max_protocol_version = 99"),
+        ] {
+            assert!(ServeConfig::parse(&bad).is_err());
+        }
         let zero = DEFAULT_TOML.replace("# max_connections = 1024", "max_connections = 0");
         assert!(ServeConfig::parse(&zero).is_err());
     }

@@ -1,0 +1,65 @@
+"""The same-host transport from Python: chosen between processes of this host, off on
+request, required, and its configuration checked."""
+
+import multiprocessing as mp
+
+import numpy as np
+import pytest
+
+from morio import EngineDesc, MemoryDesc, TcpBackendConfig
+
+import _peer
+from _util import small_config, wait_ok
+
+
+@pytest.mark.parametrize("mode", ["require", "off", "auto"])
+def test_two_processes_pick_their_transport(engines, mode):
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_peer.same_host_target_main, args=(child,), daemon=True)
+    proc.start()
+    try:
+        assert parent.poll(30), "the target process did not answer"
+        first = parent.recv_bytes()
+        t_desc = EngineDesc.unpack(first)
+        md = MemoryDesc.unpack(parent.recv_bytes())
+        a = engines.engine("same_host_initiator", config=small_config(same_host=mode))
+        a.register_remote_engine(t_desc)
+        got = np.zeros(_peer.BIG, np.uint8)
+        got_md = a.register_array(got)
+        wait_ok(a.read(got_md, 0, md, 0, _peer.BIG, a.allocate_transfer_uid()))
+        assert np.array_equal(got, _peer.big(5))
+        src = _peer.big(9)
+        src_md = a.register_array(src)
+        wait_ok(a.write(src_md, 0, md, 0, _peer.BIG, a.allocate_transfer_uid()))
+        back = np.zeros(_peer.BIG, np.uint8)
+        wait_ok(a.read(a.register_array(back), 0, md, 0, _peer.BIG, a.allocate_transfer_uid()))
+        assert np.array_equal(back, src)
+        shards = a.stats()
+        total = {k: sum(s[k] for s in shards) for k in ("lane_connects", "lane_connects_same_host")}
+        assert total["lane_connects"] >= 1
+        if mode == "off":
+            assert total["lane_connects_same_host"] == 0, total
+        else:
+            assert total["lane_connects_same_host"] == total["lane_connects"], total
+        parent.send("done")
+        proc.join(20)
+        assert proc.exitcode == 0
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+
+
+def test_same_host_configuration_is_checked():
+    assert TcpBackendConfig().same_host is None
+    assert TcpBackendConfig(same_host="off").same_host == "off"
+    c = TcpBackendConfig(same_host="Require")
+    assert c.same_host == "require"
+    c.same_host = None
+    assert c.same_host is None
+    with pytest.raises(ValueError, match="auto, off or require"):
+        TcpBackendConfig(same_host="sideways")
+    assert TcpBackendConfig(max_protocol_version=6).max_protocol_version == 6
+    with pytest.raises(ValueError, match="max_protocol_version"):
+        TcpBackendConfig(max_protocol_version=99)
