@@ -27,6 +27,11 @@
 #   scripts/bench/h200-bench.sh authab  # there (or here): the same rows as archab from BIN,
 #                                       # without and with MORIO_AUTH_SECRET (peer
 #                                       # authentication on), interleaved ROUNDS times
+#   scripts/bench/h200-bench.sh hostab  # there (or here): the same-host transport against TCP
+#                                       # (--same-host require / off) on the rows: 1 MiB x
+#                                       # 256 write and read, a single 64 MiB write, 128 KiB x 256
+#                                       # and single, 4 KiB x 256, 8 B x 256 and single 8 B (spinning
+#                                       # shards), interleaved ROUNDS times; GPU=1 adds the GPU rows
 #   scripts/bench/h200-bench.sh ftrace  # there (root): the single 8 B and 8 B x 256 write rows under
 #                                       # ftrace (send syscalls, IPIs, io_uring task work), then
 #                                       # scripts/bench/kernel-sends.py on each buffer
@@ -49,7 +54,7 @@ OUT_DIR="${OUT:-/tmp/morio-bench}"
 ITERS="${ITERS:-128}"
 
 usage() {
-	echo "usage: $0 build|run|tp|gpu|lat|trace|cpus|ab|archab|authab|stripes|ftrace" >&2
+	echo "usage: $0 build|run|tp|gpu|lat|trace|cpus|ab|archab|authab|hostab|stripes|ftrace" >&2
 	exit 2
 }
 
@@ -371,6 +376,43 @@ authab() {
 	finish
 }
 
+# hostab: the same-host transport against TCP, every row with each in turn.
+hostab() {
+	begin
+	local big=(--buffer-size 1048576 --transfer-batch-size 256 --enable-batch-transfer
+		--enable-sess --batch-contiguous)
+	local spin=(--spin-us 2000 --wait-spin-us 1000 --no-ceiling)
+	local r mode tag mem
+	for ((r = 1; r <= ${ROUNDS:-2}; r++)); do
+		for mode in off require; do
+			tag="r${r}-${mode}"
+			add "w1m-${tag}" --op-type write "${big[@]}" --same-host "${mode}"
+			add "r1m-${tag}" --op-type read "${big[@]}" --same-host "${mode}"
+			add "w64m-${tag}" --op-type write --buffer-size 67108864 --transfer-batch-size 1 \
+				--no-ceiling --same-host "${mode}"
+			add "w128k256-${tag}" --op-type write --buffer-size 131072 --transfer-batch-size 256 \
+				--enable-batch-transfer --enable-sess --no-ceiling --same-host "${mode}"
+			add "w128k1-${tag}" --op-type write --buffer-size 131072 --transfer-batch-size 1 \
+				--no-ceiling --same-host "${mode}"
+			add "w4k256-${tag}" --op-type write --buffer-size 4096 --transfer-batch-size 256 \
+				--enable-batch-transfer --enable-sess "${spin[@]}" --same-host "${mode}"
+			add "w8b256-${tag}" --op-type write --buffer-size 8 --transfer-batch-size 256 \
+				--enable-batch-transfer --enable-sess "${spin[@]}" --same-host "${mode}"
+			add "w8b1-${tag}" --op-type write --buffer-size 8 --transfer-batch-size 1 \
+				"${spin[@]}" --same-host "${mode}"
+			if [[ ${GPU:-0} == 1 ]]; then
+				for mem in gpu; do
+					add "gw1m-${tag}" --op-type write "${big[@]}" --mem-type "${mem}" \
+						--no-ceiling --same-host "${mode}"
+					add "gw64m-${tag}" --op-type write --buffer-size 67108864 \
+						--transfer-batch-size 1 --mem-type "${mem}" --no-ceiling --same-host "${mode}"
+				done
+			fi
+		done
+	done
+	finish
+}
+
 # ftrace: the kernel's side of the small rows (is a send dearer for morio than for the floor?).
 ftrace() {
 	local t=/sys/kernel/tracing
@@ -406,6 +448,7 @@ case "${1:-}" in
 ab) ab ;;
 archab) archab ;;
 authab) authab ;;
+hostab) hostab ;;
 ftrace) ftrace ;;
 stripes) stripes ;;
 cpus) cpus ;;

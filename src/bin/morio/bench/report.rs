@@ -327,6 +327,7 @@ pub fn summarize(files: &[PathBuf]) -> anyhow::Result<()> {
         "Floor p50 (us)",
         "Floor avg (us)",
         "p50/Floor",
+        "Transport",
     ]);
     for c in 0..3 {
         if let Some(col) = t.column_mut(c) {
@@ -382,6 +383,7 @@ pub fn summarize(files: &[PathBuf]) -> anyhow::Result<()> {
                 num(&r["floor"]["p50_us"]),
                 num(&r["floor"]["avg_us"]),
                 num(&r["p50_over_floor"]),
+                r["transport"].as_str().unwrap_or("-").to_string(),
             ]);
         }
     }
