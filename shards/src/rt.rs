@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use futures_lite::{AsyncRead, AsyncWrite};
 
-pub use glommio::net::{TcpListener, TcpStream};
+pub use glommio::net::{TcpListener, TcpStream, UnixStream};
 pub use glommio::{spawn_local, yield_if_needed, Task};
 
 /// Sleep for `d` on the calling shard (a sleep under a millisecond also keeps a busy-polling
@@ -37,6 +37,12 @@ pub fn note_runnable() {
 pub fn listener_from_socket(sock: socket2::Socket) -> TcpListener {
     // SAFETY: we own the fd and hand its ownership to the glommio listener.
     unsafe { TcpListener::from_raw_fd(sock.into_raw_fd()) }
+}
+
+/// Wrap a connected Unix-domain socket into a glommio stream on the current shard.
+pub fn unix_stream_from_fd(fd: std::os::fd::OwnedFd) -> UnixStream {
+    // SAFETY: we own the fd and hand its ownership to the glommio stream.
+    unsafe { UnixStream::from_raw_fd(fd.into_raw_fd()) }
 }
 
 /// Wrap a connected socket into a glommio stream on the current shard.

@@ -3,12 +3,14 @@
 //! (proto::handshake, "Same host") and the connection becomes a same-host one
 //! (transport::local), or stays TCP.
 
+use std::os::fd::AsRawFd;
+
 use crate::config::SameHost;
 use crate::proto::frame::{Frame, Hello, HelloAck, LocalOffer};
 use crate::proto::handshake::{self, Role};
 use crate::proto::limits::{NONCE_BYTES, SAME_HOST_VERSION};
 use crate::transport::framed::read_frame_exact;
-use crate::transport::local::{self, SlotRef, Upgrade};
+use crate::transport::local::{self, SlotRef, Upgrade, Wake};
 use crate::transport::Conn;
 
 use super::Shared;
@@ -66,6 +68,10 @@ pub(crate) async fn dial(
 ) -> Result<Conn, DialFailure> {
     let slot = SlotRef::take();
     slot.set_proof(&handshake::local_proof(Role::Dialer, hello, &ack.nonce));
+    let wake = Wake::new();
+    if let Some(w) = &wake {
+        slot.set_wake(w.tx.as_raw_fd());
+    }
     let me = LocalOffer {
         pid: std::process::id(),
         slot: slot.addr(),
@@ -97,9 +103,11 @@ pub(crate) async fn dial(
     }
     let expect = handshake::local_proof(Role::Acceptor, hello, &ack.nonce);
     match local::check_peer(theirs.pid, theirs.slot, &expect) {
-        Ok(()) => Ok(conn.into_local(Upgrade {
+        Ok(peer_wake) => Ok(conn.into_local(Upgrade {
             peer: theirs.pid,
             slot,
+            wake,
+            peer_wake,
             stall: shared.cfg.op_timeout,
         })),
         // The peer has switched already: this connection cannot go on as TCP.
@@ -135,9 +143,13 @@ pub(crate) async fn accept(
     };
     let expect = handshake::local_proof(Role::Dialer, hello, nonce);
     match local::check_peer(theirs.pid, theirs.slot, &expect) {
-        Ok(()) => {
+        Ok(peer_wake) => {
             let slot = SlotRef::take();
             slot.set_proof(&handshake::local_proof(Role::Acceptor, hello, nonce));
+            let wake = Wake::new();
+            if let Some(w) = &wake {
+                slot.set_wake(w.tx.as_raw_fd());
+            }
             let me = LocalOffer {
                 pid: std::process::id(),
                 slot: slot.addr(),
@@ -146,6 +158,8 @@ pub(crate) async fn accept(
             Some(conn.into_local(Upgrade {
                 peer: theirs.pid,
                 slot,
+                wake,
+                peer_wake,
                 stall: shared.cfg.op_timeout,
             }))
         }

@@ -11,7 +11,7 @@ mod rx;
 mod tx;
 
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
@@ -66,7 +66,7 @@ pub(crate) fn prepare() {
 /// handshake (its proof in `proof`) and then the pull cell of the connection's sending half
 /// (`live`, `acked`). Slots are never freed, only reused (a peer that reads one late reads a
 /// value that is not its token, never unmapped memory).
-#[repr(C, align(32))]
+#[repr(C, align(64))]
 #[derive(Debug)]
 pub(crate) struct Slot {
     /// The token of the send whose parts may be pulled now (0: none).
@@ -75,6 +75,9 @@ pub(crate) struct Slot {
     pub(crate) acked: AtomicU64,
     /// The handshake proof (two little-endian words).
     proof: [AtomicU64; 2],
+    /// 1 + the descriptor (in this process) of the socket the peer may take to wake this
+    /// side's sender after an acknowledgement (0: none).
+    wake: AtomicU64,
 }
 
 static SLOTS: Mutex<Vec<&'static Slot>> = Mutex::new(Vec::new());
@@ -92,6 +95,7 @@ impl SlotRef {
                 live: AtomicU64::new(0),
                 acked: AtomicU64::new(0),
                 proof: [AtomicU64::new(0), AtomicU64::new(0)],
+                wake: AtomicU64::new(0),
             }))
         });
         s.live.store(0, Ordering::SeqCst);
@@ -109,6 +113,11 @@ impl SlotRef {
         }
     }
 
+    /// Publish `fd` as the descriptor the peer may take to wake this side.
+    pub(crate) fn set_wake(&self, fd: RawFd) {
+        self.0.wake.store(fd as u64 + 1, Ordering::SeqCst);
+    }
+
     /// Its address, for the peer.
     pub(crate) fn addr(&self) -> u64 {
         self.0 as *const Slot as u64
@@ -124,24 +133,31 @@ impl Drop for SlotRef {
         self.0.live.store(0, Ordering::SeqCst);
         self.0.proof[0].store(0, Ordering::SeqCst);
         self.0.proof[1].store(0, Ordering::SeqCst);
+        self.0.wake.store(0, Ordering::SeqCst);
         if let Ok(mut v) = SLOTS.lock() {
             v.push(self.0);
         }
     }
 }
 
-/// Offset of the proof within a slot.
+/// Offset of the proof within a slot (followed by the wake descriptor's word).
 const PROOF_OFFSET: u64 = 16;
 /// Offset of `acked` within a slot.
 pub(crate) const ACKED_OFFSET: u64 = 8;
 
 /// Check that process `pid` holds `expect` in the probe slot at `slot`: that it is the peer of
-/// this handshake, and that this process may read its memory.
-pub(crate) fn check_peer(pid: u32, slot: u64, expect: &[u8; 16]) -> Result<(), String> {
+/// this handshake, and that this process may read its memory. Then take the socket it offers
+/// to be woken through (`None` where the kernel or a security policy refuses: its sender then
+/// checks for acknowledgements on a timer).
+pub(crate) fn check_peer(
+    pid: u32,
+    slot: u64,
+    expect: &[u8; 16],
+) -> Result<Option<OwnedFd>, String> {
     if pid == 0 || pid > i32::MAX as u32 {
         return Err(format!("no such process {pid}"));
     }
-    let mut got = [0u8; 16];
+    let mut got = [0u8; 24];
     let n = read_peer(
         pid as libc::pid_t,
         &mut [libc::iovec {
@@ -150,17 +166,80 @@ pub(crate) fn check_peer(pid: u32, slot: u64, expect: &[u8; 16]) -> Result<(), S
         }],
         &[libc::iovec {
             iov_base: slot.wrapping_add(PROOF_OFFSET) as *mut libc::c_void,
-            iov_len: 16,
+            iov_len: 24,
         }],
     )
     .map_err(|e| format!("cannot read the memory of process {pid}: {e}"))?;
-    if n != 16 || &got != expect {
+    if n != 24 || &got[..16] != expect {
         return Err(format!(
             "process {pid} does not hold this connection's proof (not the peer, or another \
              pid namespace)"
         ));
     }
-    Ok(())
+    let wake = u64::from_ne_bytes(got[16..24].try_into().unwrap_or_default());
+    Ok(wake
+        .checked_sub(1)
+        .and_then(|fd| take_fd(pid as libc::pid_t, fd as RawFd)))
+}
+
+/// A duplicate of descriptor `fd` of process `pid` (`pidfd_getfd`, which asks for the same
+/// permission as reading its memory); `None` if the kernel refuses.
+fn take_fd(pid: libc::pid_t, fd: RawFd) -> Option<OwnedFd> {
+    // SAFETY: raw system calls with integer arguments; each returned descriptor is owned here.
+    unsafe {
+        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid, 0);
+        if pidfd < 0 {
+            return None;
+        }
+        let pidfd = OwnedFd::from_raw_fd(pidfd as RawFd);
+        let got = libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0);
+        (got >= 0).then(|| OwnedFd::from_raw_fd(got as RawFd))
+    }
+}
+
+/// The wake channel of a sending half: the end it waits on, and the end the peer takes.
+#[derive(Debug)]
+pub(crate) struct Wake {
+    /// Read by this side's sender (a byte per acknowledgement, at most).
+    pub(crate) rx: OwnedFd,
+    /// Taken by the peer (`pidfd_getfd`); kept open while the connection lives.
+    pub(crate) tx: OwnedFd,
+}
+
+impl Wake {
+    /// A fresh pair (non-blocking, close-on-exec), or `None`.
+    pub(crate) fn new() -> Option<Self> {
+        let mut fds = [0 as RawFd; 2];
+        // SAFETY: socketpair writes two descriptors into `fds`, owned here on success.
+        let r = unsafe {
+            libc::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+                fds.as_mut_ptr(),
+            )
+        };
+        // SAFETY: on success both descriptors are open and ours.
+        (r == 0).then(|| unsafe {
+            Self {
+                rx: OwnedFd::from_raw_fd(fds[0]),
+                tx: OwnedFd::from_raw_fd(fds[1]),
+            }
+        })
+    }
+}
+
+/// Wake the peer's sender through `fd` (one byte; a full socket already holds a wake).
+pub(crate) fn wake(fd: &OwnedFd) {
+    // SAFETY: a non-blocking send of one byte from a live buffer on a descriptor we own.
+    unsafe {
+        libc::send(
+            fd.as_raw_fd(),
+            [1u8].as_ptr().cast(),
+            1,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        );
+    }
 }
 
 /// `process_vm_readv`: copy from `remote` ranges of process `pid` into `local` buffers; the
@@ -209,14 +288,18 @@ pub(crate) fn write_peer_word(pid: libc::pid_t, addr: u64, v: u64) -> io::Result
     }
 }
 
-/// What makes a TCP connection a same-host one: the peer's pid, this side's slot, the
-/// deadline of a send.
+/// What makes a TCP connection a same-host one: the peer's pid, this side's slot and wake
+/// channel, the peer's wake socket, the deadline of a send.
 #[derive(Debug)]
 pub(crate) struct Upgrade {
     /// The peer process.
     pub(crate) peer: u32,
     /// This side's slot (its pull cell from now on).
     pub(crate) slot: SlotRef,
+    /// This side's wake channel (its sender waits on it), if one could be made.
+    pub(crate) wake: Option<Wake>,
+    /// The peer's wake socket, taken from it, if it offered one and the kernel allowed it.
+    pub(crate) peer_wake: Option<OwnedFd>,
     /// How long a send may wait for the peer to take its parts (`op_timeout`).
     pub(crate) stall: Duration,
 }
@@ -239,10 +322,11 @@ impl LocalConn {
     /// Its receiving and sending halves.
     pub(crate) fn split(self) -> (LocalRx, LocalTx) {
         let (r, w) = rt::split(self.stream);
-        let pid = self.up.peer as libc::pid_t;
+        let up = self.up;
+        let pid = up.peer as libc::pid_t;
         (
-            LocalRx::new(r, pid),
-            LocalTx::new(w, pid, self.up.slot, self.up.stall),
+            LocalRx::new(r, pid, up.peer_wake),
+            LocalTx::new(w, pid, up.slot, up.wake, up.stall),
         )
     }
 }

@@ -9,7 +9,7 @@ use futures_lite::AsyncRead;
 use morio_shards::rt;
 
 use super::records::{parse, Pull, Record};
-use super::{read_peer, write_peer_word, ACKED_OFFSET};
+use super::{read_peer, wake, write_peer_word, ACKED_OFFSET};
 
 /// Socket bytes buffered at most (record heads and inline bytes).
 const BUF_BYTES: usize = 64 << 10;
@@ -36,6 +36,8 @@ enum Cur {
 pub(crate) struct LocalRx {
     r: rt::ReadHalf,
     peer: libc::pid_t,
+    /// The peer's wake socket, written after each acknowledgement.
+    wake: Option<std::os::fd::OwnedFd>,
     buf: Box<[u8]>,
     start: usize,
     end: usize,
@@ -43,10 +45,19 @@ pub(crate) struct LocalRx {
 }
 
 impl LocalRx {
-    pub(crate) fn new(r: rt::ReadHalf, peer: libc::pid_t) -> Self {
+    pub(crate) fn new(
+        r: rt::ReadHalf,
+        peer: libc::pid_t,
+        wake: Option<std::os::fd::OwnedFd>,
+    ) -> Self {
+        // The first byte tells the peer's sender we took its wake socket.
+        if let Some(w) = &wake {
+            super::wake(w);
+        }
         Self {
             r,
             peer,
+            wake,
             buf: vec![0u8; BUF_BYTES].into_boxed_slice(),
             start: 0,
             end: 0,
@@ -126,6 +137,9 @@ impl LocalRx {
         }
         if off + n as u64 == p.len {
             write_peer_word(self.peer, p.cell + ACKED_OFFSET, p.index as u64)?;
+            if let Some(w) = &self.wake {
+                wake(w);
+            }
             self.cur = Cur::Idle;
         } else {
             self.cur = Cur::Pull(p, off + n as u64);

@@ -7,8 +7,10 @@ use std::time::{Duration, Instant};
 
 use morio_shards::rt;
 
+use futures_lite::AsyncReadExt;
+
 use super::records::{put_inline, put_pull, Pull, MAX_INLINE, PULL_MIN_BYTES};
-use super::SlotRef;
+use super::{SlotRef, Wake};
 
 /// The sending half.
 #[derive(Debug)]
@@ -19,6 +21,11 @@ pub(crate) struct LocalTx {
     cell: SlotRef,
     stall: Duration,
     heads: Vec<u8>,
+    /// Where the peer wakes this sender after an acknowledgement, and whether it has shown it
+    /// does (its first byte comes when it took the socket).
+    waker: Option<(rt::UnixStream, bool)>,
+    /// The end the peer took; open while the connection lives.
+    _wake_tx: Option<std::os::fd::OwnedFd>,
 }
 
 /// Clears the cell's token when the send ends however it ends (completed, failed, or its
@@ -38,13 +45,25 @@ enum Piece {
 }
 
 impl LocalTx {
-    pub(crate) fn new(w: rt::WriteHalf, peer: libc::pid_t, cell: SlotRef, stall: Duration) -> Self {
+    pub(crate) fn new(
+        w: rt::WriteHalf,
+        peer: libc::pid_t,
+        cell: SlotRef,
+        wake: Option<Wake>,
+        stall: Duration,
+    ) -> Self {
+        let (waker, wake_tx) = match wake {
+            Some(Wake { rx, tx }) => (Some((rt::unix_stream_from_fd(rx), false)), Some(tx)),
+            None => (None, None),
+        };
         Self {
             w,
             peer,
             cell,
             stall,
             heads: Vec::with_capacity(256),
+            waker,
+            _wake_tx: wake_tx,
         }
     }
 
@@ -118,24 +137,32 @@ impl LocalTx {
             .collect();
         self.w.send_all(&gather).await?;
         if pulls > 0 {
-            wait_acked(cell, pulls, self.stall, self.peer).await?;
+            wait_acked(cell, pulls, self.stall, self.peer, &mut self.waker).await?;
         }
         drop(withdraw);
         Ok(())
     }
 }
 
+/// How long a sender whose peer wakes it waits between checks anyway (a lost wake costs
+/// this, never a transfer).
+const WOKEN_NAP: Duration = Duration::from_millis(2);
+
 /// Wait until the peer acknowledged `n` pulled parts. The peer writes the cell from its own
-/// process, so there is nothing to wake on: check, then nap, the naps growing from a few µs
-/// (a part of a megabyte is pulled in tens of µs) to a fraction of a millisecond.
+/// process, then sends a byte on the wake socket it took from this one: the sender waits on
+/// that socket. A peer that could not take it (an old kernel, a security policy) is checked
+/// on a timer instead, the naps growing from a few µs (a part of a megabyte is pulled in tens
+/// of µs) to a fraction of a millisecond.
 async fn wait_acked(
     cell: &super::Slot,
     n: u32,
     stall: Duration,
     peer: libc::pid_t,
+    waker: &mut Option<(rt::UnixStream, bool)>,
 ) -> io::Result<()> {
     let deadline = Instant::now() + stall;
     let mut nap = Duration::from_micros(2);
+    let mut scratch = [0u8; 64];
     loop {
         if cell.acked.load(Ordering::SeqCst) >= n as u64 {
             return Ok(());
@@ -146,7 +173,18 @@ async fn wait_acked(
                 format!("process {peer} did not take a same-host send within {stall:?}"),
             ));
         }
-        rt::sleep(nap).await;
+        match waker {
+            Some((s, woken)) => {
+                let wait = if *woken { WOKEN_NAP } else { nap };
+                match rt::timeout(wait, s.read(&mut scratch)).await {
+                    Some(Ok(k)) if k > 0 => *woken = true,
+                    // The channel broke: timers from now on.
+                    Some(_) => *waker = None,
+                    None => {}
+                }
+            }
+            None => rt::sleep(nap).await,
+        }
         nap = (nap * 2).min(Duration::from_micros(200));
     }
 }
