@@ -3,14 +3,12 @@
 //! (proto::handshake, "Same host") and the connection becomes a same-host one
 //! (transport::local), or stays TCP.
 
-use std::os::fd::AsRawFd;
-
 use crate::config::SameHost;
 use crate::proto::frame::{Frame, Hello, HelloAck, LocalOffer};
 use crate::proto::handshake::{self, Role};
 use crate::proto::limits::{NONCE_BYTES, SAME_HOST_VERSION};
 use crate::transport::framed::read_frame_exact;
-use crate::transport::local::{self, SlotRef, Upgrade, Wake};
+use crate::transport::local::{self, Offer};
 use crate::transport::Conn;
 
 use super::Shared;
@@ -66,15 +64,10 @@ pub(crate) async fn dial(
     hello: &Hello,
     ack: &HelloAck,
 ) -> Result<Conn, DialFailure> {
-    let slot = SlotRef::take();
-    slot.set_proof(&handshake::local_proof(Role::Dialer, hello, &ack.nonce));
-    let wake = Wake::new();
-    if let Some(w) = &wake {
-        slot.set_wake(w.tx.as_raw_fd());
-    }
+    let offer = Offer::new(&handshake::local_proof(Role::Dialer, hello, &ack.nonce));
     let me = LocalOffer {
         pid: std::process::id(),
-        slot: slot.addr(),
+        slot: offer.addr(),
     };
     send(&mut conn, Frame::Local(me))
         .await
@@ -103,13 +96,9 @@ pub(crate) async fn dial(
     }
     let expect = handshake::local_proof(Role::Acceptor, hello, &ack.nonce);
     match local::check_peer(theirs.pid, theirs.slot, &expect) {
-        Ok(peer_wake) => Ok(conn.into_local(Upgrade {
-            peer: theirs.pid,
-            slot,
-            wake,
-            peer_wake,
-            stall: shared.cfg.op_timeout,
-        })),
+        Ok(peer_wake) => {
+            Ok(conn.into_local(offer.upgrade(theirs.pid, peer_wake, shared.cfg.op_timeout)))
+        }
         // The peer has switched already: this connection cannot go on as TCP.
         Err(why) if shared.same_host() == SameHost::Require => Err(DialFailure::Failed(format!(
             "same-host transport required: {why}"
@@ -144,24 +133,13 @@ pub(crate) async fn accept(
     let expect = handshake::local_proof(Role::Dialer, hello, nonce);
     match local::check_peer(theirs.pid, theirs.slot, &expect) {
         Ok(peer_wake) => {
-            let slot = SlotRef::take();
-            slot.set_proof(&handshake::local_proof(Role::Acceptor, hello, nonce));
-            let wake = Wake::new();
-            if let Some(w) = &wake {
-                slot.set_wake(w.tx.as_raw_fd());
-            }
+            let offer = Offer::new(&handshake::local_proof(Role::Acceptor, hello, nonce));
             let me = LocalOffer {
                 pid: std::process::id(),
-                slot: slot.addr(),
+                slot: offer.addr(),
             };
             send(&mut conn, Frame::Local(me)).await.ok()?;
-            Some(conn.into_local(Upgrade {
-                peer: theirs.pid,
-                slot,
-                wake,
-                peer_wake,
-                stall: shared.cfg.op_timeout,
-            }))
+            Some(conn.into_local(offer.upgrade(theirs.pid, peer_wake, shared.cfg.op_timeout)))
         }
         Err(why) if shared.same_host() == SameHost::Require => {
             log::warn!(

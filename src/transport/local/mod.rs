@@ -304,6 +304,44 @@ pub(crate) struct Upgrade {
     pub(crate) stall: Duration,
 }
 
+/// This side's half of the same-host step: its slot holding its proof and the descriptor of
+/// its wake channel, for the peer to read.
+#[derive(Debug)]
+pub(crate) struct Offer {
+    slot: SlotRef,
+    wake: Option<Wake>,
+}
+
+impl Offer {
+    /// A slot holding `proof`, with a wake channel when one can be made.
+    pub(crate) fn new(proof: &[u8; 16]) -> Self {
+        let slot = SlotRef::take();
+        slot.set_proof(proof);
+        let wake = Wake::new();
+        if let Some(w) = &wake {
+            slot.set_wake(w.tx.as_raw_fd());
+        }
+        Self { slot, wake }
+    }
+
+    /// The slot's address, for the peer.
+    pub(crate) fn addr(&self) -> u64 {
+        self.slot.addr()
+    }
+
+    /// What upgrades the connection once the peer (process `peer`, whose wake socket we
+    /// may have taken) is proven.
+    pub(crate) fn upgrade(self, peer: u32, peer_wake: Option<OwnedFd>, stall: Duration) -> Upgrade {
+        Upgrade {
+            peer,
+            slot: self.slot,
+            wake: self.wake,
+            peer_wake,
+            stall,
+        }
+    }
+}
+
 /// A same-host connection, whole.
 #[derive(Debug)]
 pub(crate) struct LocalConn {
