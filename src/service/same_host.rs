@@ -44,8 +44,13 @@ pub(crate) fn offer(
 
 /// Whether an acceptor answers `hello` as one on the same host.
 pub(crate) fn recognised(shared: &Shared, hello: &Hello) -> bool {
-    shared.same_host() != SameHost::Off
-        && handshake::same_host(hello, local::host_id().as_ref(), true)
+    let yes = shared.same_host() != SameHost::Off
+        && handshake::same_host(hello, local::host_id().as_ref(), true);
+    if yes {
+        // The dialer must be able to read us too.
+        local::prepare();
+    }
+    yes
 }
 
 async fn send(conn: &mut Conn, f: Frame) -> Result<(), String> {
