@@ -65,7 +65,7 @@ pub use error::EngineError;
 pub use host::check_host;
 pub use metrics::METRICS_CONTENT_TYPE;
 pub use session::IoEngineSession;
-pub use stats::{EngineStats, ShardStats};
+pub use stats::{EngineStats, LaneStats, PeerMap, PeerStats, ShardStats};
 pub use status::{wait_all, StatusCode, TransferStatus};
 
 /// The stripe size a striped transfer uses (for the `morio` command's raw-TCP floor).

@@ -1,9 +1,12 @@
 //! An engine's statistics in the Prometheus text exposition format (version 0.0.4), encoded
 //! by `prometheus-client` from a snapshot of every shard's counters and histograms.
 //!
-//! Every series carries a `shard` label and nothing else: no engine key, region, peer or
-//! address, so the exposition can be served to anyone who may scrape (`morio serve`'s open
-//! `/metrics`). Latency is exported as a Prometheus histogram in seconds, its buckets counted
+//! The per-shard families carry a `shard` label and nothing else: no engine key, region,
+//! peer or address. The per-peer families ([`peers`]: `morio_peer_*`, summed over shards)
+//! carry the peer's engine key as `peer` (and `outcome` or `lane`); [`IoEngine::metrics_text`]
+//! includes them, [`IoEngine::metrics_text_without_peers`] leaves them out for an exposition
+//! anyone may scrape (`morio serve`'s open `/metrics` with a deployment secret, by default).
+//! Latency is exported as a Prometheus histogram in seconds, its buckets counted
 //! from the shard's hdrhistogram (3 significant digits: a sample within 0.1% of a bucket's
 //! bound may land in the neighbouring bucket; the sum is exact to the same precision).
 //! Histograms, unlike summaries, add up across shards and engines (`histogram_quantile`
@@ -18,6 +21,8 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::engine::IoEngine;
 use crate::stats::{EngineStats, ShardStats};
+
+mod peers;
 
 /// The `Content-Type` of [`IoEngine::metrics_text`] and [`EngineStats::metrics_text`]: the
 /// Prometheus text format, version 0.0.4.
@@ -34,9 +39,16 @@ impl IoEngine {
     /// This engine's statistics ([`Self::stats`]) in the Prometheus text exposition format
     /// ([`METRICS_CONTENT_TYPE`]), ready to serve on a `/metrics` endpoint. Without a backend
     /// only `morio_backend_up 0` is reported. The metrics are listed in ARCHITECTURE.md
-    /// ("Metrics").
+    /// ("Metrics"): per-shard families, and per-peer ones labelled with the peers' engine
+    /// keys (see [`Self::metrics_text_without_peers`] for an exposition without them).
     pub fn metrics_text(&self) -> String {
-        encode(self.stats().as_ref())
+        encode(self.stats().as_ref(), true)
+    }
+
+    /// As [`Self::metrics_text`], without the per-peer families (`morio_peer_*`): no series
+    /// names a peer, for an endpoint that anyone may scrape.
+    pub fn metrics_text_without_peers(&self) -> String {
+        encode(self.stats().as_ref(), false)
     }
 }
 
@@ -44,23 +56,29 @@ impl EngineStats {
     /// These statistics in the Prometheus text exposition format ([`METRICS_CONTENT_TYPE`]);
     /// see [`IoEngine::metrics_text`].
     pub fn metrics_text(&self) -> String {
-        encode(Some(self))
+        encode(Some(self), true)
+    }
+
+    /// These statistics without the per-peer families; see
+    /// [`IoEngine::metrics_text_without_peers`].
+    pub fn metrics_text_without_peers(&self) -> String {
+        encode(Some(self), false)
     }
 }
 
-/// The exposition of `stats` (`None`: no backend).
-fn encode(stats: Option<&EngineStats>) -> String {
+/// The exposition of `stats` (`None`: no backend), with the per-peer families if `peers`.
+fn encode(stats: Option<&EngineStats>, peers: bool) -> String {
     let mut registry = Registry::with_prefix("morio");
-    registry.register_collector(Box::new(Snapshot(stats.cloned())));
+    registry.register_collector(Box::new(Snapshot(stats.cloned(), peers)));
     let mut out = String::new();
     // Writing into a String cannot fail.
     let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &registry);
     out
 }
 
-/// One stats snapshot, encoded once.
+/// One stats snapshot, encoded once (with the per-peer families if the flag is set).
 #[derive(Debug)]
-struct Snapshot(Option<EngineStats>);
+struct Snapshot(Option<EngineStats>, bool);
 
 type Labels = [(&'static str, String); 1];
 
@@ -161,7 +179,7 @@ impl Collector for Snapshot {
             e,
             shards,
             "outbound_sent",
-            "Payload bytes the shard's lanes sent (write chunks)",
+            "Payload bytes the shard sent: its lanes' writes, and read data it served as target",
             bytes.clone(),
             c,
             |s, m| counter(m, s.bytes_sent),
@@ -170,7 +188,7 @@ impl Collector for Snapshot {
             e,
             shards,
             "outbound_received",
-            "Payload bytes the shard's lanes received and placed (read data)",
+            "Payload bytes the shard received and placed: its lanes' reads, and writes it served",
             bytes.clone(),
             c,
             |s, m| counter(m, s.bytes_received),
@@ -277,6 +295,9 @@ impl Collector for Snapshot {
             c,
             |s, m| counter(m, s.lane_failures),
         )?;
+        if self.1 {
+            peers::encode(e, &stats.per_peer())?;
+        }
         Ok(())
     }
 }
@@ -317,7 +338,7 @@ mod tests {
 
     #[test]
     fn no_backend_is_one_gauge() {
-        let text = encode(None);
+        let text = encode(None, true);
         let s = parse(&text);
         assert_eq!(s.samples.len(), 1, "{text}");
         assert_eq!(s.samples[0].metric, "morio_backend_up");
@@ -328,10 +349,11 @@ mod tests {
     fn every_counter_gauge_and_histogram_per_shard() {
         let mut a = ShardStats::new(0);
         let mut b = ShardStats::new(1);
-        a.record_transfer(true, 3); // le 5 µs
-        a.record_transfer(true, 5); // le 5 µs (the bound is inclusive)
-        a.record_transfer(false, 7_000); // le 10 ms
-        b.record_transfer(true, 100_000_000); // +Inf
+        let (pa, pb) = (a.peer(&"x".into()), b.peer(&"x".into()));
+        a.record_transfer(pa, true, 3); // le 5 µs
+        a.record_transfer(pa, true, 5); // le 5 µs (the bound is inclusive)
+        a.record_transfer(pa, false, 7_000); // le 10 ms
+        b.record_transfer(pb, true, 100_000_000); // +Inf
         a.bytes_sent = 1 << 20;
         a.bytes_received = 12;
         b.inbound_bytes_written = 5 << 20;
@@ -386,7 +408,25 @@ mod tests {
                 "no TYPE for {name}"
             );
         }
-        // Only the shard label: nothing that names the engine, a peer or memory.
+        // The per-peer families name the peer, summed over shards.
+        assert_eq!(
+            text.lines()
+                .filter(|l| l.starts_with("morio_peer_transfers_total{"))
+                .collect::<Vec<_>>(),
+            [
+                r#"morio_peer_transfers_total{peer="x",outcome="ok"} 3"#,
+                r#"morio_peer_transfers_total{peer="x",outcome="failed"} 1"#,
+            ]
+        );
+        // Without them, only the shard label: nothing that names the engine, a peer or
+        // memory; the rest is the same.
+        let open = stats.metrics_text_without_peers();
+        let without: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.contains("morio_peer_"))
+            .collect();
+        assert_eq!(open.lines().collect::<Vec<_>>(), without);
+        let s = parse(&open);
         for x in &s.samples {
             let mut keys: Vec<&str> = Vec::new();
             for k in ["shard", "engine", "peer", "key", "host", "region"] {

@@ -14,8 +14,18 @@
 //! | reads from a peer (initiator) | | ✓ | |
 //! | is written by a peer (target) | | ✓ | `inbound_bytes_written` |
 //! | is read by a peer (target) | ✓ | | `inbound_bytes_read` |
+//!
+//! Each shard also counts these per peer (engine key) and its lanes per lane index
+//! ([`peers`]): [`ShardStats::peers`], summed over shards by [`EngineStats::per_peer`].
+
+use std::collections::BTreeMap;
 
 use hdrhistogram::Histogram;
+
+mod peers;
+
+pub(crate) use peers::PeerSlot;
+pub use peers::{LaneStats, PeerMap, PeerStats};
 
 /// Highest latency a histogram records exactly (1 hour in µs); larger values saturate.
 const MAX_LATENCY_US: u64 = 3_600_000_000;
@@ -66,6 +76,12 @@ pub struct ShardStats {
     /// or broke the protocol); closes on purpose (shutdown, a deregistered peer) are not
     /// counted.
     pub lane_failures: u64,
+    /// Transfers, bytes, inbound transfers, lane connects and failures per peer (engine
+    /// key), and lane connects and failures per lane index ([`PeerStats`]): at most
+    /// [`PeerMap::MAX_PEERS_PER_SHARD`] peers per shard, later ones under
+    /// [`PeerMap::OTHER_PEER`]. In [`EngineStats::total`]'s sum, every shard's summed per
+    /// peer.
+    pub peers: PeerMap,
 }
 
 impl ShardStats {
@@ -96,27 +112,75 @@ impl ShardStats {
             lane_connects: 0,
             lane_connects_same_host: 0,
             lane_failures: 0,
+            peers: PeerMap::default(),
         }
     }
 
-    /// Count `n` payload bytes a peer wrote into this engine (placed).
-    pub(crate) fn count_inbound_write(&mut self, n: u64) {
+    /// The slot of `key`'s per-peer counters, which the counting methods take.
+    pub(crate) fn peer(&mut self, key: &std::sync::Arc<str>) -> PeerSlot {
+        self.peers.slot(key)
+    }
+
+    /// Count `n` payload bytes of this engine's writes sent to `peer`.
+    pub(crate) fn count_sent(&mut self, peer: PeerSlot, n: u64) {
+        self.bytes_sent += n;
+        self.peers.at(peer).bytes_sent += n;
+    }
+
+    /// Count `n` payload bytes of this engine's reads received from `peer` (placed).
+    pub(crate) fn count_received(&mut self, peer: PeerSlot, n: u64) {
+        self.bytes_received += n;
+        self.peers.at(peer).bytes_received += n;
+    }
+
+    /// Count `n` payload bytes `peer` wrote into this engine (placed).
+    pub(crate) fn count_inbound_write(&mut self, peer: PeerSlot, n: u64) {
         self.inbound_bytes_written += n;
         self.bytes_received += n;
+        let p = self.peers.at(peer);
+        p.inbound_bytes_written += n;
+        p.bytes_received += n;
     }
 
-    /// Count `n` payload bytes sent to a peer that reads this engine's memory.
-    pub(crate) fn count_inbound_read(&mut self, n: u64) {
+    /// Count `n` payload bytes sent to `peer`, which reads this engine's memory.
+    pub(crate) fn count_inbound_read(&mut self, peer: PeerSlot, n: u64) {
         self.inbound_bytes_read += n;
         self.bytes_sent += n;
+        let p = self.peers.at(peer);
+        p.inbound_bytes_read += n;
+        p.bytes_sent += n;
     }
 
-    /// Record one owned transfer's end.
-    pub(crate) fn record_transfer(&mut self, ok: bool, latency_us: u64) {
+    /// Count an inbound transfer of `peer` finished here (`joined`: a multi-chunk one this
+    /// shard answered for).
+    pub(crate) fn count_inbound_transfer(&mut self, peer: PeerSlot, joined: bool) {
+        self.inbound_transfers += 1;
+        self.joined_transfers += joined as u64;
+        self.peers.at(peer).inbound_transfers += 1;
+    }
+
+    /// Count a connect of lane `lane` to `peer` (`same_host`: on the same-host transport).
+    pub(crate) fn count_lane_connect(&mut self, peer: PeerSlot, lane: u16, same_host: bool) {
+        self.lane_connects += 1;
+        self.lane_connects_same_host += same_host as u64;
+        self.peers.at(peer).lane_connected(lane);
+    }
+
+    /// Count a failure of lane `lane` to `peer`.
+    pub(crate) fn count_lane_failure(&mut self, peer: PeerSlot, lane: u16) {
+        self.lane_failures += 1;
+        self.peers.at(peer).lane_failed(lane);
+    }
+
+    /// Record the end of an owned transfer with `peer`.
+    pub(crate) fn record_transfer(&mut self, peer: PeerSlot, ok: bool, latency_us: u64) {
+        let p = self.peers.at(peer);
         if ok {
             self.transfers_ok += 1;
+            p.transfers_ok += 1;
         } else {
             self.transfers_failed += 1;
+            p.transfers_failed += 1;
         }
         self.latency_us
             .saturating_record(latency_us.min(MAX_LATENCY_US));
@@ -146,6 +210,7 @@ impl std::fmt::Debug for ShardStats {
             .field("lane_connects", &self.lane_connects)
             .field("lane_connects_same_host", &self.lane_connects_same_host)
             .field("lane_failures", &self.lane_failures)
+            .field("peers", &self.peers.len())
             .finish()
     }
 }
@@ -200,41 +265,76 @@ impl EngineStats {
             t.lane_connects += s.lane_connects;
             t.lane_connects_same_host += s.lane_connects_same_host;
             t.lane_failures += s.lane_failures;
+            t.peers.add(&s.peers);
             // Same bounds on every shard, so adding cannot fail.
             let _ = t.latency_us.add(&s.latency_us);
         }
         t
     }
+
+    /// Every peer's counters summed over shards, by engine key (see [`ShardStats::peers`]).
+    pub fn per_peer(&self) -> BTreeMap<String, PeerStats> {
+        let mut all = PeerMap::default();
+        for s in &self.shards {
+            all.add(&s.peers);
+        }
+        all.to_sorted()
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     #[test]
     fn totals_add_up() {
         let mut a = ShardStats::new(0);
         let mut b = ShardStats::new(1);
-        a.record_transfer(true, 10);
-        b.record_transfer(false, 1000);
-        b.record_transfer(true, u64::MAX);
-        a.bytes_sent = 5;
-        b.bytes_sent = 7;
-        let t = EngineStats { shards: vec![a, b] }.total();
+        let (x, y): (Arc<str>, Arc<str>) = ("x".into(), "y".into());
+        let (ax, bx, by) = (a.peer(&x), b.peer(&x), b.peer(&y));
+        a.record_transfer(ax, true, 10);
+        b.record_transfer(bx, false, 1000);
+        b.record_transfer(by, true, u64::MAX);
+        a.count_sent(ax, 5);
+        b.count_inbound_read(by, 7);
+        b.count_inbound_transfer(by, true);
+        b.count_lane_connect(bx, 1, false);
+        let stats = EngineStats { shards: vec![a, b] };
+        let t = stats.total();
         assert_eq!(
             (t.transfers_ok, t.transfers_failed, t.bytes_sent),
             (2, 1, 12)
         );
+        assert_eq!((t.inbound_bytes_read, t.joined_transfers), (7, 1));
         assert_eq!(t.latency_us.len(), 3);
         assert!(t.latency_us.max() >= MAX_LATENCY_US / 2);
         assert!(t.is_total());
+        // Per peer, summed over shards: the same figures, split.
+        let p = stats.per_peer();
+        assert_eq!(p.keys().collect::<Vec<_>>(), ["x", "y"]);
+        let (px, py) = (&p["x"], &p["y"]);
+        assert_eq!(
+            (px.transfers_ok, px.transfers_failed, px.bytes_sent),
+            (1, 1, 5)
+        );
+        assert_eq!((px.lane_connects, px.lanes[&1].connects), (1, 1));
+        assert_eq!(
+            (py.transfers_ok, py.bytes_sent, py.inbound_bytes_read),
+            (1, 7, 7)
+        );
+        assert_eq!(py.inbound_transfers, 1);
+        assert_eq!(t.peers.get("x"), Some(px));
+        assert_eq!(t.peers.len(), 2);
     }
 
     #[test]
     fn debug_is_concise_and_names_the_total() {
         let mut a = ShardStats::new(3);
+        let p = a.peer(&"p".into());
         for us in [10, 20, 1000] {
-            a.record_transfer(true, us);
+            a.record_transfer(p, true, us);
         }
         let one = format!("{a:?}");
         assert!(

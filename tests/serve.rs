@@ -245,6 +245,13 @@ size = 4096
     assert_eq!(stats["total"]["inbound_bytes_read"], n as u64, "{stats}");
     assert_eq!(stats["total"]["inbound_transfers"], 2, "{stats}");
     assert_eq!(stats["shards"].as_array().map(Vec::len), Some(2));
+    // Per peer: the one client, as initiator of both transfers.
+    let client = &stats["peers"]["serve-client"];
+    assert_eq!(client["inbound_bytes_written"], n as u64, "{stats}");
+    assert_eq!(client["inbound_bytes_read"], n as u64, "{stats}");
+    assert_eq!(client["inbound_transfers"], 2, "{stats}");
+    assert_eq!(client["transfers_ok"], 0, "{stats}");
+    assert_eq!(stats["peers"].as_object().map(|p| p.len()), Some(1));
     assert_eq!(get(addr, "/bogus", &[]).status, 404);
 
     let m = get(addr, "/metrics", &[]);
@@ -273,6 +280,10 @@ size = 4096
         !text.contains("serve-node"),
         "the engine key in open metrics"
     );
+    // Without a secret, the per-peer series are served too.
+    let line = format!("morio_peer_inbound_written_bytes_total{{peer=\"serve-client\"}} {n}");
+    assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+    assert_eq!(at("morio_peer_inbound_transfers_total"), 2.0);
 
     // `morio ctl`, given a host name.
     let (ok, out_ctl) = ctl(addr, &["metrics"]);
@@ -533,6 +544,17 @@ curl -s -H "Authorization: Morio-HMAC nonce=$n, proof=$p" $A/stats"#;
         st.message()
     );
     assert!(back.to_vec() == data);
+    // With a secret, the open metrics name no peer by default; the guarded stats do.
+    let m = get(addr, "/metrics", &[]).text();
+    assert!(m.contains("morio_inbound_transfers_total"), "{m}");
+    assert!(!m.contains("member") && !m.contains("morio_peer_"), "{m}");
+    let stats = get(addr, "/stats", &[proof(addr, "/stats", secret)]);
+    let stats: serde_json::Value = serde_json::from_slice(&stats.body).unwrap();
+    assert_eq!(stats["peers"]["member"]["inbound_transfers"], 3, "{stats}");
+    assert_eq!(
+        stats["peers"]["member"]["inbound_bytes_written"], n as u64,
+        "{stats}"
+    );
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     let status = child.wait().unwrap();

@@ -274,9 +274,15 @@ class IOEngine:
     def __exit__(self, *exc: object) -> bool: ...
     def num_shards(self) -> int: ...
     def shard_cpus(self) -> list[Optional[int]]: ...
-    def stats(self) -> list[dict[str, int]]: ...
-    def metrics(self) -> str:
-        """morio: the Prometheus text exposition (version 0.0.4) of the engine's statistics."""
+    def stats(self) -> list[dict[str, Any]]:
+        """morio: per-shard counters; each dict's "peers" holds that shard's per-peer counters."""
+    def peer_stats(self) -> dict[str, dict[str, Any]]:
+        """morio: counters per peer (engine key), summed over shards; "lanes" maps a lane
+        index to {"connects", "failures"}. At most 1024 peers per shard, later ones under
+        "_other"."""
+    def metrics(self, *, peers: bool = True) -> str:
+        """morio: the Prometheus text exposition (version 0.0.4) of the engine's statistics;
+        peers=False leaves out the per-peer families (morio_peer_*, labelled with peer keys)."""
 
 class Discovery:
     """morio: discovery on etcd. Engines publish their EngineDesc and named MemoryDescs under

@@ -662,39 +662,36 @@ impl PyIoEngine {
     }
 
     /// morio: counters of the engine's shards as a list of dicts (empty before
-    /// `create_backend`).
+    /// `create_backend`); each has `peers`, that shard's counters per peer (see `peer_stats`).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let engine = self.engine()?;
         let stats = py.detach(|| engine.stats());
-        let out = PyList::empty(py);
-        for s in stats.map(|s| s.shards).unwrap_or_default() {
-            let d = pyo3::types::PyDict::new(py);
-            d.set_item("shard", s.shard)?;
-            d.set_item("transfers_ok", s.transfers_ok)?;
-            d.set_item("transfers_failed", s.transfers_failed)?;
-            d.set_item("bytes_sent", s.bytes_sent)?;
-            d.set_item("bytes_received", s.bytes_received)?;
-            d.set_item("inbound_transfers", s.inbound_transfers)?;
-            d.set_item("inbound_bytes_written", s.inbound_bytes_written)?;
-            d.set_item("inbound_bytes_read", s.inbound_bytes_read)?;
-            d.set_item("gpu_staging_bytes", s.gpu_staging_bytes)?;
-            d.set_item("gpu_staging_peak_bytes", s.gpu_staging_peak_bytes)?;
-            d.set_item("lane_connects", s.lane_connects)?;
-            d.set_item("lane_connects_same_host", s.lane_connects_same_host)?;
-            d.set_item("lane_failures", s.lane_failures)?;
-            d.set_item("latency_us_p50", s.latency_us.value_at_quantile(0.5))?;
-            d.set_item("latency_us_p99", s.latency_us.value_at_quantile(0.99))?;
-            out.append(d)?;
-        }
-        Ok(out)
+        crate::stats::shards(py, stats.as_ref())
+    }
+
+    /// morio: counters per peer (remote engine key), summed over shards: transfers this
+    /// engine started with it (`transfers_ok`, `transfers_failed`), payload bytes
+    /// (`bytes_sent`, `bytes_received`: both roles; `inbound_bytes_written`,
+    /// `inbound_bytes_read`: the peer's own transfers), `inbound_transfers`, lane connects and
+    /// failures in all and per lane index (`lanes`). Empty before `create_backend`. At most
+    /// 1024 peers per shard; later ones are counted under `"_other"`.
+    fn peer_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let engine = self.engine()?;
+        let stats = py.detach(|| engine.stats());
+        crate::stats::peers(py, stats.as_ref())
     }
 
     /// morio: the engine's statistics in the Prometheus text exposition format (version
     /// 0.0.4), for a `/metrics` endpoint of the embedding application (only
-    /// `morio_backend_up 0` before `create_backend`).
-    fn metrics(&self, py: Python<'_>) -> PyResult<String> {
+    /// `morio_backend_up 0` before `create_backend`). `peers=False` leaves out the per-peer
+    /// families (`morio_peer_*`, labelled with the peers' engine keys).
+    #[pyo3(signature = (*, peers = true))]
+    fn metrics(&self, py: Python<'_>, peers: bool) -> PyResult<String> {
         let engine = self.engine()?;
-        Ok(py.detach(|| engine.metrics_text()))
+        Ok(py.detach(|| match peers {
+            true => engine.metrics_text(),
+            false => engine.metrics_text_without_peers(),
+        }))
     }
 
     fn __repr__(&self) -> String {

@@ -15,6 +15,7 @@ mod log;
 mod memory;
 mod seq;
 mod session;
+mod stats;
 mod status;
 
 use std::time::Duration;

@@ -264,10 +264,11 @@ fn finish(
         }
     }
     let latency_us = super::now_ns().saturating_sub(e.submitted_ns) / 1000;
-    shard
-        .stats
-        .borrow_mut()
-        .record_transfer(code == codes::SUCCESS, latency_us);
+    {
+        let mut st = shard.stats.borrow_mut();
+        let p = st.peer(peer);
+        st.record_transfer(p, code == codes::SUCCESS, latency_us);
+    }
     if code == codes::SUCCESS {
         // Marked before the update: a spinning waiter may see SUCCESS (and mark WOKE) before
         // this thread runs its next instruction.

@@ -19,12 +19,14 @@ use crate::proto::inbound::Refusal;
 use crate::proto::limits::NONCE_BYTES;
 use crate::proto::target::{self, Inbound, Record, Response, Served};
 use crate::region::SharedRegion;
+use crate::stats::PeerSlot;
 use crate::status::StatusCode;
 use crate::trace;
-use crate::transport::framed::{
-    ascending_disjoint, read_frame_exact, ConnError, FrameReader, FrameWriter,
-};
+use crate::transport::framed::{read_frame_exact, ConnError, FrameReader, FrameWriter};
 use crate::transport::{Bound, Conn, Handoff, Rx};
+
+mod place;
+use place::place;
 
 /// Accept connections forever (shard 0). Each gets its own task, so a slow or hostile client
 /// holds up nobody; past `max_handshakes` connections in their handshake, new ones are closed
@@ -198,11 +200,15 @@ async fn serve(shard: Rc<Shard>, conn: Conn, hello: Hello, _admitted: Admitted) 
     let (r, w, closer) = conn.split();
     let mut reader = FrameReader::new(r, cfg.op_timeout);
     let mut writer = FrameWriter::new(w, cfg.inline_write_bytes);
-    let conn = Served {
-        peer: hello.src_key.as_str().into(),
-        instance: hello.instance,
-        lane: hello.lane,
-        n_lanes: hello.n_lanes,
+    let peer: Arc<str> = hello.src_key.as_str().into();
+    let conn = Link {
+        counters: shard.stats.borrow_mut().peer(&peer),
+        served: Served {
+            peer,
+            instance: hello.instance,
+            lane: hello.lane,
+            n_lanes: hello.n_lanes,
+        },
     };
     let mut last_uid = None;
     loop {
@@ -212,7 +218,7 @@ async fn serve(shard: Rc<Shard>, conn: Conn, hello: Hello, _admitted: Admitted) 
             Err(e) => Err(e),
         };
         if let Err(e) = r {
-            log::debug!("closing connection from {}: {e}", conn.peer);
+            log::debug!("closing connection from {}: {e}", conn.served.peer);
             let bye = Frame::GoAway {
                 code: codes::ERR_BAD_STATE,
                 msg: e.to_string(),
@@ -229,7 +235,7 @@ async fn serve(shard: Rc<Shard>, conn: Conn, hello: Hello, _admitted: Admitted) 
 /// connection between frames.
 async fn step(
     shard: &Rc<Shard>,
-    conn: &Served,
+    conn: &Link,
     reader: &mut FrameReader<Rx>,
     writer: &mut FrameWriter,
     last_uid: &mut Option<(u64, bool)>,
@@ -262,27 +268,36 @@ async fn step(
     Ok(true)
 }
 
+/// A served connection: the protocol's view of it, and where its peer's counters are in the
+/// shard's stats.
+struct Link {
+    served: Served,
+    counters: PeerSlot,
+}
+
 /// Record an inbound status (before the answer that follows can leave) and count it.
-fn record(shard: &Shard, conn: &Served, r: &Record, joined: bool) {
+fn record(shard: &Shard, conn: &Link, r: &Record, joined: bool) {
     if joined {
         trace::mark(r.uid, trace::stage::T_FINISH);
     }
+    shard.shared.inbound.record(
+        &conn.served.peer,
+        conn.served.instance,
+        r.uid,
+        status_of(r.code),
+        &r.msg,
+    );
     shard
-        .shared
-        .inbound
-        .record(&conn.peer, conn.instance, r.uid, status_of(r.code), &r.msg);
-    let mut st = shard.stats.borrow_mut();
-    st.inbound_transfers += 1;
-    if joined {
-        st.joined_transfers += 1;
-    }
+        .stats
+        .borrow_mut()
+        .count_inbound_transfer(conn.counters, joined);
 }
 
 /// Carry out a [`Response`]: record, then queue the answer; whether a join's COMPLETE was
 /// queued.
 async fn respond(
     shard: &Shard,
-    conn: &Served,
+    conn: &Link,
     writer: &mut FrameWriter,
     r: Response,
 ) -> Result<bool, ConnError> {
@@ -316,7 +331,7 @@ fn status_of(code: u32) -> StatusCode {
 
 async fn on_frame(
     shard: &Rc<Shard>,
-    conn: &Served,
+    conn: &Link,
     reader: &mut FrameReader<Rx>,
     writer: &mut FrameWriter,
     frame: Frame,
@@ -328,24 +343,38 @@ async fn on_frame(
         Inbound::Write(chunk, final_) => {
             let region = shard.regions.borrow().get(&chunk.mem_id).cloned();
             let facts = region.as_ref().map(|r| (r.len() as u64, r.access_key()));
-            let checked = conn.check(&chunk, final_, facts).map_err(violation)?;
+            let checked = conn
+                .served
+                .check(&chunk, final_, facts)
+                .map_err(violation)?;
             trace::mark(chunk.uid, trace::stage::T_CHECKED);
             let (code, msg) = place(shard, reader, &chunk, payload, checked, region).await?;
-            let r = conn.write_done(&chunk, final_, code, msg, joins);
+            if code == codes::SUCCESS {
+                let mut st = shard.stats.borrow_mut();
+                st.count_inbound_write(conn.counters, payload);
+            }
+            let r = conn.served.write_done(&chunk, final_, code, msg, joins);
             respond(shard, conn, writer, r).await
         }
         Inbound::Read(chunk, final_) => {
             let region = shard.regions.borrow().get(&chunk.mem_id).cloned();
             let facts = region.as_ref().map(|r| (r.len() as u64, r.access_key()));
-            let checked = conn.check(&chunk, final_, facts).map_err(violation)?;
+            let checked = conn
+                .served
+                .check(&chunk, final_, facts)
+                .map_err(violation)?;
             let (code, msg) = read(shard, conn, writer, &chunk, final_, checked, region).await?;
+            if code == codes::SUCCESS {
+                let mut st = shard.stats.borrow_mut();
+                st.count_inbound_read(conn.counters, chunk.bytes());
+            }
             // After this chunk's READ_DATA, on the same connection.
-            let r = conn.read_done(&chunk, final_, code, msg, joins);
+            let r = conn.served.read_done(&chunk, final_, code, msg, joins);
             respond(shard, conn, writer, r).await
         }
         Inbound::Finish(f) => {
             trace::mark(f.uid, trace::stage::T_FINISH);
-            let r = conn.finish(f, joins);
+            let r = conn.served.finish(f, joins);
             respond(shard, conn, writer, r).await?;
             Ok(false)
         }
@@ -356,7 +385,7 @@ async fn on_frame(
 /// inbound status first. Returns the chunk's code and message.
 async fn read(
     shard: &Rc<Shard>,
-    conn: &Served,
+    conn: &Link,
     writer: &mut FrameWriter,
     chunk: &Chunk,
     final_: bool,
@@ -368,7 +397,7 @@ async fn read(
         (checked, _) => {
             let refusal = checked.err().unwrap_or(target::GONE);
             let (code, msg) = (refusal.code, refusal.msg.to_string());
-            let (rec, frame) = conn.read_reply(chunk, final_, code, msg.clone());
+            let (rec, frame) = conn.served.read_reply(chunk, final_, code, msg.clone());
             if let Some(rec) = rec {
                 record(shard, conn, &rec, false);
             }
@@ -390,47 +419,45 @@ async fn read(
     }
     // Recorded before the bytes leave: once the initiator has them all, the target's status
     // already exists. A failed send aborts the connection and the initiator fails too.
-    let (rec, frame) = conn.read_reply(chunk, final_, codes::SUCCESS, String::new());
+    let (rec, frame) = conn
+        .served
+        .read_reply(chunk, final_, codes::SUCCESS, String::new());
     if let Some(rec) = rec {
         record(shard, conn, &rec, false);
     }
-    let sent: u64 = slices.iter().map(|p| p.len() as u64).sum();
     writer.push(&frame, &slices).await?;
-    shard.stats.borrow_mut().count_inbound_read(sent);
     Ok((codes::SUCCESS, String::new()))
 }
 
 /// Answer a READ of device memory: staged through pinned slots, pipelined with the send.
 async fn read_from_device(
     shard: &Rc<Shard>,
-    conn: &Served,
+    conn: &Link,
     writer: &mut FrameWriter,
     region: &crate::region::Region,
     chunk: &Chunk,
     final_: bool,
 ) -> Result<(u32, String), ConnError> {
     // As for host memory: recorded before the bytes leave.
-    let (rec, frame) = conn.read_reply(chunk, final_, codes::SUCCESS, String::new());
+    let (rec, frame) = conn
+        .served
+        .read_reply(chunk, final_, codes::SUCCESS, String::new());
     if let Some(rec) = rec {
         record(shard, conn, &rec, false);
     }
     let spans: Vec<(u64, u64)> = chunk.segs.iter().map(|s| (s.off, s.len)).collect();
-    let bytes = chunk.bytes();
     match gpu_io::push_from_device(shard, writer, &frame, region, &spans).await {
-        Ok(()) => {
-            shard.stats.borrow_mut().count_inbound_read(bytes);
-            Ok((codes::SUCCESS, String::new()))
-        }
+        Ok(()) => Ok((codes::SUCCESS, String::new())),
         Err(SendError::Gpu(e)) => {
             // Nothing left yet: answer with the error instead (it replaces the SUCCESS
             // recorded above, which no one can have seen).
             let code = codes::ERR_GPU_OP;
             let msg = format!("staging copy from GPU memory failed: {e}");
-            let (rec, frame) = conn.read_reply(chunk, final_, code, msg.clone());
+            let (rec, frame) = conn.served.read_reply(chunk, final_, code, msg.clone());
             if let Some(rec) = rec {
                 shard.shared.inbound.record(
-                    &conn.peer,
-                    conn.instance,
+                    &conn.served.peer,
+                    conn.served.instance,
                     rec.uid,
                     status_of(rec.code),
                     &rec.msg,
@@ -440,97 +467,5 @@ async fn read_from_device(
             Ok((code, msg))
         }
         Err(SendError::Conn(e)) => Err(e),
-    }
-}
-
-/// Validate a WRITE chunk and place its payload, or drain it if refused.
-/// Copy `src` into `segs` (offsets relative to `lo`, in payload order) of `ext`; false if a
-/// segment or the payload does not fit (the checks before make that a protocol bug).
-fn place_small(ext: &mut [u8], lo: u64, segs: &[crate::proto::frame::Seg], src: &[u8]) -> bool {
-    let mut at = 0usize;
-    for s in segs {
-        let (off, len) = ((s.off - lo) as usize, s.len as usize);
-        let (Some(dst), Some(part)) = (ext.get_mut(off..off + len), src.get(at..at + len)) else {
-            return false;
-        };
-        dst.copy_from_slice(part);
-        at += len;
-    }
-    true
-}
-
-async fn place(
-    shard: &Rc<Shard>,
-    reader: &mut FrameReader<Rx>,
-    chunk: &Chunk,
-    payload: u64,
-    checked: Result<(), Refusal>,
-    region: Option<SharedRegion>,
-) -> Result<(u32, String), ConnError> {
-    match (checked, region) {
-        (Ok(()), Some(region)) if region.device().is_some() => {
-            let spans: Vec<(u64, u64)> = chunk.segs.iter().map(|s| (s.off, s.len)).collect();
-            match gpu_io::read_into_device(shard, reader, &region, &spans).await? {
-                Ok(()) => {
-                    shard.stats.borrow_mut().count_inbound_write(payload);
-                    Ok((codes::SUCCESS, String::new()))
-                }
-                Err(e) => Ok((
-                    codes::ERR_GPU_OP,
-                    format!("staging copy into GPU memory failed: {e}"),
-                )),
-            }
-        }
-        (Ok(()), Some(region)) => {
-            if let Some(src) = usize::try_from(payload)
-                .ok()
-                .and_then(|n| reader.take_buffered(n))
-            {
-                // All of it arrived with the header (small batches): place without awaiting.
-                // check_chunk put every segment inside the extent, and the extent inside the
-                // region, so the region is resolved once and each segment only indexed.
-                let (lo, hi) = chunk.extent;
-                // SAFETY: as below; the peer may write the extent, which the check bounded.
-                let ext = unsafe { region.slice_mut(lo, hi - lo) }
-                    .ok_or_else(|| ConnError::Violation("extent out of range".into()))?;
-                if !place_small(ext, lo, &chunk.segs, src) {
-                    return Err(ConnError::Violation("segment outside its extent".into()));
-                }
-                shard.stats.borrow_mut().count_inbound_write(payload);
-                return Ok((codes::SUCCESS, String::new()));
-            }
-            if ascending_disjoint(chunk.segs.iter().map(|s| (s.off, s.len))) {
-                // Disjoint destinations: hand them all to one scattered read.
-                let mut dsts = Vec::with_capacity(chunk.segs.len());
-                for s in &chunk.segs {
-                    // SAFETY: bounds checked above against the live region (kept alive by
-                    // `region` across the awaits); the peer may write it because it is
-                    // registered; the ranges are disjoint, so the slices do not alias.
-                    let dst = unsafe { region.slice_mut(s.off, s.len) };
-                    dsts.push(
-                        dst.ok_or_else(|| ConnError::Violation("segment out of range".into()))?,
-                    );
-                }
-                reader.read_payload_scatter(&mut dsts).await?;
-            } else {
-                for s in &chunk.segs {
-                    // SAFETY: as above; one slice at a time, so overlaps cannot alias.
-                    let dst = unsafe { region.slice_mut(s.off, s.len) };
-                    let dst =
-                        dst.ok_or_else(|| ConnError::Violation("segment out of range".into()))?;
-                    reader.read_payload(dst).await?;
-                }
-            }
-            shard.stats.borrow_mut().count_inbound_write(payload);
-            Ok((codes::SUCCESS, String::new()))
-        }
-        (Err(refusal), _) => {
-            reader.discard_payload(payload).await?;
-            Ok((refusal.code, refusal.msg.to_string()))
-        }
-        (Ok(()), None) => {
-            reader.discard_payload(payload).await?;
-            Ok((target::GONE.code, target::GONE.msg.into()))
-        }
     }
 }

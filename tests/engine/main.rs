@@ -11,6 +11,7 @@ mod gpu;
 mod host;
 mod in_process;
 mod mori_cases;
+mod peer_stats;
 mod same_host;
 mod sizes;
 mod spin;

@@ -10,26 +10,24 @@ use std::sync::Arc;
 use morio_shards::rt;
 
 use super::bell::Bell;
-use super::gpu_io::{self, SendError};
 use super::msg::{LaneEvent, LaneWork, Peer, ShardMsg};
 use super::same_host;
 use super::{Shard, TaskGuard};
-use crate::proto::codes;
-use crate::proto::dispatch::{ChunkSpec, FinishSpec, TransferRef};
-use crate::proto::frame::{Chunk, Finish, Frame, Hello, Op};
+use crate::proto::dispatch::TransferRef;
+use crate::proto::frame::{Frame, Hello};
 use crate::proto::handshake;
-use crate::proto::lane::{LaneBook, ReadWait, Report, Sendable};
-use crate::proto::layout::remote_seg;
-use crate::proto::layout::Layout;
+use crate::proto::lane::{LaneBook, Report};
 use crate::proto::limits::{NONCE_BYTES, VERSION};
-use crate::proto::plan::total_bytes;
 use crate::region::SharedRegion;
+use crate::stats::PeerSlot;
 use crate::trace;
 use crate::transport::framed::{read_frame_exact, FrameReader, FrameWriter};
 use crate::transport::{self, Closer};
 
 mod read;
+mod write;
 use read::read_loop;
+use write::write_item;
 
 /// A shard's lanes, by (peer key, lane index).
 pub(crate) type LaneMap = HashMap<(Arc<str>, u16), Rc<Lane>>;
@@ -39,6 +37,8 @@ pub(crate) type LaneMap = HashMap<(Arc<str>, u16), Rc<Lane>>;
 pub(crate) struct Lane {
     peer: Arc<Peer>,
     lane: u16,
+    /// The peer's counters in the shard's stats.
+    counters: PeerSlot,
     book: RefCell<LaneBook<SharedRegion>>,
     bell: Bell,
     /// Closes the connection, once there is one.
@@ -78,6 +78,7 @@ fn lane_for(shard: &Rc<Shard>, peer: &Arc<Peer>, idx: u16) -> (Rc<Lane>, bool) {
     let lane = Rc::new(Lane {
         peer: peer.clone(),
         lane: idx,
+        counters: shard.stats.borrow_mut().peer(&peer.key),
         book: RefCell::new(LaneBook::default()),
         bell: Bell::default(),
         closer: Cell::new(None),
@@ -163,7 +164,8 @@ fn die_as(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: String, failure: bool) {
         return;
     };
     if failure && !shard.closing.get() {
-        shard.stats.borrow_mut().lane_failures += 1;
+        let mut st = shard.stats.borrow_mut();
+        st.count_lane_failure(lane.counters, lane.lane);
     }
     {
         let mut lanes = shard.lanes.borrow_mut();
@@ -225,11 +227,10 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
         return;
     }
     let cfg = &shard.shared.cfg;
-    {
-        let mut st = shard.stats.borrow_mut();
-        st.lane_connects += 1;
-        st.lane_connects_same_host += conn.is_local() as u64;
-    }
+    shard
+        .stats
+        .borrow_mut()
+        .count_lane_connect(lane.counters, lane.lane, conn.is_local());
     let (r, w, closer) = conn.split();
     lane.closer.set(Some(closer));
     let reader = FrameReader::new(r, cfg.op_timeout);
@@ -350,180 +351,4 @@ async fn shake(
         return same_host::dial(shared, conn, &hello, &ack).await;
     }
     Ok(conn)
-}
-
-/// Send a WRITE chunk from host memory: a small payload is copied from the region next to
-/// the frame (and leaves with the next flush), a large one is gathered straight from it. A
-/// strided layout is framed as one run and gathered without building a piece list.
-async fn write_host_chunk(
-    shard: &Rc<Shard>,
-    lane: &Lane,
-    writer: &mut FrameWriter,
-    out: Outgoing<'_>,
-) -> std::io::Result<()> {
-    let Outgoing {
-        to,
-        head,
-        pieces,
-        local,
-        final_,
-    } = out;
-    // Every `slice` below reads ranges checked against the region at submission; the region
-    // lives while `local` does, and reading it is the transfer.
-    let (bytes, in_range) = match pieces {
-        // Strides do not go backwards, so the first and last pieces bound all of them.
-        Layout::Strided(s) => {
-            let (first, last) = (s.first, s.last());
-            // SAFETY: as above (the slices are only checked for presence, not read).
-            let ok = unsafe { local.slice(first.local, first.len) }.is_some()
-                // SAFETY: as above.
-                && unsafe { local.slice(last.local, last.len) }.is_some();
-            (s.total_bytes(), ok)
-        }
-        Layout::List(list) => {
-            let ok = list
-                .iter()
-                // SAFETY: as above (only checked for presence).
-                .all(|p| unsafe { local.slice(p.local, p.len) }.is_some());
-            (total_bytes(list), ok)
-        }
-    };
-    let segs = pieces.remote_segs();
-    if !in_range {
-        return Err(std::io::Error::other("local range out of bounds"));
-    }
-    lane.book
-        .borrow_mut()
-        .sending_write(head.tag, to, final_, |t| {
-            shard.shared.may_run(t.owner, t.gen)
-        });
-    shard.stats.borrow_mut().bytes_sent += bytes;
-    if bytes as usize <= writer.inline_bytes() {
-        let fill = |buf: &mut Vec<u8>| {
-            for p in pieces.iter() {
-                // SAFETY: as above.
-                buf.extend(unsafe { local.slice(p.local, p.len) }.unwrap_or(&[]));
-            }
-        };
-        writer
-            .push_inline_chunk(final_, &head, segs, bytes as usize, fill)
-            .await
-    } else {
-        let slices: Vec<&[u8]> = pieces
-            .iter()
-            // SAFETY: as above.
-            .filter_map(|p| unsafe { local.slice(p.local, p.len) })
-            .collect();
-        writer.send_chunk(final_, &head, segs, &slices).await
-    }
-}
-
-/// A WRITE chunk about to leave.
-struct Outgoing<'a> {
-    to: TransferRef,
-    head: crate::proto::frame::ChunkHead,
-    pieces: &'a Layout,
-    local: &'a SharedRegion,
-    final_: bool,
-}
-
-async fn write_item(
-    shard: &Rc<Shard>,
-    lane: &Lane,
-    writer: &mut FrameWriter,
-    to: TransferRef,
-    item: Sendable<SharedRegion>,
-) -> std::io::Result<()> {
-    let tag = lane.book.borrow_mut().next_tag();
-    match item {
-        Sendable::Chunk(spec, local) => {
-            write_chunk(shard, lane, writer, to, tag, spec, local).await
-        }
-        Sendable::Finish(f) => {
-            lane.book.borrow_mut().sending_finish(tag, to);
-            let FinishSpec {
-                op,
-                n_chunks,
-                total,
-                code,
-                msg,
-            } = f;
-            let f = Finish {
-                tag,
-                uid: to.uid,
-                op,
-                n_chunks,
-                total_bytes: total,
-                code,
-                msg,
-            };
-            writer.push(&Frame::Finish(f), &[]).await
-        }
-    }
-}
-
-async fn write_chunk(
-    shard: &Rc<Shard>,
-    lane: &Lane,
-    writer: &mut FrameWriter,
-    to: TransferRef,
-    tag: u64,
-    spec: ChunkSpec,
-    local: SharedRegion,
-) -> std::io::Result<()> {
-    let head = spec.head(tag, to.uid);
-    let final_ = spec.final_;
-    match spec.op {
-        Op::Write if local.device().is_some() => {
-            // The chunk as a frame value, for GPU staging.
-            let pieces = spec.pieces.into_pieces();
-            let c = Chunk::new(head, pieces.iter().map(remote_seg).collect());
-            let spans: Vec<(u64, u64)> = pieces.iter().map(|p| (p.local, p.len)).collect();
-            let bytes = c.bytes();
-            lane.book
-                .borrow_mut()
-                .sending_write(tag, to, final_, |t| shard.shared.may_run(t.owner, t.gen));
-            let frame = Frame::Write { chunk: c, final_ };
-            match gpu_io::push_from_device(shard, writer, &frame, &local, &spans).await {
-                Ok(()) => {
-                    shard.stats.borrow_mut().bytes_sent += bytes;
-                    Ok(())
-                }
-                Err(SendError::Gpu(e)) => {
-                    // Nothing of the frame left: fail this chunk, keep the lane.
-                    lane.book.borrow_mut().unsend(tag);
-                    let msg = format!("staging copy from GPU memory failed: {e}");
-                    let code = codes::ERR_GPU_OP;
-                    report(shard, &lane.peer.key, to, Report::Failed { code, msg });
-                    Ok(())
-                }
-                Err(SendError::Conn(e)) => Err(std::io::Error::other(e.to_string())),
-            }
-        }
-        Op::Write => {
-            let out = Outgoing {
-                to,
-                head,
-                pieces: &spec.pieces,
-                local: &local,
-                final_,
-            };
-            write_host_chunk(shard, lane, writer, out).await
-        }
-        Op::Read => {
-            let bytes = spec.pieces.total_bytes();
-            writer.queue_read_chunk(final_, &head, spec.pieces.remote_segs());
-            // Registered before the request can leave (the next flush): the answer can
-            // never come early.
-            let wait = ReadWait {
-                chunk: spec.chunk,
-                final_,
-                local,
-                pieces: spec.pieces,
-                bytes,
-            };
-            lane.book.borrow_mut().sending_read(tag, to, wait);
-            writer.flush_if_full().await
-        }
-    }
 }

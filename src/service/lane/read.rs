@@ -97,7 +97,10 @@ async fn on_frame(
             code = codes::ERR_GPU_OP;
             msg = format!("staging copy into GPU memory failed: {e}");
         }
-        shard.stats.borrow_mut().bytes_received += wait.bytes;
+        shard
+            .stats
+            .borrow_mut()
+            .count_received(lane.counters, wait.bytes);
     }
     let r = lane
         .book

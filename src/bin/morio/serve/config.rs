@@ -68,6 +68,10 @@ spin_us = 0
 # (with a deployment secret, only with a Morio-HMAC proof), /metrics (Prometheus) and
 # /healthz (open), /nonce.
 listen = "127.0.0.1:7070"
+# Whether the open /metrics carries the per-peer series (morio_peer_*, labelled with the
+# peers' engine keys). Default: only without a deployment secret; set it true where only a
+# trusted network reaches this port.
+# peer_metrics = true
 
 [discovery]
 # etcd endpoints (host:port) to publish this node in (a build with the `etcd` feature; none:
@@ -177,6 +181,10 @@ pub struct AuthSection {
 #[serde(deny_unknown_fields)]
 pub struct ControlSection {
     pub listen: String,
+    /// Whether the open `/metrics` carries the per-peer families (default: only without a
+    /// secret).
+    #[serde(default)]
+    pub peer_metrics: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -342,6 +350,10 @@ mod tests {
         assert_eq!(adv.engine.advertise_host.as_deref(), Some("10.1.2.3"));
         let g = ServeConfig::parse(&DEFAULT_TOML.replace("# gpu = 0", "gpu = 1")).unwrap();
         assert_eq!(g.memory[0].gpu, Some(1));
+        assert_eq!(c.control.peer_metrics, None);
+        let pm = DEFAULT_TOML.replace("# peer_metrics = true", "peer_metrics = true");
+        let pm = ServeConfig::parse(&pm).unwrap();
+        assert_eq!(pm.control.peer_metrics, Some(true));
         let t = c.tcp_config();
         let d = morio::TcpBackendConfig::default();
         assert_eq!(

@@ -8,11 +8,14 @@
 //! | `GET /metrics` | the Prometheus text exposition ([`morio::IoEngine::metrics_text`]) | no |
 //! | `GET /nonce` | a fresh single-use nonce for a proof ([`super::auth`]) | no |
 //! | `GET /descriptors` | JSON, or msgpack with `?format=msgpack` or `Accept: application/msgpack` | yes |
-//! | `GET /stats` | JSON: per-shard and total counters, latency percentiles | yes |
+//! | `GET /stats` | JSON: per-shard and total counters, latency percentiles, per-peer counters | yes |
 //!
-//! Descriptors carry regions' access keys, and stats the engine's key, so with a deployment
-//! secret they need a proof ([`super::auth`]); a request without one gets 401 and a body that
-//! says only that. The open endpoints name no key, region, peer or address.
+//! Descriptors carry regions' access keys, and stats the engine's and its peers' keys, so
+//! with a deployment secret they need a proof ([`super::auth`]); a request without one gets
+//! 401 and a body that says only that. The open endpoints name no key, region, peer or
+//! address, except that `/metrics` carries the per-peer families (`morio_peer_*`, labelled
+//! with peers' engine keys) where `[control] peer_metrics` says so: by default only without
+//! a secret, when every endpoint is open anyway.
 //!
 //! Descriptors as JSON: `{"engine": {"key", "node_id", "hostname", "host", "port", "pid",
 //! "packed"}, "memory": {NAME: {"id", "size", "loc", "device_id", "packed"}}}`, where
@@ -58,6 +61,8 @@ pub struct NamedDesc {
 struct Node {
     engine: Arc<IoEngine>,
     secret: Option<AuthSecret>,
+    /// Whether `/metrics` carries the per-peer families.
+    peer_metrics: bool,
     nonces: Nonces,
     packed: Vec<u8>,
     json: Vec<u8>,
@@ -95,14 +100,17 @@ fn descriptors_json(d: &Descriptors) -> anyhow::Result<serde_json::Value> {
 }
 
 /// The service's handler for `engine` and its `descriptors`, requiring proofs of `secret`
-/// where given.
+/// where given. `peer_metrics` (`[control] peer_metrics`): whether the open `/metrics`
+/// carries the per-peer families; by default, only without a secret.
 pub fn handler(
     engine: Arc<IoEngine>,
     descriptors: &Descriptors,
     secret: Option<AuthSecret>,
+    peer_metrics: Option<bool>,
 ) -> anyhow::Result<Handler> {
     let node = Node {
         engine,
+        peer_metrics: peer_metrics.unwrap_or(secret.is_none()),
         secret,
         nonces: Nonces::default(),
         packed: rmp_serde::to_vec_named(descriptors)?,
@@ -163,7 +171,13 @@ fn route(n: &Node, r: &Request) -> Response {
     match r.path.as_str() {
         "/healthz" if n.engine.n_shards() > 0 => Response::text(200, "ok\n"),
         "/healthz" => Response::text(503, "no backend\n"),
-        "/metrics" => Response::new(200, morio::METRICS_CONTENT_TYPE, n.engine.metrics_text()),
+        "/metrics" => {
+            let text = match n.peer_metrics {
+                true => n.engine.metrics_text(),
+                false => n.engine.metrics_text_without_peers(),
+            };
+            Response::new(200, morio::METRICS_CONTENT_TYPE, text)
+        }
         "/nonce" => {
             Response::text(200, format!("{}\n", n.nonces.issue())).with("Cache-Control", "no-store")
         }
@@ -284,7 +298,7 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         let stop = Arc::new(AtomicBool::new(false));
-        let handler = handler(Arc::new(e), &d, secret.map(AuthSecret::new)).unwrap();
+        let handler = handler(Arc::new(e), &d, secret.map(AuthSecret::new), None).unwrap();
         let h = http::serve(l, stop.clone(), handler).unwrap();
         Up {
             addr,

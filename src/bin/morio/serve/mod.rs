@@ -121,6 +121,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         engine.clone(),
         &descriptors,
         cfg.auth_secret()?.or_else(morio::AuthSecret::from_env),
+        cfg.control.peer_metrics,
     )?;
     let ctl = http::serve(listener, stop.clone(), handler)?;
 
@@ -248,7 +249,9 @@ pub fn ctl(a: CtlArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// What `/stats` returns (and, its `total`, the periodic stats line).
+/// What `/stats` returns (and, its `total`, the periodic stats line): per shard, the total,
+/// and `peers`: per peer (engine key), the counters summed over shards, with `lanes` by
+/// lane index.
 fn stats_json(e: &IoEngine) -> serde_json::Value {
     let Some(s) = e.stats() else {
         return json!({"error": "no backend"});
@@ -286,5 +289,34 @@ fn stats_json(e: &IoEngine) -> serde_json::Value {
             v
         })
         .collect();
-    json!({"engine": e.key(), "total": one(&s.total()), "shards": shards})
+    let peers: serde_json::Map<String, serde_json::Value> = s
+        .per_peer()
+        .into_iter()
+        .map(|(k, p)| (k, peer_json(&p)))
+        .collect();
+    json!({"engine": e.key(), "total": one(&s.total()), "shards": shards, "peers": peers})
+}
+
+/// One peer's counters in `/stats`.
+fn peer_json(p: &morio::PeerStats) -> serde_json::Value {
+    let lanes: serde_json::Map<String, serde_json::Value> = p
+        .lanes
+        .iter()
+        .map(|(i, l)| {
+            let v = json!({"connects": l.connects, "failures": l.failures});
+            (i.to_string(), v)
+        })
+        .collect();
+    json!({
+        "transfers_ok": p.transfers_ok,
+        "transfers_failed": p.transfers_failed,
+        "bytes_sent": p.bytes_sent,
+        "bytes_received": p.bytes_received,
+        "inbound_bytes_written": p.inbound_bytes_written,
+        "inbound_bytes_read": p.inbound_bytes_read,
+        "inbound_transfers": p.inbound_transfers,
+        "lane_connects": p.lane_connects,
+        "lane_failures": p.lane_failures,
+        "lanes": lanes,
+    })
 }

@@ -1,0 +1,193 @@
+//! Initiator lanes, the writer's side: one queued item (a WRITE chunk with its payload from
+//! host or GPU memory, a READ request, a FINISH) onto the lane's connection.
+
+use std::rc::Rc;
+
+use super::{report, Lane};
+use crate::proto::codes;
+use crate::proto::dispatch::{ChunkSpec, FinishSpec, TransferRef};
+use crate::proto::frame::{Chunk, Finish, Frame, Op};
+use crate::proto::lane::{ReadWait, Report, Sendable};
+use crate::proto::layout::{remote_seg, Layout};
+use crate::proto::plan::total_bytes;
+use crate::region::SharedRegion;
+use crate::service::gpu_io::{self, SendError};
+use crate::service::Shard;
+use crate::transport::framed::FrameWriter;
+
+/// Send a WRITE chunk from host memory: a small payload is copied from the region next to
+/// the frame (and leaves with the next flush), a large one is gathered straight from it. A
+/// strided layout is framed as one run and gathered without building a piece list.
+async fn write_host_chunk(
+    shard: &Rc<Shard>,
+    lane: &Lane,
+    writer: &mut FrameWriter,
+    out: Outgoing<'_>,
+) -> std::io::Result<()> {
+    let Outgoing {
+        to,
+        head,
+        pieces,
+        local,
+        final_,
+    } = out;
+    // Every `slice` below reads ranges checked against the region at submission; the region
+    // lives while `local` does, and reading it is the transfer.
+    let (bytes, in_range) = match pieces {
+        // Strides do not go backwards, so the first and last pieces bound all of them.
+        Layout::Strided(s) => {
+            let (first, last) = (s.first, s.last());
+            // SAFETY: as above (the slices are only checked for presence, not read).
+            let ok = unsafe { local.slice(first.local, first.len) }.is_some()
+                // SAFETY: as above.
+                && unsafe { local.slice(last.local, last.len) }.is_some();
+            (s.total_bytes(), ok)
+        }
+        Layout::List(list) => {
+            let ok = list
+                .iter()
+                // SAFETY: as above (only checked for presence).
+                .all(|p| unsafe { local.slice(p.local, p.len) }.is_some());
+            (total_bytes(list), ok)
+        }
+    };
+    let segs = pieces.remote_segs();
+    if !in_range {
+        return Err(std::io::Error::other("local range out of bounds"));
+    }
+    lane.book
+        .borrow_mut()
+        .sending_write(head.tag, to, final_, |t| {
+            shard.shared.may_run(t.owner, t.gen)
+        });
+    shard.stats.borrow_mut().count_sent(lane.counters, bytes);
+    if bytes as usize <= writer.inline_bytes() {
+        let fill = |buf: &mut Vec<u8>| {
+            for p in pieces.iter() {
+                // SAFETY: as above.
+                buf.extend(unsafe { local.slice(p.local, p.len) }.unwrap_or(&[]));
+            }
+        };
+        writer
+            .push_inline_chunk(final_, &head, segs, bytes as usize, fill)
+            .await
+    } else {
+        let slices: Vec<&[u8]> = pieces
+            .iter()
+            // SAFETY: as above.
+            .filter_map(|p| unsafe { local.slice(p.local, p.len) })
+            .collect();
+        writer.send_chunk(final_, &head, segs, &slices).await
+    }
+}
+
+/// A WRITE chunk about to leave.
+struct Outgoing<'a> {
+    to: TransferRef,
+    head: crate::proto::frame::ChunkHead,
+    pieces: &'a Layout,
+    local: &'a SharedRegion,
+    final_: bool,
+}
+
+/// Send one queued item: a chunk (WRITE with its payload, or a READ request) or a FINISH.
+pub(super) async fn write_item(
+    shard: &Rc<Shard>,
+    lane: &Lane,
+    writer: &mut FrameWriter,
+    to: TransferRef,
+    item: Sendable<SharedRegion>,
+) -> std::io::Result<()> {
+    let tag = lane.book.borrow_mut().next_tag();
+    match item {
+        Sendable::Chunk(spec, local) => {
+            write_chunk(shard, lane, writer, to, tag, spec, local).await
+        }
+        Sendable::Finish(f) => {
+            lane.book.borrow_mut().sending_finish(tag, to);
+            let FinishSpec {
+                op,
+                n_chunks,
+                total,
+                code,
+                msg,
+            } = f;
+            let f = Finish {
+                tag,
+                uid: to.uid,
+                op,
+                n_chunks,
+                total_bytes: total,
+                code,
+                msg,
+            };
+            writer.push(&Frame::Finish(f), &[]).await
+        }
+    }
+}
+
+async fn write_chunk(
+    shard: &Rc<Shard>,
+    lane: &Lane,
+    writer: &mut FrameWriter,
+    to: TransferRef,
+    tag: u64,
+    spec: ChunkSpec,
+    local: SharedRegion,
+) -> std::io::Result<()> {
+    let head = spec.head(tag, to.uid);
+    let final_ = spec.final_;
+    match spec.op {
+        Op::Write if local.device().is_some() => {
+            // The chunk as a frame value, for GPU staging.
+            let pieces = spec.pieces.into_pieces();
+            let c = Chunk::new(head, pieces.iter().map(remote_seg).collect());
+            let spans: Vec<(u64, u64)> = pieces.iter().map(|p| (p.local, p.len)).collect();
+            let bytes = c.bytes();
+            lane.book
+                .borrow_mut()
+                .sending_write(tag, to, final_, |t| shard.shared.may_run(t.owner, t.gen));
+            let frame = Frame::Write { chunk: c, final_ };
+            match gpu_io::push_from_device(shard, writer, &frame, &local, &spans).await {
+                Ok(()) => {
+                    shard.stats.borrow_mut().count_sent(lane.counters, bytes);
+                    Ok(())
+                }
+                Err(SendError::Gpu(e)) => {
+                    // Nothing of the frame left: fail this chunk, keep the lane.
+                    lane.book.borrow_mut().unsend(tag);
+                    let msg = format!("staging copy from GPU memory failed: {e}");
+                    let code = codes::ERR_GPU_OP;
+                    report(shard, &lane.peer.key, to, Report::Failed { code, msg });
+                    Ok(())
+                }
+                Err(SendError::Conn(e)) => Err(std::io::Error::other(e.to_string())),
+            }
+        }
+        Op::Write => {
+            let out = Outgoing {
+                to,
+                head,
+                pieces: &spec.pieces,
+                local: &local,
+                final_,
+            };
+            write_host_chunk(shard, lane, writer, out).await
+        }
+        Op::Read => {
+            let bytes = spec.pieces.total_bytes();
+            writer.queue_read_chunk(final_, &head, spec.pieces.remote_segs());
+            // Registered before the request can leave (the next flush): the answer can
+            // never come early.
+            let wait = ReadWait {
+                chunk: spec.chunk,
+                final_,
+                local,
+                pieces: spec.pieces,
+                bytes,
+            };
+            lane.book.borrow_mut().sending_read(tag, to, wait);
+            writer.flush_if_full().await
+        }
+    }
+}
