@@ -1,13 +1,16 @@
 //! Discovery on a real etcd (Debian's `etcd-server`), started by each test on free loopback
 //! ports with a temporary data directory and killed after: engines publish under a lease, a
-//! watcher registers and forgets them, transfers follow.
+//! watcher registers and forgets them, transfers follow. Production settings too: etcd's
+//! user and password authentication (enabled through etcd-client's own API) and TLS (a CA
+//! and certificates made at test time with the `openssl` command; those tests say so and
+//! pass without it).
 
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use morio::discovery::{Discovery, DiscoveryError, DiscoveryOptions};
+use morio::discovery::{Discovery, DiscoveryError, DiscoveryOptions, EtcdAuth, EtcdTls};
 use morio::{IoEngine, IoEngineConfig, RegisteredBuffer, StatusCode, TcpBackendConfig};
 
 const ETCD: &str = "etcd";
@@ -26,10 +29,24 @@ struct Etcd {
     dir: PathBuf,
     endpoint: String,
     peer: u16,
+    /// Serving TLS: its certificates, and whether it asks clients for theirs.
+    tls: Option<(Pki, bool)>,
+    /// The user `connect` authenticates as, once authentication is on.
+    auth: Option<EtcdAuth>,
 }
 
 impl Etcd {
     fn start() -> Etcd {
+        Self::start_with(None)
+    }
+
+    /// An etcd serving TLS with `pki`'s server certificate; with `client_certs`, it also
+    /// requires clients to present a certificate `pki`'s CA signed.
+    fn start_tls(pki: Pki, client_certs: bool) -> Etcd {
+        Self::start_with(Some((pki, client_certs)))
+    }
+
+    fn start_with(tls: Option<(Pki, bool)>) -> Etcd {
         let found = Command::new(ETCD)
             .arg("--version")
             .stdout(Stdio::null())
@@ -49,23 +66,26 @@ impl Etcd {
             rand::random::<u32>()
         ));
         let endpoint = format!("127.0.0.1:{client}");
-        let child = Self::spawn(&dir, &endpoint, peer);
-        let etcd = Etcd {
-            child,
+        let mut etcd = Etcd {
+            child: Command::new("true").spawn().unwrap(),
             dir,
             endpoint,
             peer,
+            tls,
+            auth: None,
         };
+        etcd.child = etcd.spawn();
         etcd.wait_ready();
         etcd
     }
 
-    fn spawn(dir: &PathBuf, endpoint: &str, peer: u16) -> Child {
-        let c = format!("http://{endpoint}");
-        let p = format!("http://127.0.0.1:{peer}");
-        Command::new(ETCD)
-            .args(["--name", "morio-test", "--data-dir"])
-            .arg(dir)
+    fn spawn(&self) -> Child {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let c = format!("{scheme}://{}", self.endpoint);
+        let p = format!("http://127.0.0.1:{}", self.peer);
+        let mut cmd = Command::new(ETCD);
+        cmd.args(["--name", "morio-test", "--data-dir"])
+            .arg(&self.dir)
             .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
             .args([
                 "--listen-peer-urls",
@@ -74,10 +94,36 @@ impl Etcd {
                 &p,
             ])
             .args(["--initial-cluster", &format!("morio-test={p}")])
-            .stdout(Stdio::null())
+            // With authentication on, a token unused for a second is forgotten: handles
+            // authenticate again (a production etcd's default is 5 minutes).
+            .args(["--auth-token-ttl", "1"]);
+        if let Some((pki, client_certs)) = &self.tls {
+            cmd.arg("--cert-file")
+                .arg(&pki.server_cert)
+                .arg("--key-file")
+                .arg(&pki.server_key);
+            if *client_certs {
+                cmd.arg("--client-cert-auth")
+                    .arg("--trusted-ca-file")
+                    .arg(&pki.ca);
+            }
+        }
+        cmd.stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("start etcd")
+    }
+
+    /// The TLS settings a client of this etcd needs (a client certificate where it asks).
+    fn client_tls(&self) -> Option<EtcdTls> {
+        self.tls.as_ref().map(|(pki, client_certs)| {
+            let t = EtcdTls::new(&pki.ca);
+            if *client_certs {
+                t.with_client_cert(&pki.client_cert, &pki.client_key)
+            } else {
+                t
+            }
+        })
     }
 
     fn wait_ready(&self) {
@@ -85,6 +131,8 @@ impl Etcd {
         loop {
             let o = DiscoveryOptions {
                 connect_timeout: Duration::from_millis(500),
+                tls: self.client_tls(),
+                auth: self.auth.clone(),
                 ..Default::default()
             };
             match Discovery::connect_with(&[&self.endpoint], "/probe", o) {
@@ -102,17 +150,184 @@ impl Etcd {
         let _ = self.child.kill();
         let _ = self.child.wait();
         std::thread::sleep(down);
-        self.child = Self::spawn(&self.dir, &self.endpoint, self.peer);
+        self.child = self.spawn();
         self.wait_ready();
     }
 
-    fn connect(&self, prefix: &str) -> Discovery {
-        let o = DiscoveryOptions {
+    /// A handle with this etcd's TLS settings and user, a 2 s lease.
+    fn options(&self) -> DiscoveryOptions {
+        DiscoveryOptions {
             lease_ttl: Duration::from_secs(2),
+            tls: self.client_tls(),
+            auth: self.auth.clone(),
             ..Default::default()
-        };
-        Discovery::connect_with(&[&self.endpoint], prefix, o).expect("connect to etcd")
+        }
     }
+
+    fn connect(&self, prefix: &str) -> Discovery {
+        Discovery::connect_with(&[&self.endpoint], prefix, self.options()).expect("connect to etcd")
+    }
+
+    /// Run `f` with a raw etcd-client connection (as user `root` once authentication is on).
+    fn admin<T>(&self, f: impl AsyncFnOnce(&mut etcd_client::Client) -> T) -> T {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut co = etcd_client::ConnectOptions::new();
+            if let Some((pki, client_certs)) = &self.tls {
+                let mut t = etcd_client::TlsOptions::new().ca_certificate(
+                    etcd_client::Certificate::from_pem(std::fs::read(&pki.ca).unwrap()),
+                );
+                if *client_certs {
+                    t = t.identity(etcd_client::Identity::from_pem(
+                        std::fs::read(&pki.client_cert).unwrap(),
+                        std::fs::read(&pki.client_key).unwrap(),
+                    ));
+                }
+                co = co.with_tls(t);
+            }
+            if self.auth.is_some() {
+                co = co.with_user("root", ROOT_PASSWORD);
+            }
+            let mut c = etcd_client::Client::connect([&self.endpoint], Some(co))
+                .await
+                .unwrap();
+            f(&mut c).await
+        })
+    }
+
+    /// Turn etcd's authentication on, as an operator would: user `root` (role `root`), and
+    /// user `morio` whose role `morio` may read and write keys under `prefix` only; `connect`
+    /// authenticates as `morio` from then on.
+    fn enable_auth(&mut self, prefix: &str) {
+        self.admin(async |c| {
+            c.user_add("root", ROOT_PASSWORD, None).await.unwrap();
+            c.user_grant_role("root", "root").await.unwrap();
+            c.role_add("morio").await.unwrap();
+            c.role_grant_permission(
+                "morio",
+                etcd_client::Permission::read_write(format!("{prefix}/")).with_prefix(),
+            )
+            .await
+            .unwrap();
+            c.user_add("morio", MORIO_PASSWORD, None).await.unwrap();
+            c.user_grant_role("morio", "morio").await.unwrap();
+            c.auth_enable().await.unwrap();
+        });
+        self.auth = Some(EtcdAuth::new("morio", MORIO_PASSWORD));
+    }
+}
+
+const ROOT_PASSWORD: &str = "root-pw-7f3a";
+const MORIO_PASSWORD: &str = "morio-pw-91c2";
+
+/// A CA, a server certificate it signed for 127.0.0.1 and a client certificate, made by the
+/// `openssl` command in a temporary directory (removed on drop).
+struct Pki {
+    dir: PathBuf,
+    ca: PathBuf,
+    server_cert: PathBuf,
+    server_key: PathBuf,
+    client_cert: PathBuf,
+    client_key: PathBuf,
+}
+
+impl Pki {
+    /// `None` (and a line saying why) where there is no `openssl` command.
+    fn make(name: &str) -> Option<Pki> {
+        let found = Command::new("openssl")
+            .arg("version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !found {
+            println!("skipped: no `openssl` command to make the test's TLS certificates");
+            return None;
+        }
+        let dir = std::env::temp_dir().join(format!(
+            "morio-etcd-pki-{name}-{}-{}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pki = Pki {
+            ca: dir.join("ca.pem"),
+            server_cert: dir.join("server.pem"),
+            server_key: dir.join("server-key.pem"),
+            client_cert: dir.join("client.pem"),
+            client_key: dir.join("client-key.pem"),
+            dir,
+        };
+        let ca_key = pki.dir.join("ca-key.pem");
+        make_ca(&pki.ca, &ca_key, "morio-test-ca");
+        pki.issue("server", &pki.server_cert, &pki.server_key, &ca_key);
+        pki.issue("client", &pki.client_cert, &pki.client_key, &ca_key);
+        Some(pki)
+    }
+
+    /// A certificate for 127.0.0.1 (server and client use) that the CA signed.
+    fn issue(&self, name: &str, cert: &Path, key: &Path, ca_key: &Path) {
+        let csr = self.dir.join(format!("{name}.csr"));
+        let ext = self.dir.join(format!("{name}.ext"));
+        std::fs::write(
+            &ext,
+            "basicConstraints = critical, CA:FALSE\n\
+             keyUsage = critical, digitalSignature\n\
+             extendedKeyUsage = serverAuth, clientAuth\n\
+             subjectAltName = IP:127.0.0.1\n",
+        )
+        .unwrap();
+        openssl(
+            &format!("req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=morio-{name}"),
+            &[("-keyout", key), ("-out", &csr)],
+        );
+        openssl(
+            &format!("x509 -req -days 2 -set_serial {}", rand::random::<u32>()),
+            &[
+                ("-in", &csr),
+                ("-CA", &self.ca),
+                ("-CAkey", ca_key),
+                ("-extfile", &ext),
+                ("-out", cert),
+            ],
+        );
+    }
+}
+
+impl Drop for Pki {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A self-signed CA certificate and its key.
+fn make_ca(cert: &Path, key: &Path, cn: &str) {
+    openssl(
+        &format!(
+            "req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+             -subj /CN={cn} -addext basicConstraints=critical,CA:TRUE \
+             -addext keyUsage=critical,keyCertSign"
+        ),
+        &[("-keyout", key), ("-out", cert)],
+    );
+}
+
+/// `openssl` with the words of `args`, then each file flag and its path.
+fn openssl(args: &str, files: &[(&str, &Path)]) {
+    let mut cmd = Command::new("openssl");
+    cmd.args(args.split_whitespace());
+    for (flag, path) in files {
+        cmd.arg(flag).arg(path);
+    }
+    let o = cmd.output().unwrap();
+    assert!(
+        o.status.success(),
+        "openssl {args} {files:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 impl Drop for Etcd {
@@ -508,4 +723,300 @@ fn a_lost_lease_is_replaced_and_everything_published_again() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(r1.to_vec(), src.to_vec());
+}
+
+/// A directory of this test's own, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let d = std::env::temp_dir().join(format!(
+            "morio-etcd-{name}-{}-{}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        TempDir(d)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `f` returns within `bound`.
+fn within<T>(bound: Duration, f: impl FnOnce() -> T) -> T {
+    let t0 = Instant::now();
+    let r = f();
+    assert!(t0.elapsed() < bound, "took {:?}", t0.elapsed());
+    r
+}
+
+/// etcd with authentication on: user `morio` (read and write under `/t6/` only), its
+/// password from a file, publishes, looks up, watches and moves data; outside its prefix etcd
+/// denies it. A wrong password or an unknown user is refused at connect, no user at all fails
+/// at the first request, each with a clear error and within the timeouts. etcd restarting
+/// (it forgets every auth token) does not stop the handles: they authenticate again.
+#[test]
+fn etcd_authentication_admits_the_right_password_only() {
+    let mut etcd = Etcd::start();
+    etcd.enable_auth("/t6");
+    let dir = TempDir::new("auth");
+    let pw = dir.0.join("password");
+    std::fs::write(&pw, format!("{MORIO_PASSWORD}\n")).unwrap();
+    let auth = EtcdAuth::from_password_file("morio", &pw).unwrap();
+    let opts = DiscoveryOptions {
+        auth: Some(auth),
+        ..etcd.options()
+    };
+    let shown = format!("{opts:?}");
+    assert!(
+        shown.contains("morio") && !shown.contains(MORIO_PASSWORD),
+        "{shown}"
+    );
+
+    let n = 4096;
+    let (a, c) = (engine("auth_a"), engine("auth_c"));
+    let ra = a.alloc_buffer(n).unwrap();
+    let da = Discovery::connect_with(&[&etcd.endpoint], "/t6", opts).unwrap();
+    da.publish(&a, &[("kv", ra.desc())]).unwrap();
+    let dc = etcd.connect("/t6");
+    assert_eq!(dc.lookup("auth_a").unwrap(), Some(a.engine_desc()));
+    dc.watch(&c).unwrap();
+    let src = filled(&c, n, 11);
+    assert_eq!(write_to(&dc, &c, &src, "auth_a"), StatusCode::Success);
+    assert_eq!(ra.to_vec(), src.to_vec());
+
+    // Outside its role's prefix etcd denies the user, and says so.
+    let other = etcd.connect("/other");
+    let e = other.publish(&c, &[]).unwrap_err();
+    assert!(e.to_string().contains("permission denied"), "{e}");
+    drop(other);
+
+    // A wrong password, an unknown user: refused at connect, naming the user.
+    for (user, password) in [("morio", "not-the-password"), ("nobody", MORIO_PASSWORD)] {
+        let o = DiscoveryOptions {
+            auth: Some(EtcdAuth::new(user, password)),
+            ..etcd.options()
+        };
+        let e = within(Duration::from_secs(3), || {
+            Discovery::connect_with(&[&etcd.endpoint], "/t6", o).unwrap_err()
+        });
+        assert!(matches!(e, DiscoveryError::Auth { .. }), "{e:?}");
+        let m = e.to_string();
+        assert!(m.contains(user) && m.contains("password"), "{m}");
+        assert!(!m.contains(password), "{m}");
+    }
+    // No user at all: etcd answers but asks for one, which the first request says plainly.
+    let o = DiscoveryOptions {
+        auth: None,
+        ..etcd.options()
+    };
+    let e = within(Duration::from_secs(3), || {
+        match Discovery::connect_with(&[&etcd.endpoint], "/t6", o) {
+            Err(e) => e,
+            Ok(d) => d.publish(&c, &[]).unwrap_err(),
+        }
+    });
+    assert!(matches!(e, DiscoveryError::Auth { .. }), "{e:?}");
+    assert!(e.to_string().contains("authentication"), "{e}");
+
+    // etcd restarts and forgets the handles' tokens: they authenticate again by themselves
+    // (the lease kept alive or published again, lookups and the watch answered).
+    etcd.restart(Duration::from_millis(300));
+    let t0 = Instant::now();
+    while dc.lookup("auth_a").unwrap().is_none() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "a not published again"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let b = engine("auth_b");
+    let rb = b.alloc_buffer(n).unwrap();
+    let db = etcd.connect("/t6");
+    db.publish(&b, &[("kv", rb.desc())]).unwrap();
+    let t0 = Instant::now();
+    while write_to(&dc, &c, &src, "auth_b") != StatusCode::Success {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the watch did not resume"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(rb.to_vec(), src.to_vec());
+    // Idle past the token's 1 s TTL: the next request authenticates again by itself.
+    std::thread::sleep(Duration::from_millis(2500));
+    da.close().unwrap();
+    assert_eq!(dc.lookup("auth_a").unwrap(), None);
+}
+
+/// etcd serving TLS: a handle given the CA of its certificate connects and publishes; without
+/// TLS, with an `https://` endpoint but no CA, or trusting another CA it fails clearly within
+/// the connect timeout; unreadable or non-PEM files are named.
+#[test]
+fn etcd_over_tls_needs_its_ca() {
+    let Some(pki) = Pki::make("tls") else {
+        return;
+    };
+    let etcd = Etcd::start_tls(pki, false);
+    let pki = &etcd.tls.as_ref().unwrap().0;
+    let a = engine("tls_a");
+    let d = etcd.connect("/t7");
+    d.publish(&a, &[]).unwrap();
+    let url = format!("https://{}", etcd.endpoint);
+    let d2 = Discovery::connect_with(&[&url], "/t7", etcd.options()).unwrap();
+    assert_eq!(d2.lookup("tls_a").unwrap(), Some(a.engine_desc()));
+
+    let fails = |endpoint: &str, tls: Option<EtcdTls>| {
+        let o = DiscoveryOptions {
+            tls,
+            connect_timeout: Duration::from_secs(2),
+            ..etcd.options()
+        };
+        let e = within(Duration::from_secs(4), || {
+            Discovery::connect_with(&[endpoint], "/t7", o).unwrap_err()
+        });
+        println!("{endpoint}: {e}");
+        e
+    };
+    // Plain HTTP/2 to a TLS port.
+    let e = fails(&etcd.endpoint, None);
+    assert!(matches!(e, DiscoveryError::Connect { .. }), "{e:?}");
+    assert!(e.to_string().contains(&etcd.endpoint), "{e}");
+    assert!(e.to_string().contains("ca_file"), "{e}");
+    // https:// without a CA: said before dialing.
+    let e = fails(&url, None);
+    assert!(matches!(e, DiscoveryError::Config { .. }), "{e:?}");
+    assert!(e.to_string().contains("ca_file"), "{e}");
+    // TLS with http://.
+    let e = fails(&format!("http://{}", etcd.endpoint), etcd.client_tls());
+    assert!(matches!(e, DiscoveryError::Config { .. }), "{e:?}");
+    // Another CA: etcd's certificate is not trusted.
+    let (other_ca, other_key) = (pki.dir.join("other-ca.pem"), pki.dir.join("other-key.pem"));
+    make_ca(&other_ca, &other_key, "another-ca");
+    let e = fails(&etcd.endpoint, Some(EtcdTls::new(&other_ca)));
+    assert!(matches!(e, DiscoveryError::Connect { .. }), "{e:?}");
+    assert!(e.to_string().contains("UnknownIssuer"), "{e}");
+
+    // Files: missing, not PEM, a key without its certificate.
+    let missing = pki.dir.join("missing.pem");
+    let e = fails(&etcd.endpoint, Some(EtcdTls::new(&missing)));
+    assert!(
+        matches!(
+            e,
+            DiscoveryError::File {
+                what: "ca_file",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains(&s(&missing)), "{e}");
+    let e = fails(
+        &etcd.endpoint,
+        Some(EtcdTls::new(&pki.ca).with_client_cert(&pki.ca, &pki.server_cert)),
+    );
+    assert!(
+        matches!(
+            e,
+            DiscoveryError::File {
+                what: "key_file",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let mut half = EtcdTls::new(&pki.ca);
+    half.key_file = Some(pki.client_key.clone());
+    let e = fails(&etcd.endpoint, Some(half));
+    assert!(e.to_string().contains("cert_file"), "{e}");
+}
+
+/// `morio serve` against a production-like etcd: TLS with client certificates and
+/// authentication, from `[discovery]`'s user, password_file, ca_file, cert_file and key_file.
+/// It publishes itself where a peer finds it; a handle without a client certificate is
+/// turned away; on SIGTERM it unpublishes.
+#[test]
+fn serve_publishes_in_an_etcd_with_client_certificates_and_authentication() {
+    use std::io::{BufRead, BufReader};
+    let Some(pki) = Pki::make("mtls") else {
+        return;
+    };
+    let mut etcd = Etcd::start_tls(pki, true);
+    etcd.enable_auth("/t8");
+    let pki = &etcd.tls.as_ref().unwrap().0;
+
+    // No client certificate: etcd ends the handshake.
+    let o = DiscoveryOptions {
+        tls: Some(EtcdTls::new(&pki.ca)),
+        connect_timeout: Duration::from_secs(2),
+        ..etcd.options()
+    };
+    let e = within(Duration::from_secs(4), || {
+        Discovery::connect_with(&[&etcd.endpoint], "/t8", o).unwrap_err()
+    });
+    println!("no client certificate: {e}");
+    assert!(matches!(e, DiscoveryError::Connect { .. }), "{e:?}");
+    assert!(e.to_string().contains("cert_file"), "{e}");
+
+    let dir = TempDir::new("serve-mtls");
+    let pw = dir.0.join("password");
+    std::fs::write(&pw, format!("{MORIO_PASSWORD}\n")).unwrap();
+    let cfg = dir.0.join("serve.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[engine]\nkey = \"serve-mtls\"\nhost = \"127.0.0.1\"\n[tcp]\nshards = 1\n\
+             pin_shards = false\n[control]\nlisten = \"127.0.0.1:0\"\n[stats]\ninterval_s = 0\n\
+             [discovery]\netcd = [\"{}\"]\nprefix = \"/t8\"\nlease_ttl_s = 2\n\
+             user = \"morio\"\npassword_file = {:?}\nca_file = {:?}\ncert_file = {:?}\n\
+             key_file = {:?}\n[[memory]]\nname = \"kv\"\nsize = 4096\n",
+            etcd.endpoint,
+            s(&pw),
+            s(&pki.ca),
+            s(&pki.client_cert),
+            s(&pki.client_key),
+        ),
+    )
+    .unwrap();
+    let log = dir.0.join("serve.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_morio"))
+        .args(["serve", "--config"])
+        .arg(&cfg)
+        .env_remove(morio::AUTH_SECRET_ENV)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let published = (&mut out)
+        .lines()
+        .map_while(Result::ok)
+        .any(|l| l.contains("published in etcd"));
+    if !published {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "serve did not publish itself: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+    }
+    let x = engine("serve-mtls-peer");
+    let d = etcd.connect("/t8");
+    d.watch(&x).unwrap();
+    let src = filled(&x, 4096, 13);
+    assert_eq!(write_to(&d, &x, &src, "serve-mtls"), StatusCode::Success);
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    assert!(child.wait().unwrap().success(), "{rest}");
+    assert_eq!(d.lookup("serve-mtls").unwrap(), None);
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
 }

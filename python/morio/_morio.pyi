@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Sequence
 from typing import Any, Optional, Protocol, Union
 
@@ -289,8 +290,14 @@ class Discovery:
     ``{prefix}/engines/{key}`` and ``{prefix}/regions/{key}/{name}`` on a lease this handle
     keeps alive; closing it (or exiting) revokes the lease. Every call releases the GIL.
 
-    Errors: ConnectionError when etcd is unreachable or does not answer in time, ValueError
-    for bad names or options, RuntimeError on a closed handle.
+    A production etcd: ``user`` and ``password`` for its authentication; ``ca_file`` (the PEM
+    CA of its TLS certificate) and, where it asks clients for one, ``cert_file`` and
+    ``key_file``: paths, read at connect.
+
+    Errors: ConnectionError when etcd is unreachable, does not answer in time or the TLS
+    handshake fails; PermissionError when etcd refuses the user or password (or asks for a
+    user and none is given); OSError naming a TLS file that cannot be read or holds no PEM;
+    ValueError for bad names or options; RuntimeError on a closed handle.
     """
     def __init__(
         self,
@@ -300,8 +307,13 @@ class Discovery:
         lease_ttl_s: Optional[int] = None,
         connect_timeout_s: Optional[float] = None,
         request_timeout_s: Optional[float] = None,
+        user: Optional[str] = None,
+        password: Optional[str] = None,
+        ca_file: Optional[Union[str, os.PathLike[str]]] = None,
+        cert_file: Optional[Union[str, os.PathLike[str]]] = None,
+        key_file: Optional[Union[str, os.PathLike[str]]] = None,
     ) -> None:
-        """Connect (``"host:port"`` or URLs); defaults: TTL 10 s, timeouts 5 s."""
+        """Connect (``"host:port"`` or URLs); defaults: TTL 10 s, timeouts 5 s, no user, no TLS."""
     @property
     def prefix(self) -> str: ...
     @property

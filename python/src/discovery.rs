@@ -3,14 +3,17 @@
 //! released.
 
 use std::collections::HashSet;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
-use pyo3::exceptions::{PyConnectionError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{
+    PyConnectionError, PyOSError, PyPermissionError, PyRuntimeError, PyTypeError, PyValueError,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 
-use morio::discovery::{Discovery, DiscoveryError, DiscoveryOptions};
+use morio::discovery::{Discovery, DiscoveryError, DiscoveryOptions, EtcdAuth, EtcdTls};
 use morio::MemoryDesc;
 
 use crate::desc::{PyEngineDesc, PyMemoryDesc};
@@ -22,12 +25,14 @@ const DEFAULT_PREFIX: &str = "/morio";
 /// A discovery error as the Python exception that fits it.
 fn disc_err(e: DiscoveryError) -> PyErr {
     match e {
-        DiscoveryError::Unreachable { .. } | DiscoveryError::Etcd { .. } => {
-            PyConnectionError::new_err(e.to_string())
-        }
-        DiscoveryError::RegionName(_) | DiscoveryError::EngineKey(_) => {
-            PyValueError::new_err(e.to_string())
-        }
+        DiscoveryError::Unreachable { .. }
+        | DiscoveryError::Etcd { .. }
+        | DiscoveryError::Connect { .. } => PyConnectionError::new_err(e.to_string()),
+        DiscoveryError::Auth { .. } => PyPermissionError::new_err(e.to_string()),
+        DiscoveryError::File { .. } => PyOSError::new_err(e.to_string()),
+        DiscoveryError::RegionName(_)
+        | DiscoveryError::EngineKey(_)
+        | DiscoveryError::Config { .. } => PyValueError::new_err(e.to_string()),
         other => PyRuntimeError::new_err(other.to_string()),
     }
 }
@@ -116,6 +121,42 @@ fn region_list(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<(String, MemoryDe
         out.push((name, md.get().inner.clone()));
     }
     Ok(out)
+}
+
+/// The etcd user and TLS settings of the keyword arguments (ValueError for ones that cannot
+/// go together; the files are read at connect).
+fn access(
+    user: Option<String>,
+    password: Option<String>,
+    ca_file: Option<PathBuf>,
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
+) -> PyResult<(Option<EtcdAuth>, Option<EtcdTls>)> {
+    let auth = match (user, password) {
+        (None, None) => None,
+        (Some(u), _) if u.is_empty() => {
+            return Err(PyValueError::new_err("user must not be empty"))
+        }
+        (Some(u), Some(p)) => Some(EtcdAuth::new(u, p)),
+        (Some(_), None) => return Err(PyValueError::new_err("user needs password")),
+        (None, Some(_)) => return Err(PyValueError::new_err("password needs user")),
+    };
+    let tls = match (ca_file, cert_file, key_file) {
+        (None, None, None) => None,
+        (None, _, _) => {
+            return Err(PyValueError::new_err(
+                "cert_file and key_file need ca_file (the CA of etcd's certificate)",
+            ))
+        }
+        (Some(ca), Some(cert), Some(key)) => Some(EtcdTls::new(ca).with_client_cert(cert, key)),
+        (Some(ca), None, None) => Some(EtcdTls::new(ca)),
+        (Some(_), _, _) => {
+            return Err(PyValueError::new_err(
+                "cert_file and key_file go together (the client certificate and its key)",
+            ))
+        }
+    };
+    Ok((auth, tls))
 }
 
 /// The handle and where it was made; closed by `close()`, the last reference, or exit.
@@ -225,9 +266,17 @@ impl PyDiscovery {
     /// `prefix`. `lease_ttl_s` (whole seconds, default 10): how long a peer that died stays
     /// visible; `connect_timeout_s` (default 5) bounds reaching etcd here (ConnectionError
     /// after it); `request_timeout_s` (default 5) bounds every later call.
+    ///
+    /// A production etcd: `user` and `password` for its authentication (PermissionError
+    /// when etcd refuses them, or asks for a user and none is given); `ca_file`, the PEM CA
+    /// of its TLS certificate, and, where it asks clients for one, `cert_file` and
+    /// `key_file` (paths; read here, OSError naming a file that cannot be read or holds no
+    /// PEM; ConnectionError when the TLS handshake fails).
     #[new]
     #[pyo3(signature = (endpoints, prefix = DEFAULT_PREFIX, *, lease_ttl_s = None,
-        connect_timeout_s = None, request_timeout_s = None))]
+        connect_timeout_s = None, request_timeout_s = None, user = None, password = None,
+        ca_file = None, cert_file = None, key_file = None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         endpoints: &Bound<'_, PyAny>,
@@ -235,9 +284,19 @@ impl PyDiscovery {
         lease_ttl_s: Option<i64>,
         connect_timeout_s: Option<f64>,
         request_timeout_s: Option<f64>,
+        user: Option<String>,
+        password: Option<String>,
+        ca_file: Option<PathBuf>,
+        cert_file: Option<PathBuf>,
+        key_file: Option<PathBuf>,
     ) -> PyResult<Self> {
         let endpoints = endpoint_list(endpoints)?;
-        let mut opts = DiscoveryOptions::default();
+        let (auth, tls) = access(user, password, ca_file, cert_file, key_file)?;
+        let mut opts = DiscoveryOptions {
+            auth,
+            tls,
+            ..DiscoveryOptions::default()
+        };
         if let Some(t) = lease_ttl_s {
             if t < 1 {
                 return Err(PyValueError::new_err(format!(

@@ -257,6 +257,58 @@ def test_defaults_repr_and_a_single_endpoint_string(etcd):
     assert Discovery([etcd.endpoint], "/x/").prefix == "/x"
 
 
+def test_user_and_password(tmp_path, engines):
+    """An etcd of this test's own with authentication on (enabled through etcd's JSON gateway,
+    as an operator would with etcdctl): the right password publishes and looks up; a wrong
+    one, or none, raises PermissionError within the timeout; options that cannot go together
+    raise ValueError; a TLS file that is not there raises OSError naming it."""
+    import json
+    import urllib.request
+
+    binary = shutil.which("etcd")
+    if binary is None:
+        pytest.skip("no `etcd` binary on PATH: these tests start a real etcd (apt-get install etcd-server)")
+    e = Etcd(binary, str(tmp_path))
+    try:
+        def post(path: str, body: dict) -> None:
+            req = urllib.request.Request(
+                f"http://{e.endpoint}/v3/{path}", json.dumps(body).encode(),
+                {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                assert r.status == 200, r.read()
+
+        post("auth/user/add", {"name": "root", "password": "root-pw-py"})
+        post("auth/user/grant", {"user": "root", "role": "root"})
+        post("auth/enable", {})
+
+        eng = engines.engine("py_auth")
+        key = eng.get_engine_desc().key
+        with Discovery([e.endpoint], "/pyauth", user="root", password="root-pw-py", lease_ttl_s=2) as d:
+            d.publish(eng)
+            assert d.lookup(key) == eng.get_engine_desc()
+            assert "root-pw-py" not in repr(d)
+        t0 = time.monotonic()
+        with pytest.raises(PermissionError, match="password") as err:
+            Discovery([e.endpoint], "/pyauth", user="root", password="not-it-9b1", connect_timeout_s=2)
+        assert "not-it-9b1" not in str(err.value)
+        with pytest.raises(PermissionError, match="authentication"):
+            Discovery([e.endpoint], "/pyauth", connect_timeout_s=2)
+        assert time.monotonic() - t0 < 6
+
+        with pytest.raises(ValueError, match="needs password"):
+            Discovery([e.endpoint], user="root")
+        with pytest.raises(ValueError, match="needs user"):
+            Discovery([e.endpoint], password="root-pw-py")
+        with pytest.raises(ValueError, match="go together"):
+            Discovery([e.endpoint], ca_file=tmp_path / "ca.pem", cert_file=tmp_path / "c.pem")
+        with pytest.raises(ValueError, match="need ca_file"):
+            Discovery([e.endpoint], cert_file=tmp_path / "c.pem", key_file=tmp_path / "k.pem")
+        with pytest.raises(OSError, match="ca_file .*missing.pem"):
+            Discovery([e.endpoint], ca_file=tmp_path / "missing.pem")
+    finally:
+        e.close()
+
+
 def test_interpreter_exit_revokes_the_lease(etcd, prefix):
     """A process that exits without closing its handle unpublishes at exit (well before its
     30 s lease would run out)."""

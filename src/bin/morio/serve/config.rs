@@ -1,5 +1,6 @@
 //! `morio serve`'s TOML configuration, with the commented defaults `--dump-config` prints.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -82,6 +83,18 @@ etcd = []
 prefix = "/morio"
 # Seconds a node that died stays published.
 lease_ttl_s = 10
+# etcd with authentication on: the user to authenticate as (its role must read and write
+# keys under the prefix) and a file holding its password (never the password itself here; a
+# trailing newline is ignored).
+# user = "morio"
+# password_file = "/etc/morio/etcd-password"
+# etcd serving TLS (its --cert-file): the PEM file of the CA that signed its certificate
+# (endpoints are then host:port or https:// URLs, and the certificate must name the host
+# dialed) and, where etcd asks clients for one (--client-cert-auth), this node's
+# certificate and key.
+# ca_file = "/etc/morio/etcd-ca.pem"
+# cert_file = "/etc/morio/etcd-client.pem"
+# key_file = "/etc/morio/etcd-client-key.pem"
 
 [stats]
 # Print a stats line every this many seconds (0: never).
@@ -205,6 +218,11 @@ pub struct DiscoverySection {
     pub etcd: Vec<String>,
     pub prefix: String,
     pub lease_ttl_s: u64,
+    pub user: Option<String>,
+    pub password_file: Option<PathBuf>,
+    pub ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
 }
 
 impl Default for DiscoverySection {
@@ -213,7 +231,68 @@ impl Default for DiscoverySection {
             etcd: Vec::new(),
             prefix: "/morio".into(),
             lease_ttl_s: 10,
+            user: None,
+            password_file: None,
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
         }
+    }
+}
+
+impl DiscoverySection {
+    /// Check the user and TLS settings: a user comes with a password_file and the other way
+    /// round, a client certificate with its key and a CA, and every file named exists.
+    fn check_etcd_access(&self) -> anyhow::Result<()> {
+        match (&self.user, &self.password_file) {
+            (Some(u), _) if u.is_empty() => bail!("[discovery] user must not be empty"),
+            (Some(_), None) => bail!(
+                "[discovery] user needs password_file (a file holding the password; never \
+                 the password itself)"
+            ),
+            (None, Some(_)) => bail!("[discovery] password_file needs user"),
+            _ => {}
+        }
+        if self.cert_file.is_some() != self.key_file.is_some() {
+            bail!("[discovery] cert_file and key_file go together (the client certificate and its key)");
+        }
+        if self.cert_file.is_some() && self.ca_file.is_none() {
+            bail!("[discovery] cert_file needs ca_file (the CA of etcd's certificate)");
+        }
+        for (what, path) in [
+            ("password_file", &self.password_file),
+            ("ca_file", &self.ca_file),
+            ("cert_file", &self.cert_file),
+            ("key_file", &self.key_file),
+        ] {
+            if let Some(p) = path {
+                std::fs::File::open(p)
+                    .with_context(|| format!("[discovery] {what} {}", p.display()))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The etcd user and its password (read from password_file now).
+    #[cfg(feature = "etcd")]
+    pub fn etcd_auth(&self) -> anyhow::Result<Option<morio::discovery::EtcdAuth>> {
+        match (&self.user, &self.password_file) {
+            (Some(user), Some(file)) => Ok(Some(
+                morio::discovery::EtcdAuth::from_password_file(user, file)
+                    .context("[discovery]")?,
+            )),
+            _ => Ok(None),
+        }
+    }
+
+    /// TLS to etcd, where `ca_file` is set (the files are read at connect).
+    #[cfg(feature = "etcd")]
+    pub fn etcd_tls(&self) -> Option<morio::discovery::EtcdTls> {
+        let ca = self.ca_file.as_ref()?;
+        let mut t = morio::discovery::EtcdTls::new(ca);
+        t.cert_file.clone_from(&self.cert_file);
+        t.key_file.clone_from(&self.key_file);
+        Some(t)
     }
 }
 
@@ -274,6 +353,9 @@ impl ServeConfig {
             if !d.prefix.starts_with('/') {
                 bail!("[discovery] prefix {:?} must start with '/'", d.prefix);
             }
+            d.check_etcd_access()?;
+            #[cfg(feature = "etcd")]
+            d.etcd_auth()?;
         }
         Ok(c)
     }
@@ -473,5 +555,82 @@ mod tests {
             let e = r.unwrap_err();
             assert!(format!("{e:#}").contains("`etcd` feature"), "{e:#}");
         }
+    }
+
+    /// `[discovery]` user, password_file and TLS files: a user comes with its password_file
+    /// (read, trailing newline dropped), a client certificate with its key and a CA, every
+    /// file named must exist.
+    #[cfg(feature = "etcd")]
+    #[test]
+    fn discovery_user_and_tls_files() {
+        let dir = std::env::temp_dir().join(format!("morio-etcd-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (pw, ca, cert, key) = (
+            dir.join("pw"),
+            dir.join("ca.pem"),
+            dir.join("c.pem"),
+            dir.join("k.pem"),
+        );
+        std::fs::write(&pw, "s3cret\n").unwrap();
+        for f in [&ca, &cert, &key] {
+            std::fs::write(f, "-----BEGIN CERTIFICATE-----\n").unwrap();
+        }
+        let on = DEFAULT_TOML.replace("etcd = []", "etcd = [\"127.0.0.1:2379\"]");
+        let set = |pairs: &[(&str, &std::path::Path)], user: bool| {
+            let mut t = on.clone();
+            if user {
+                t = t.replace("# user = \"morio\"", "user = \"morio\"");
+            }
+            for (k, p) in pairs {
+                let commented = DEFAULT_TOML
+                    .lines()
+                    .find(|l| l.starts_with(&format!("# {k} = ")))
+                    .unwrap();
+                t = t.replace(commented, &format!("{k} = {:?}", p.display().to_string()));
+            }
+            ServeConfig::parse(&t)
+        };
+        let c = set(
+            &[
+                ("password_file", &pw),
+                ("ca_file", &ca),
+                ("cert_file", &cert),
+                ("key_file", &key),
+            ],
+            true,
+        )
+        .unwrap();
+        let auth = c.discovery.etcd_auth().unwrap().unwrap();
+        assert_eq!(auth.user(), "morio");
+        assert!(!format!("{auth:?}").contains("s3cret"));
+        let tls = c.discovery.etcd_tls().unwrap();
+        assert_eq!(
+            (tls.ca_file, tls.cert_file, tls.key_file),
+            (ca.clone(), Some(cert.clone()), Some(key.clone()))
+        );
+        // Plain etcd: neither.
+        let c = ServeConfig::parse(&on).unwrap();
+        assert!(c.discovery.etcd_auth().unwrap().is_none() && c.discovery.etcd_tls().is_none());
+        let err = |r: anyhow::Result<ServeConfig>| format!("{:#}", r.unwrap_err());
+        let e = err(set(&[], true));
+        assert!(e.contains("user needs password_file"), "{e}");
+        let e = err(set(&[("password_file", &pw)], false));
+        assert!(e.contains("password_file needs user"), "{e}");
+        let e = err(set(&[("ca_file", &ca), ("cert_file", &cert)], false));
+        assert!(e.contains("cert_file and key_file"), "{e}");
+        let e = err(set(&[("cert_file", &cert), ("key_file", &key)], false));
+        assert!(e.contains("cert_file needs ca_file"), "{e}");
+        let missing = dir.join("missing.pem");
+        let e = err(set(&[("ca_file", &missing)], false));
+        assert!(e.contains("ca_file") && e.contains("missing.pem"), "{e}");
+        let e = err(set(&[("password_file", &missing)], true));
+        assert!(
+            e.contains("password_file") && e.contains("missing.pem"),
+            "{e}"
+        );
+        std::fs::write(&pw, "\n").unwrap();
+        let e = err(set(&[("password_file", &pw)], true));
+        assert!(e.contains("empty"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

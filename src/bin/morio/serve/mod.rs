@@ -177,6 +177,8 @@ fn discovery(
     }
     let opts = DiscoveryOptions {
         lease_ttl: Duration::from_secs(d.lease_ttl_s),
+        auth: d.etcd_auth()?,
+        tls: d.etcd_tls(),
         ..Default::default()
     };
     let disc = Discovery::connect_with(&d.etcd, &d.prefix, opts).context("[discovery]")?;
