@@ -32,6 +32,9 @@
 #                                       # 256 write and read, a single 64 MiB write, 128 KiB x 256
 #                                       # and single, 4 KiB x 256, 8 B x 256 and single 8 B (spinning
 #                                       # shards), interleaved ROUNDS times; GPU=1 adds the GPU rows
+#   scripts/bench/h200-bench.sh scrapeab # there (or here): 1 MiB x 256 write and read and the
+#                                       # single 8 B write without and with both sides' metrics
+#                                       # rendered every second (--scrape-ms 1000), ROUNDS times
 #   scripts/bench/h200-bench.sh ftrace  # there (root): the single 8 B and 8 B x 256 write rows under
 #                                       # ftrace (send syscalls, IPIs, io_uring task work), then
 #                                       # scripts/bench/kernel-sends.py on each buffer
@@ -54,7 +57,7 @@ OUT_DIR="${OUT:-/tmp/morio-bench}"
 ITERS="${ITERS:-128}"
 
 usage() {
-	echo "usage: $0 build|run|tp|gpu|lat|trace|cpus|ab|archab|authab|hostab|stripes|ftrace" >&2
+	echo "usage: $0 build|run|tp|gpu|lat|trace|cpus|ab|archab|authab|hostab|scrapeab|stripes|ftrace" >&2
 	exit 2
 }
 
@@ -413,6 +416,26 @@ hostab() {
 	finish
 }
 
+# scrapeab: what a 1 s metrics scrape costs the data path, every row without and with it.
+scrapeab() {
+	begin
+	local big=(--buffer-size 1048576 --transfer-batch-size 256 --enable-batch-transfer
+		--enable-sess --batch-contiguous)
+	local r mode tag scrape
+	for ((r = 1; r <= ${ROUNDS:-3}; r++)); do
+		for mode in off on; do
+			scrape=()
+			[[ ${mode} == on ]] && scrape=(--scrape-ms "${SCRAPE_MS:-1000}")
+			tag="r${r}-scrape-${mode}"
+			add "w1m-${tag}" --op-type write "${big[@]}" "${scrape[@]}"
+			add "r1m-${tag}" --op-type read "${big[@]}" "${scrape[@]}"
+			add "w8b1-${tag}" --op-type write --buffer-size 8 --transfer-batch-size 1 --no-ceiling \
+				"${scrape[@]}"
+		done
+	done
+	finish
+}
+
 # ftrace: the kernel's side of the small rows (is a send dearer for morio than for the floor?).
 ftrace() {
 	local t=/sys/kernel/tracing
@@ -449,6 +472,7 @@ ab) ab ;;
 archab) archab ;;
 authab) authab ;;
 hostab) hostab ;;
+scrapeab) scrapeab ;;
 ftrace) ftrace ;;
 stripes) stripes ;;
 cpus) cpus ;;

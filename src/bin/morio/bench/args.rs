@@ -190,6 +190,10 @@ pub struct Args {
     /// the environment's MORIO_SAME_HOST, else auto. Each row says which carried it.
     #[arg(long, value_name = "MODE")]
     pub same_host: Option<morio::SameHost>,
+    /// Render each side's Prometheus metrics every this many milliseconds while the rows run
+    /// (what a scrape of `/metrics` costs the data path; e.g. 1000).
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub scrape_ms: Option<u64>,
     /// Waiting application threads spin this many microseconds on a status before sleeping
     /// (default 50).
     #[arg(long)]

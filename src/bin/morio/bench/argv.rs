@@ -162,6 +162,9 @@ impl Args {
         if let Some(s) = self.spin_us {
             opt("--spin-us", s.to_string());
         }
+        if let Some(ms) = self.scrape_ms {
+            opt("--scrape-ms", ms.to_string());
+        }
         if let Some(m) = self.same_host {
             opt("--same-host", m.to_string());
         }

@@ -117,7 +117,13 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         contiguous: a.batch_contiguous,
     };
     let mut done = Vec::new();
-    let res = run_rows(a, &rows, &runner, &mut ch, &buf, &mut done).and_then(|()| {
+    let (res, scrapes) = super::scrape::while_running(&engine, a.scrape_ms, || {
+        run_rows(a, &rows, &runner, &mut ch, &buf, &mut done)
+    });
+    if a.scrape_ms.is_some() {
+        log::info!("initiator: {scrapes} metrics scrapes during the rows");
+    }
+    let res = res.and_then(|()| {
         if a.no_ceiling {
             Ok(None)
         } else {

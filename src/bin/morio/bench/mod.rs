@@ -12,6 +12,7 @@ mod initiator;
 mod launch;
 mod report;
 mod runner;
+mod scrape;
 mod stats;
 mod target;
 mod wire;

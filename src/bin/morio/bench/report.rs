@@ -193,6 +193,12 @@ pub fn print_config(a: &Args, sides: &[Side; 2], n_rows: usize, buffer_bytes: us
         ),
         ("wait_spin", format!("{} us", a.wait_spin_us.unwrap_or(50))),
         (
+            "scrape",
+            a.scrape_ms.map_or("off".into(), |ms| {
+                format!("metrics every {ms} ms, both sides")
+            }),
+        ),
+        (
             "validate",
             if a.no_validate {
                 "off".into()

@@ -66,7 +66,13 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     })?;
     let idesc = EngineDesc::unpack(&ch.recv_frame()?).context("initiator's EngineDesc")?;
     engine.register_remote_engine(&idesc)?;
-    serve(&mut ch, a, host, &engine, &buf)
+    let (r, scrapes) = super::scrape::while_running(&engine, a.scrape_ms, || {
+        serve(&mut ch, a, host, &engine, &buf)
+    });
+    if a.scrape_ms.is_some() {
+        log::info!("target: {scrapes} metrics scrapes during the session");
+    }
+    r
 }
 
 /// The buffer the initiator's setup asks for, filled unless `--no-validate`.
