@@ -247,6 +247,10 @@ mod tests {
             "x.json",
             "--ceiling-bytes",
             "1M",
+            "--same-host",
+            "require",
+            "--scrape-ms",
+            "1000",
         ])
         .unwrap();
         let v = a.child_args(Role::Initiator, Some(&[2, 3]), false, Some("127.0.0.1:9"));
@@ -263,6 +267,10 @@ mod tests {
             (OpType::Write, Some(50), 1 << 20)
         );
         assert!(b.enable_sess && b.enable_batch_transfer && b.json.is_some());
+        assert_eq!(
+            (b.same_host, b.scrape_ms),
+            (Some(morio::SameHost::Require), Some(1000))
+        );
         let t = a.child_args(Role::Target, None, true, None);
         assert!(t.iter().all(|s| s != "--json") && t.iter().any(|s| s == "--no-pin"));
     }
