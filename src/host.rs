@@ -9,3 +9,10 @@ use crate::error::EngineError;
 pub fn check_host() -> Result<(), EngineError> {
     morio_shards::preflight::check().map_err(|e| EngineError::Shards(e.into()))
 }
+
+/// Whether engines of this process could use the same-host transport with engines of the
+/// same user on this host (ARCHITECTURE.md, "Transports"); `Err` says why not. Not a
+/// requirement: without it, those engines use TCP.
+pub fn check_same_host() -> Result<(), String> {
+    crate::transport::local::readiness()
+}

@@ -17,6 +17,21 @@ fn morio(args: &[&str]) -> (Output, Duration) {
     (out, t.elapsed())
 }
 
+/// `morio check` says whether the same-host transport is available, as the library finds.
+#[test]
+fn check_reports_the_same_host_transport() {
+    let (out, _) = morio(&["check"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    match morio::check_same_host() {
+        Ok(()) => assert!(
+            text.contains("ok: the same-host transport is available"),
+            "{text}"
+        ),
+        Err(why) => assert!(text.contains(&why), "{text}"),
+    }
+}
+
 #[test]
 fn bad_values_are_clear_errors_not_panics() {
     let bench = |extra: &[&'static str]| {

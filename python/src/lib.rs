@@ -37,6 +37,13 @@ fn check_host() -> PyResult<()> {
     morio::check_host().map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))
 }
 
+/// morio: whether engines of this process can use the same-host transport with engines of
+/// the same user on this host: None when they can, else the reason (they use TCP then).
+#[pyfunction]
+fn same_host_unavailable() -> Option<String> {
+    morio::check_same_host().err()
+}
+
 /// MORI's FABRIC allocator: morio implements TCP only, so this raises NotImplementedError.
 #[pyfunction]
 #[pyo3(signature = (size, device))]
@@ -82,6 +89,7 @@ fn _morio(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(log::set_log_level, m)?)?;
     m.add_function(wrap_pyfunction!(set_wait_spin_us, m)?)?;
     m.add_function(wrap_pyfunction!(check_host, m)?)?;
+    m.add_function(wrap_pyfunction!(same_host_unavailable, m)?)?;
     m.add_function(wrap_pyfunction!(fabric_alloc, m)?)?;
     m.add_function(wrap_pyfunction!(fabric_free, m)?)?;
     m.add_function(wrap_pyfunction!(engine::_shutdown_all, m)?)?;

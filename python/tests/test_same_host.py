@@ -6,7 +6,7 @@ import multiprocessing as mp
 import numpy as np
 import pytest
 
-from morio import EngineDesc, MemoryDesc, TcpBackendConfig
+from morio import EngineDesc, MemoryDesc, TcpBackendConfig, same_host_unavailable
 
 import _peer
 from _util import small_config, wait_ok
@@ -63,3 +63,18 @@ def test_same_host_configuration_is_checked():
     assert TcpBackendConfig(max_protocol_version=6).max_protocol_version == 6
     with pytest.raises(ValueError, match="max_protocol_version"):
         TcpBackendConfig(max_protocol_version=99)
+
+
+def test_same_host_readiness_matches_what_engines_do(engines):
+    """same_host_unavailable() is None exactly when two engines here take the transport."""
+    why = same_host_unavailable()
+    a, b = engines.pair("readiness", config=small_config(same_host="auto"))
+    src = np.arange(1 << 20, dtype=np.uint8)
+    dst = np.zeros(1 << 20, np.uint8)
+    wait_ok(a.write(a.register_array(src), 0, b.register_array(dst), 0, 1 << 20, a.allocate_transfer_uid()))
+    assert np.array_equal(src, dst)
+    used = sum(s["lane_connects_same_host"] for s in a.stats())
+    if why is None:
+        assert used >= 1
+    else:
+        assert used == 0, why

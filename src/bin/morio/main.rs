@@ -69,6 +69,14 @@ fn main() -> ExitCode {
         Cmd::Check => Ok(match morio::check_host() {
             Ok(()) => {
                 println!("ok: io_uring is available and the locked-memory limit is enough");
+                match morio::check_same_host() {
+                    Ok(()) => {
+                        println!("ok: the same-host transport is available to engines of this user")
+                    }
+                    Err(why) => println!(
+                        "note: no same-host transport here ({why}); engines of this host use TCP"
+                    ),
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => {

@@ -62,6 +62,50 @@ pub(crate) fn prepare() {
     });
 }
 
+/// Whether this process could use the same-host transport with a peer of its user: `Err`
+/// says why not (engines then use TCP). Checks the boot id, Yama's `ptrace_scope`, and that
+/// the calls the transport makes are allowed (each tried on this process itself).
+pub(crate) fn readiness() -> Result<(), String> {
+    host_id().ok_or("the kernel exposes no boot id (/proc/sys/kernel/random/boot_id)")?;
+    let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok());
+    if matches!(scope, Some(s) if s >= 2) {
+        return Err(format!(
+            "Yama ptrace_scope is {} (processes may not read each other's memory; 0 or 1 allows \
+             it)",
+            scope.unwrap_or(2)
+        ));
+    }
+    let probe = 0x5eed_u64;
+    let mut got = 0u64;
+    read_peer(
+        std::process::id() as libc::pid_t,
+        &mut [libc::iovec {
+            iov_base: (&mut got as *mut u64).cast(),
+            iov_len: 8,
+        }],
+        &[libc::iovec {
+            iov_base: (&probe as *const u64) as *mut libc::c_void,
+            iov_len: 8,
+        }],
+    )
+    .map_err(|e| format!("process_vm_readv is refused here ({e}): a seccomp profile?"))?;
+    if got != probe {
+        return Err("process_vm_readv read the wrong bytes".into());
+    }
+    if let Some(w) = Wake::new() {
+        if take_fd(std::process::id() as libc::pid_t, w.tx.as_raw_fd()).is_none() {
+            return Err(
+                "pidfd_getfd is refused here (an old kernel or a seccomp profile): same-host \
+                 sends would be checked on a timer"
+                    .into(),
+            );
+        }
+    }
+    Ok(())
+}
+
 /// A word pair of this process that peers read and write through the kernel: the probe of a
 /// handshake (its proof in `proof`) and then the pull cell of the connection's sending half
 /// (`live`, `acked`). Slots are never freed, only reused (a peer that reads one late reads a
