@@ -208,6 +208,19 @@ impl Collector for Snapshot {
         family(
             e,
             shards,
+            "inbound_chunk_latency",
+            "Time the shard took to serve each chunk of peers' transfers (frame read to answer \
+             queued: payload received and placed, or read data sent)",
+            Some(Unit::Seconds),
+            MetricType::Histogram,
+            |s, m| {
+                let (b, sum, count) = buckets(&s.inbound_latency_us);
+                m.encode_histogram::<NoLabelSet>(sum, count, &b, None)
+            },
+        )?;
+        family(
+            e,
+            shards,
             "inbound_written",
             "Payload bytes peers wrote into this engine's memory through the shard",
             bytes.clone(),

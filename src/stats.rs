@@ -62,6 +62,10 @@ pub struct ShardStats {
     pub joined_transfers: u64,
     /// Submission-to-completion latency of owned transfers, in µs.
     pub latency_us: Histogram<u64>,
+    /// Target side: how long the shard took to serve each chunk of peers' transfers (from
+    /// its frame read to its answer queued: the payload received and placed, or read data
+    /// sent), in µs.
+    pub inbound_latency_us: Histogram<u64>,
     /// Pinned GPU staging memory this shard holds.
     pub gpu_staging_bytes: usize,
     /// Most GPU staging memory this shard had in use at once.
@@ -106,6 +110,7 @@ impl ShardStats {
             inbound_transfers: 0,
             joined_transfers: 0,
             latency_us: new_histogram(),
+            inbound_latency_us: new_histogram(),
             gpu_staging_bytes: 0,
             gpu_staging_peak_bytes: 0,
             busy_poll_wakes: 0,
@@ -172,6 +177,12 @@ impl ShardStats {
         self.peers.at(peer).lane_failed(lane);
     }
 
+    /// Record how long serving one inbound chunk took.
+    pub(crate) fn record_inbound_chunk(&mut self, us: u64) {
+        self.inbound_latency_us
+            .saturating_record(us.min(MAX_LATENCY_US));
+    }
+
     /// Record the end of an owned transfer with `peer`.
     pub(crate) fn record_transfer(&mut self, peer: PeerSlot, ok: bool, latency_us: u64) {
         let p = self.peers.at(peer);
@@ -204,6 +215,7 @@ impl std::fmt::Debug for ShardStats {
             .field("inbound_transfers", &self.inbound_transfers)
             .field("joined_transfers", &self.joined_transfers)
             .field("latency_us", &Latency(&self.latency_us))
+            .field("inbound_latency_us", &Latency(&self.inbound_latency_us))
             .field("gpu_staging_bytes", &self.gpu_staging_bytes)
             .field("gpu_staging_peak_bytes", &self.gpu_staging_peak_bytes)
             .field("busy_poll_wakes", &self.busy_poll_wakes)
@@ -268,6 +280,7 @@ impl EngineStats {
             t.peers.add(&s.peers);
             // Same bounds on every shard, so adding cannot fail.
             let _ = t.latency_us.add(&s.latency_us);
+            let _ = t.inbound_latency_us.add(&s.inbound_latency_us);
         }
         t
     }

@@ -249,7 +249,13 @@ async fn step(
         trace::mark_at(uid, trace::stage::T_READABLE, first_read);
         trace::mark(uid, trace::stage::T_RECV);
     }
+    let started = super::now_ns();
+    let chunk = matches!(frame, Frame::Write { .. } | Frame::Read { .. });
     let joined = on_frame(shard, conn, reader, writer, frame, payload).await?;
+    if chunk {
+        let us = super::now_ns().saturating_sub(started) / 1000;
+        shard.stats.borrow_mut().record_inbound_chunk(us);
+    }
     if let Some(uid) = uid {
         trace::mark(uid, trace::stage::T_PLACED);
         *last_uid = Some((uid, joined));

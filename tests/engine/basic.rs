@@ -167,3 +167,54 @@ fn lane_connects_and_failures_are_counted() {
     let t = a.stats().unwrap().total();
     assert!(t.lane_failures >= 1, "{t:?}");
 }
+
+/// The target times every chunk it serves: one sample per chunk of every write and read,
+/// in its stats and its metrics.
+#[test]
+fn inbound_chunks_are_timed() {
+    let (a, b) = pair(
+        "inbound_timed",
+        cfg_with(|c| {
+            c.chunk_bytes = 1 << 20;
+            c.num_data_conns = 2;
+        }),
+    );
+    let n = 8 << 20;
+    let src = random_buffer(&a, n, 21);
+    let dst = b.alloc_buffer(n).unwrap();
+    let back = a.alloc_buffer(n).unwrap();
+    let count = |e: &morio::IoEngine| e.stats().unwrap().total().inbound_latency_us.len();
+    assert_eq!(count(&b), 0);
+    assert_ok(
+        &a.write(
+            src.desc(),
+            0,
+            dst.desc(),
+            0,
+            4096,
+            a.allocate_transfer_uid(),
+        ),
+        "small write",
+    );
+    assert_ok(
+        &a.write(src.desc(), 0, dst.desc(), 0, n, a.allocate_transfer_uid()),
+        "striped write",
+    );
+    assert_ok(
+        &a.read(back.desc(), 0, dst.desc(), 0, n, a.allocate_transfer_uid()),
+        "striped read",
+    );
+    // 1 + 8 + 8 chunks; the target records a read's chunk once its data is queued, which
+    // may be a moment after the initiator saw it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while count(&b) < 17 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(count(&b), 17, "{:?}", b.stats().unwrap().total());
+    assert_eq!(count(&a), 0, "the initiator served nothing");
+    let text = b.metrics_text();
+    assert!(
+        text.contains("morio_inbound_chunk_latency_seconds_count"),
+        "{text}"
+    );
+}

@@ -279,6 +279,12 @@ fn stats_json(e: &IoEngine) -> serde_json::Value {
                 "p999": h.value_at_quantile(0.999),
                 "max": h.max(),
             },
+            "inbound_chunk_latency_us": {
+                "count": st.inbound_latency_us.len(),
+                "p50": st.inbound_latency_us.value_at_quantile(0.5),
+                "p99": st.inbound_latency_us.value_at_quantile(0.99),
+                "max": st.inbound_latency_us.max(),
+            },
         })
     };
     let shards: Vec<_> = s
