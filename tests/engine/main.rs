@@ -13,5 +13,6 @@ mod in_process;
 mod mori_cases;
 mod peer_stats;
 mod same_host;
+mod same_host_hostile;
 mod sizes;
 mod spin;
