@@ -46,6 +46,10 @@ pub struct Args {
     /// Skip the plain-TCP baseline.
     #[arg(long)]
     no_baseline: bool,
+    /// Same-host transport between the two engines: auto (default: the environment's
+    /// MORIO_SAME_HOST, else auto), off (TCP) or require.
+    #[arg(long, value_name = "MODE")]
+    same_host: Option<morio::SameHost>,
 }
 
 /// A deterministic byte stream (xorshift64*), generated a step at a time: a GiB of test data
@@ -163,6 +167,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         num_shards: a.shards,
         chunk_bytes: a.chunk,
         pin_shards: !a.no_pin,
+        same_host: a.same_host,
         ..Default::default()
     };
     check(&a, &cfg)?;
@@ -283,8 +288,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             d.as_secs_f64() * 1e3
         );
     };
-    row("morio write (verified)", wt);
-    row("morio read (verified)", rt);
+    let t = ea.stats().map(|s| s.total());
+    let transport = match t {
+        Some(t) if t.lane_connects > 0 && t.lane_connects_same_host == t.lane_connects => {
+            "same-host"
+        }
+        Some(t) if t.lane_connects_same_host == 0 => "TCP",
+        _ => "mixed",
+    };
+    row(&format!("morio write (verified, {transport})"), wt);
+    row(&format!("morio read (verified, {transport})"), rt);
     if let Some(b) = base {
         row("plain TCP, 1 stream, 4 MiB writes", b);
     }
