@@ -67,6 +67,11 @@ def main():
     print(f"{label} (n={len(full)}, us p50/p90): total {statistics.median(tot):.1f}/{pct(tot, 0.9):.1f}")
     for c in cells:
         print("   " + c)
+    # The slowest transfers, step by step: where a tail comes from.
+    slow = sorted(full, key=lambda s: s[12] - s[1])[-int(os.environ.get("SLOWEST", "3")):]
+    for s in reversed(slow):
+        parts = [f"{names[a]}>{names[b]} {(s[b] - s[a]) / 1000:.1f}" for a, b in zip(steps, steps[1:])]
+        print(f"   slow: total {(s[12] - s[1]) / 1000:.1f} us: " + ", ".join(parts))
     # Multi-chunk transfers: how far apart the chunks' stages are, and the join: the last
     # chunk placed on the target, every chunk joined there, COMPLETE decoded here, done.
     in_full = {id(s) for s in full}
