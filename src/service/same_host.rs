@@ -77,6 +77,7 @@ pub(crate) async fn dial(
     send(&mut conn, Frame::Local(me))
         .await
         .map_err(DialFailure::Failed)?;
+    let t0 = std::time::Instant::now();
     let theirs = match read_frame_exact(&mut conn).await {
         Ok(Frame::Local(o)) => o,
         Ok(f) => {
@@ -99,8 +100,15 @@ pub(crate) async fn dial(
             Ok(conn)
         };
     }
+    let answered = t0.elapsed();
     let expect = handshake::local_proof(Role::Acceptor, hello, &ack.nonce);
-    match local::check_peer(theirs.pid, theirs.slot, &expect) {
+    let checked = local::check_peer(theirs.pid, theirs.slot, &expect);
+    log::debug!(
+        "same-host step with {:?}: peer's LOCAL after {answered:?}, its proof checked after {:?}",
+        hello.dst_key,
+        t0.elapsed()
+    );
+    match checked {
         Ok(peer_wake) => {
             Ok(conn.into_local(offer.upgrade(theirs.pid, peer_wake, shared.cfg.op_timeout)))
         }
@@ -136,7 +144,14 @@ pub(crate) async fn accept(
         }
     };
     let expect = handshake::local_proof(Role::Dialer, hello, nonce);
-    match local::check_peer(theirs.pid, theirs.slot, &expect) {
+    let t0 = std::time::Instant::now();
+    let checked = local::check_peer(theirs.pid, theirs.slot, &expect);
+    log::debug!(
+        "same-host step of {:?}: its proof checked in {:?}",
+        hello.src_key,
+        t0.elapsed()
+    );
+    match checked {
         Ok(peer_wake) => {
             let offer = Offer::new(&handshake::local_proof(Role::Acceptor, hello, nonce));
             let me = LocalOffer {

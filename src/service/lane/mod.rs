@@ -310,9 +310,11 @@ async fn shake(
     let shared = &shard.shared;
     let cfg = &shared.cfg;
     let addr = lane.peer.addr;
+    let t0 = std::time::Instant::now();
     let mut conn = transport::dial(addr, cfg, shared.transport)
         .await
         .map_err(Failed)?;
+    let dialed = t0.elapsed();
     let version = cfg.max_protocol_version.min(VERSION);
     let nonce: [u8; NONCE_BYTES] = rand::random();
     let hello = Hello {
@@ -347,8 +349,20 @@ async fn shake(
             .await
             .map_err(|e| Failed(format!("send AUTH: {e}")))?;
     }
-    if ack.same_host && hello.host_tag.is_some() {
-        return same_host::dial(shared, conn, &hello, &ack).await;
-    }
+    let acked = t0.elapsed();
+    let conn = if ack.same_host && hello.host_tag.is_some() {
+        same_host::dial(shared, conn, &hello, &ack).await?
+    } else {
+        conn
+    };
+    log::debug!(
+        "engine {}: lane {} to {:?} connected ({}): dial {dialed:?}, HELLO_ACK at {acked:?}, \
+         done at {:?}",
+        shared.key,
+        lane.lane,
+        lane.peer.key,
+        if conn.is_local() { "same-host" } else { "TCP" },
+        t0.elapsed()
+    );
     Ok(conn)
 }
