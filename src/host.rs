@@ -16,3 +16,35 @@ pub fn check_host() -> Result<(), EngineError> {
 pub fn check_same_host() -> Result<(), String> {
     crate::transport::local::readiness()
 }
+
+/// Grow this process's descriptor table to hold at least `n` descriptors (up to its
+/// `RLIMIT_NOFILE`), now rather than in the middle of traffic: growing it in a multi-threaded
+/// process waits for an RCU grace period (tens of ms on the H200 host), which a connection's
+/// set-up would otherwise pay when it crosses a power of two (docs/perf/h200-stop26.md).
+pub(crate) fn grow_fd_table(n: usize) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into `lim`.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return;
+    }
+    let top = (n as u64).min(lim.rlim_cur).saturating_sub(1);
+    if top < 64 {
+        return;
+    }
+    // SAFETY: plain descriptor calls on descriptors opened here; the duplicate (at the lowest
+    // free number >= top, which makes the kernel grow the table) and the source are closed.
+    unsafe {
+        let src = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if src < 0 {
+            return;
+        }
+        let dup = libc::fcntl(src, libc::F_DUPFD_CLOEXEC, top as libc::c_int);
+        if dup >= 0 {
+            libc::close(dup);
+        }
+        libc::close(src);
+    }
+}

@@ -54,6 +54,8 @@ impl IoEngine {
             cfg.same_host = Some(crate::config::SameHost::from_env()?.unwrap_or_default());
         }
         cfg.validate()?;
+        // Connections take descriptors (a same-host one four or five): make room up front.
+        crate::host::grow_fd_table(4096);
         let core = &self.core;
         let _life = lock(&core.lifecycle);
         let mut slot = write_lock(&core.backend);
