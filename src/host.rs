@@ -48,3 +48,25 @@ pub(crate) fn grow_fd_table(n: usize) {
         libc::close(src);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The table holds the descriptors asked for afterwards (FDSize in /proc/self/status).
+    #[test]
+    fn the_descriptor_table_grows_up_front() {
+        super::grow_fd_table(2048);
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let size: usize = status
+            .lines()
+            .find_map(|l| l.strip_prefix("FDSize:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap();
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes into `lim`.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+        assert!(size >= 2048.min(lim.rlim_cur as usize), "FDSize {size}");
+    }
+}
