@@ -78,6 +78,8 @@ pub struct DeviceMem {
     pub bus_id: String,
     /// The runtime that owns the device.
     pub gpu: Arc<dyn GpuRuntime>,
+    /// The allocation exported for same-host peers, where the runtime could export it.
+    pub ipc: Option<crate::gpu::IpcExport>,
 }
 
 /// A buffer the engine allocated for `register_buffer`. Shared by the registered region and

@@ -148,10 +148,20 @@ impl IoEngine {
         let gpu = self.gpu_runtime()?;
         let info = gpu.device_info(dev)?;
         gpu.check_device_range(dev, ptr, size)?;
+        // Exported once here, so same-host peers can copy it on their GPU; memory a runtime
+        // cannot export (a virtual-memory pool) is staged through host memory instead.
+        let ipc = match gpu.ipc_export(dev, ptr) {
+            Ok(e) => Some(e),
+            Err(e) => {
+                log::debug!("GPU memory at {ptr:#x} is not exported for same-host peers: {e}");
+                None
+            }
+        };
         Ok(DeviceMem {
             dev,
             bus_id: info.bus_id,
             gpu,
+            ipc,
         })
     }
 
@@ -229,6 +239,9 @@ impl IoEngine {
         if let Some(dm) = region.device() {
             desc.device_id = dm.dev;
             desc.device_bus_id = dm.bus_id.clone();
+            if let Some(ex) = &dm.ipc {
+                desc.ipc_handle = ex.handle;
+            }
             desc.loc = MemoryLocationType::Gpu;
         }
         if let Some(b) = core.backend() {

@@ -9,7 +9,11 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::sys;
 
-use super::{DeviceBuf, DeviceInfo, GpuError, GpuFence, GpuRuntime, GpuStream, PinnedBuf};
+use super::ipc::IpcCache;
+use super::{
+    DeviceBuf, DeviceInfo, GpuError, GpuFence, GpuRuntime, GpuStream, IpcExport, IpcMapping,
+    PinnedBuf,
+};
 
 /// The CUDA runtime of this process.
 #[derive(Debug)]
@@ -17,6 +21,8 @@ pub struct CudaRuntime {
     count: usize,
     /// Primary context per device (as `usize`: `CUcontext` is a raw pointer), retained once.
     ctxs: Vec<OnceLock<Result<usize, GpuError>>>,
+    /// IPC mappings opened here.
+    opened: IpcCache,
 }
 
 fn err(call: &'static str) -> impl Fn(DriverError) -> GpuError {
@@ -63,6 +69,7 @@ impl CudaRuntime {
         Ok(Self {
             count: count as usize,
             ctxs: (0..count).map(|_| OnceLock::new()).collect(),
+            opened: IpcCache::default(),
         })
     }
 
@@ -188,6 +195,81 @@ impl GpuRuntime for CudaRuntime {
         Ok(unsafe { DeviceBuf::from_raw(self, dev, p, len, free) })
     }
 
+    fn ipc_export(&self, dev: i32, ptr: u64) -> Result<IpcExport, GpuError> {
+        bind(self.ctx(dev)?)?;
+        let (mut base, mut size) = (0u64, 0usize);
+        // SAFETY: writes two values; the driver checks `ptr`.
+        unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) }
+            .result()
+            .map_err(err("cuMemGetAddressRange"))?;
+        let mut h = sys::CUipcMemHandle_st { reserved: [0; 64] };
+        // SAFETY: writes one handle; `base` is the start of a live allocation (above).
+        unsafe { sys::cuIpcGetMemHandle(&mut h, base) }
+            .result()
+            .map_err(err("cuIpcGetMemHandle"))?;
+        Ok(IpcExport {
+            handle: h.reserved.map(|c| c as u8),
+            base,
+            size: size as u64,
+        })
+    }
+
+    fn ipc_open(&self, dev: i32, pid: u32, export: &IpcExport) -> Result<IpcMapping, GpuError> {
+        let ctx = self.ctx(dev)?;
+        bind(ctx)?;
+        if pid == std::process::id() {
+            // CUDA refuses to open a handle in the process that exported it; there the
+            // allocation is reachable as it is (and still checked to be one).
+            let (mut base, mut size) = (0u64, 0usize);
+            // SAFETY: writes two values; the driver checks the address.
+            unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, export.base) }
+                .result()
+                .map_err(err("cuMemGetAddressRange"))?;
+            return Ok(IpcMapping {
+                base,
+                size: size as u64,
+            });
+        }
+        let open = |handle: &[u8; super::IPC_HANDLE_BYTES]| {
+            bind(ctx)?;
+            let h = sys::CUipcMemHandle_st {
+                reserved: handle.map(|b| b as std::ffi::c_char),
+            };
+            let mut base = 0u64;
+            // SAFETY: writes one device pointer; the driver validates the handle.
+            unsafe {
+                sys::cuIpcOpenMemHandle_v2(
+                    &mut base,
+                    h,
+                    sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+                )
+            }
+            .result()
+            .map_err(err("cuIpcOpenMemHandle"))?;
+            let (mut start, mut size) = (0u64, 0usize);
+            // SAFETY: writes two values about the mapping just opened.
+            let r = unsafe { sys::cuMemGetAddressRange_v2(&mut start, &mut size, base) }.result();
+            if let Err(e) = r {
+                // SAFETY: opened just above, closed once.
+                let _ = unsafe { sys::cuIpcCloseMemHandle(base) };
+                return Err(err("cuMemGetAddressRange")(e));
+            }
+            Ok(IpcMapping {
+                base,
+                size: size as u64,
+            })
+        };
+        let close = |dev: i32, base: u64| {
+            if self.ctx(dev).and_then(bind).is_ok() {
+                // SAFETY: opened by `open` above, closed once (the cache forgets it).
+                let _ = unsafe { sys::cuIpcCloseMemHandle(base) };
+            }
+        };
+        let r = self.opened.get_or_open(dev, pid, export, open, close);
+        bind(ctx)?;
+        r
+    }
+
     unsafe fn copy_to_device(&self, dev: i32, dst: u64, src: &[u8]) -> Result<(), GpuError> {
         bind(self.ctx(dev)?)?;
         // SAFETY: forwarded from the caller.
@@ -229,6 +311,15 @@ impl GpuStream for CudaStream {
         }
         .result()
         .map_err(err("cuMemcpyHtoDAsync"))
+    }
+
+    unsafe fn d2d(&self, dst: u64, src: u64, len: usize) -> Result<(), GpuError> {
+        bind(self.ctx)?;
+        // SAFETY: forwarded from the caller (unified addressing: the source may be on another
+        // device or an opened IPC mapping).
+        unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len, self.stream as sys::CUstream) }
+            .result()
+            .map_err(err("cuMemcpyDtoDAsync"))
     }
 
     fn fence(&self) -> Result<Box<dyn GpuFence>, GpuError> {

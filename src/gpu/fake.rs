@@ -9,7 +9,16 @@ use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::{DeviceBuf, DeviceInfo, GpuError, GpuFence, GpuRuntime, GpuStream, PinnedBuf};
+use super::ipc::IpcCache;
+use super::{
+    DeviceBuf, DeviceInfo, GpuError, GpuFence, GpuRuntime, GpuStream, IpcExport, IpcMapping,
+    PinnedBuf, IPC_HANDLE_BYTES,
+};
+
+/// Allocations exported by every fake runtime of the process, by handle: a fake "other
+/// process" opens them from here (and maps them at an address of its own, as CUDA does).
+static EXPORTS: Mutex<BTreeMap<[u8; IPC_HANDLE_BYTES], std::sync::Weak<Alloc>>> =
+    Mutex::new(BTreeMap::new());
 
 /// Non-canonical on x86-64 and unmapped elsewhere: a stray host dereference faults at once.
 const BASE: u64 = 0x4000_0000_0000_0000;
@@ -42,12 +51,15 @@ struct State {
     delay_ns: AtomicU64,
     fault_countdown: AtomicI64,
     fault_at_complete: AtomicBool,
+    refuse_ipc: AtomicBool,
+    ipc_opens: AtomicU64,
+    d2d_copies: AtomicU64,
+    opened: IpcCache,
 }
 
 #[derive(Debug)]
 struct Alloc {
     dev: i32,
-    base: u64,
     bytes: Mutex<Vec<u8>>,
 }
 
@@ -65,6 +77,10 @@ impl FakeGpu {
                 delay_ns: AtomicU64::new(0),
                 fault_countdown: AtomicI64::new(-1),
                 fault_at_complete: AtomicBool::new(false),
+                refuse_ipc: AtomicBool::new(false),
+                ipc_opens: AtomicU64::new(0),
+                d2d_copies: AtomicU64::new(0),
+                opened: IpcCache::default(),
             }),
         }
     }
@@ -102,11 +118,33 @@ impl FakeGpu {
         self.st.copies.load(Ordering::Relaxed)
     }
 
-    fn find(&self, ptr: u64, len: usize) -> Option<Arc<Alloc>> {
+    /// Refuse to open IPC handles (as a container without the peer's GPU would).
+    pub fn refuse_ipc(&self, on: bool) {
+        self.st.refuse_ipc.store(on, Ordering::Relaxed);
+    }
+
+    /// IPC handles opened so far (not counting cached ones).
+    pub fn ipc_opens(&self) -> u64 {
+        self.st.ipc_opens.load(Ordering::Relaxed)
+    }
+
+    /// Device-to-device copies submitted so far.
+    pub fn d2d_copies(&self) -> u64 {
+        self.st.d2d_copies.load(Ordering::Relaxed)
+    }
+
+    /// The allocation holding `ptr..ptr+len` and where it starts in this runtime's space
+    /// (its own address, or where this runtime mapped another's export).
+    fn find(&self, ptr: u64, len: usize) -> Option<(u64, Arc<Alloc>)> {
         let allocs = self.st.allocs.lock().unwrap_or_else(|e| e.into_inner());
-        let (_, a) = allocs.range(..=ptr).next_back()?;
+        let (&base, a) = allocs.range(..=ptr).next_back()?;
         let len_a = a.bytes.lock().unwrap_or_else(|e| e.into_inner()).len() as u64;
-        (ptr.checked_add(len as u64)? <= a.base + len_a).then(|| a.clone())
+        (ptr.checked_add(len as u64)? <= base + len_a).then(|| (base, a.clone()))
+    }
+
+    /// A fresh address range for one allocation.
+    fn next_base(&self) -> u64 {
+        BASE + self.st.next.fetch_add(1, Ordering::Relaxed) * SPAN
     }
 
     /// Whether the next copy is the faulty one.
@@ -162,7 +200,7 @@ impl GpuRuntime for FakeGpu {
             len,
             why: why.into(),
         };
-        let a = self
+        let (_, a) = self
             .find(ptr, len)
             .ok_or_else(|| bad("not inside one allocation"))?;
         if a.dev != dev {
@@ -200,10 +238,9 @@ impl GpuRuntime for FakeGpu {
                 msg: format!("{len} bytes is more than one fake allocation holds"),
             });
         }
-        let base = BASE + self.st.next.fetch_add(1, Ordering::Relaxed) * SPAN;
+        let base = self.next_base();
         let a = Arc::new(Alloc {
             dev,
-            base,
             bytes: Mutex::new(vec![0u8; len]),
         });
         lock(&self.st.allocs).insert(base, a);
@@ -215,24 +252,71 @@ impl GpuRuntime for FakeGpu {
         Ok(unsafe { DeviceBuf::from_raw(self, dev, base, len, free) })
     }
 
+    fn ipc_export(&self, dev: i32, ptr: u64) -> Result<IpcExport, GpuError> {
+        self.check_device_range(dev, ptr, 1)?;
+        let (base, a) = self.find(ptr, 1).ok_or(GpuError::Call {
+            call: "fake export",
+            msg: "freed".into(),
+        })?;
+        let mut handle = [0u8; IPC_HANDLE_BYTES];
+        handle[..8].copy_from_slice(b"fakeipc\0");
+        handle[8..16].copy_from_slice(&rand::random::<u64>().to_le_bytes());
+        handle[16..24].copy_from_slice(&base.to_le_bytes());
+        let size = lock(&a.bytes).len() as u64;
+        let mut ex = lock(&EXPORTS);
+        ex.retain(|_, w| w.strong_count() > 0);
+        ex.insert(handle, Arc::downgrade(&a));
+        Ok(IpcExport { handle, base, size })
+    }
+
+    fn ipc_open(&self, dev: i32, pid: u32, export: &IpcExport) -> Result<IpcMapping, GpuError> {
+        self.device_info(dev)?;
+        if self.st.refuse_ipc.load(Ordering::Relaxed) {
+            return Err(GpuError::Call {
+                call: "fake ipc open",
+                msg: "refused (injected)".into(),
+            });
+        }
+        // Every fake runtime opens through the export table, whatever the pid: a test's two
+        // engines in one process take the path two processes would.
+        let open = |h: &[u8; IPC_HANDLE_BYTES]| {
+            let a = lock(&EXPORTS)
+                .get(h)
+                .and_then(|w| w.upgrade())
+                .ok_or(GpuError::Call {
+                    call: "fake ipc open",
+                    msg: "no such handle".into(),
+                })?;
+            let size = lock(&a.bytes).len() as u64;
+            let base = self.next_base();
+            lock(&self.st.allocs).insert(base, a);
+            self.st.ipc_opens.fetch_add(1, Ordering::Relaxed);
+            Ok(IpcMapping { base, size })
+        };
+        let close = |_: i32, base: u64| {
+            lock(&self.st.allocs).remove(&base);
+        };
+        self.st.opened.get_or_open(dev, pid, export, open, close)
+    }
+
     unsafe fn copy_to_device(&self, dev: i32, dst: u64, src: &[u8]) -> Result<(), GpuError> {
         self.check_device_range(dev, dst, src.len())?;
-        let a = self.find(dst, src.len()).ok_or(GpuError::Call {
+        let (base, a) = self.find(dst, src.len()).ok_or(GpuError::Call {
             call: "fake copy",
             msg: "freed".into(),
         })?;
-        let off = (dst - a.base) as usize;
+        let off = (dst - base) as usize;
         lock(&a.bytes)[off..off + src.len()].copy_from_slice(src);
         Ok(())
     }
 
     unsafe fn copy_from_device(&self, dev: i32, dst: &mut [u8], src: u64) -> Result<(), GpuError> {
         self.check_device_range(dev, src, dst.len())?;
-        let a = self.find(src, dst.len()).ok_or(GpuError::Call {
+        let (base, a) = self.find(src, dst.len()).ok_or(GpuError::Call {
             call: "fake copy",
             msg: "freed".into(),
         })?;
-        let off = (src - a.base) as usize;
+        let off = (src - base) as usize;
         dst.copy_from_slice(&lock(&a.bytes)[off..off + dst.len()]);
         Ok(())
     }
@@ -241,6 +325,7 @@ impl GpuRuntime for FakeGpu {
 enum Op {
     D2h { dst: usize, src: u64, len: usize },
     H2d { dst: u64, src: usize, len: usize },
+    D2d { dst: u64, src: u64, len: usize },
     Fault,
     Mark(Arc<Mark>),
 }
@@ -280,7 +365,7 @@ impl FakeStream {
 
     fn submit(&self, op: Op) -> Result<(), GpuError> {
         let fault = match op {
-            Op::D2h { .. } | Op::H2d { .. } => {
+            Op::D2h { .. } | Op::H2d { .. } | Op::D2d { .. } => {
                 self.gpu.st.copies.fetch_add(1, Ordering::Relaxed);
                 self.gpu.take_fault()
             }
@@ -333,8 +418,8 @@ fn run_stream(gpu: FakeGpu, rx: mpsc::Receiver<Op>) {
                     std::thread::sleep(Duration::from_nanos(delay));
                 }
                 match gpu.find(src, len) {
-                    Some(a) => {
-                        let off = (src - a.base) as usize;
+                    Some((base, a)) => {
+                        let off = (src - base) as usize;
                         let b = lock(&a.bytes);
                         // SAFETY: `dst` is pinned memory the submitter keeps alive and
                         // untouched until the fence after this copy completes.
@@ -350,8 +435,8 @@ fn run_stream(gpu: FakeGpu, rx: mpsc::Receiver<Op>) {
                     std::thread::sleep(Duration::from_nanos(delay));
                 }
                 match gpu.find(dst, len) {
-                    Some(a) => {
-                        let off = (dst - a.base) as usize;
+                    Some((base, a)) => {
+                        let off = (dst - base) as usize;
                         let mut b = lock(&a.bytes);
                         // SAFETY: as above, `src` is live pinned memory.
                         unsafe {
@@ -363,6 +448,23 @@ fn run_stream(gpu: FakeGpu, rx: mpsc::Receiver<Op>) {
                         };
                     }
                     None => error = Some(format!("H2D into freed memory {dst:#x}")),
+                }
+            }
+            Op::D2d { dst, src, len } => {
+                if delay > 0 {
+                    std::thread::sleep(Duration::from_nanos(delay));
+                }
+                match (gpu.find(src, len), gpu.find(dst, len)) {
+                    (Some((sb, s)), Some((db, d))) => {
+                        // Copied out first: source and destination may be one allocation.
+                        let bytes = {
+                            let off = (src - sb) as usize;
+                            lock(&s.bytes)[off..off + len].to_vec()
+                        };
+                        let off = (dst - db) as usize;
+                        lock(&d.bytes)[off..off + len].copy_from_slice(&bytes);
+                    }
+                    _ => error = Some(format!("D2D between freed memory {src:#x} -> {dst:#x}")),
                 }
             }
         }
@@ -386,6 +488,20 @@ impl GpuStream for FakeStream {
             src: src as usize,
             len,
         })
+    }
+
+    unsafe fn d2d(&self, dst: u64, src: u64, len: usize) -> Result<(), GpuError> {
+        self.check(dst, len)?;
+        if self.gpu.find(src, len).is_none() {
+            return Err(GpuError::NotDeviceMemory {
+                dev: self.dev,
+                ptr: src,
+                len,
+                why: "not inside one allocation (or mapping)".into(),
+            });
+        }
+        self.gpu.st.d2d_copies.fetch_add(1, Ordering::Relaxed);
+        self.submit(Op::D2d { dst, src, len })
     }
 
     fn fence(&self) -> Result<Box<dyn GpuFence>, GpuError> {
@@ -476,5 +592,35 @@ mod tests {
         drop(p);
         assert_eq!(gpu.pinned_live_bytes(), 0);
         assert_eq!(gpu.pinned_peak_bytes(), 100);
+    }
+
+    #[test]
+    fn an_exported_allocation_opens_elsewhere_at_its_own_address() {
+        let a = Arc::new(FakeGpu::new(1));
+        let b = Arc::new(FakeGpu::new(1));
+        let src = a.clone().alloc_device(0, 4096).unwrap();
+        src.write_at(1000, &[7u8; 100]).unwrap();
+        let ex = a.ipc_export(0, src.ptr() + 1000).unwrap();
+        assert_eq!((ex.base, ex.size), (src.ptr(), 4096));
+        let m = b.ipc_open(0, 1, &ex).unwrap();
+        assert_eq!(m.size, 4096);
+        assert_eq!(b.ipc_open(0, 1, &ex).unwrap(), m, "cached");
+        assert_eq!(b.ipc_opens(), 1);
+        let dst = b.clone().alloc_device(0, 100).unwrap();
+        let s = b.create_stream(0).unwrap();
+        // SAFETY: both ranges lie in live allocations (the mapping and `dst`), untouched
+        // until the fence is waited for.
+        unsafe { s.d2d(dst.ptr(), m.base + 1000, 100) }.unwrap();
+        s.fence().unwrap().wait_blocking().unwrap();
+        let mut back = [0u8; 100];
+        dst.read_at(0, &mut back).unwrap();
+        assert_eq!(back, [7u8; 100]);
+        assert_eq!(b.d2d_copies(), 1);
+        // SAFETY: refused before anything is queued (the source is not mapped here).
+        assert!(unsafe { s.d2d(dst.ptr(), 0x10, 1) }.is_err());
+        b.refuse_ipc(true);
+        let other = a.clone().alloc_device(0, 10).unwrap();
+        let ex2 = a.ipc_export(0, other.ptr()).unwrap();
+        assert!(b.ipc_open(0, 1, &ex2).is_err());
     }
 }

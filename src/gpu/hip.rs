@@ -13,7 +13,11 @@ use std::sync::Arc;
 use hip_sys::hiprt as hip;
 use hip_sys::hiprt::hipError_t;
 
-use super::{DeviceBuf, DeviceInfo, GpuError, GpuFence, GpuRuntime, GpuStream, PinnedBuf};
+use super::ipc::IpcCache;
+use super::{
+    DeviceBuf, DeviceInfo, GpuError, GpuFence, GpuRuntime, GpuStream, IpcExport, IpcMapping,
+    PinnedBuf, IPC_HANDLE_BYTES,
+};
 
 /// The HIP runtime of this process.
 #[derive(Debug)]
@@ -21,6 +25,19 @@ pub struct HipRuntime {
     count: usize,
     /// `hipMemoryTypeDevice` as this runtime numbers it (1 before ROCm 6, 2 from ROCm 6 on).
     device_mem_type: u32,
+    /// IPC mappings opened here.
+    opened: IpcCache,
+}
+
+/// The allocation holding `ptr`: its start and size.
+fn address_range(ptr: u64) -> Result<(u64, u64), GpuError> {
+    let mut base: hip::hipDeviceptr_t = std::ptr::null_mut();
+    let mut size: usize = 0;
+    // SAFETY: writes one pointer and one size; `ptr` is only looked up.
+    check("hipMemGetAddressRange", unsafe {
+        hip::hipMemGetAddressRange(&mut base, &mut size, ptr as hip::hipDeviceptr_t)
+    })?;
+    Ok((base as u64, size as u64))
 }
 
 /// `hipError_t` as text: its name where the runtime has one, and always its number.
@@ -126,6 +143,7 @@ impl HipRuntime {
         Ok(Self {
             count: n as usize,
             device_mem_type: device_mem_type(version),
+            opened: IpcCache::default(),
         })
     }
 
@@ -281,6 +299,61 @@ impl GpuRuntime for HipRuntime {
         Ok(unsafe { DeviceBuf::from_raw(self, dev, addr as u64, len, free) })
     }
 
+    fn ipc_export(&self, dev: i32, ptr: u64) -> Result<IpcExport, GpuError> {
+        self.ordinal(dev)?;
+        set_device(dev)?;
+        let (base, size) = address_range(ptr)?;
+        // SAFETY: the struct is plain bytes; HIP fills it.
+        let mut h: hip::hipIpcMemHandle_t = unsafe { std::mem::zeroed() };
+        // SAFETY: writes one handle; `base` starts a live allocation (above).
+        check("hipIpcGetMemHandle", unsafe {
+            hip::hipIpcGetMemHandle(&mut h, base as *mut c_void)
+        })?;
+        Ok(IpcExport {
+            handle: h.reserved.map(|c| c as u8),
+            base,
+            size,
+        })
+    }
+
+    fn ipc_open(&self, dev: i32, pid: u32, export: &IpcExport) -> Result<IpcMapping, GpuError> {
+        self.ordinal(dev)?;
+        set_device(dev)?;
+        if pid == std::process::id() {
+            // Not opened in the exporting process itself: reachable as it is.
+            let (base, size) = address_range(export.base)?;
+            return Ok(IpcMapping { base, size });
+        }
+        let open = |handle: &[u8; IPC_HANDLE_BYTES]| {
+            set_device(dev)?;
+            // SAFETY: the struct is plain bytes.
+            let mut h: hip::hipIpcMemHandle_t = unsafe { std::mem::zeroed() };
+            h.reserved = handle.map(|b| b as c_char);
+            let mut p: *mut c_void = std::ptr::null_mut();
+            // SAFETY: writes one device pointer; the runtime validates the handle.
+            check("hipIpcOpenMemHandle", unsafe {
+                hip::hipIpcOpenMemHandle(&mut p, h, hip::hipIpcMemLazyEnablePeerAccess)
+            })?;
+            match address_range(p as u64) {
+                Ok((base, size)) => Ok(IpcMapping { base, size }),
+                Err(e) => {
+                    // SAFETY: opened just above, closed once.
+                    let _ = unsafe { hip::hipIpcCloseMemHandle(p) };
+                    Err(e)
+                }
+            }
+        };
+        let close = |d: i32, base: u64| {
+            if set_device(d).is_ok() {
+                // SAFETY: opened by `open` above, closed once (the cache forgets it).
+                let _ = unsafe { hip::hipIpcCloseMemHandle(base as *mut c_void) };
+            }
+        };
+        let r = self.opened.get_or_open(dev, pid, export, open, close);
+        set_device(dev)?;
+        r
+    }
+
     unsafe fn copy_to_device(&self, dev: i32, dst: u64, src: &[u8]) -> Result<(), GpuError> {
         self.ordinal(dev)?;
         set_device(dev)?;
@@ -339,6 +412,19 @@ impl GpuStream for HipStream {
             hip::hipMemcpyHtoDAsync(
                 dst as hip::hipDeviceptr_t,
                 src as *mut c_void,
+                len,
+                self.stream as hip::hipStream_t,
+            )
+        })
+    }
+
+    unsafe fn d2d(&self, dst: u64, src: u64, len: usize) -> Result<(), GpuError> {
+        set_device(self.dev)?;
+        // SAFETY: forwarded from the caller; the stream is live until drop.
+        check("hipMemcpyDtoDAsync", unsafe {
+            hip::hipMemcpyDtoDAsync(
+                dst as hip::hipDeviceptr_t,
+                src as hip::hipDeviceptr_t,
                 len,
                 self.stream as hip::hipStream_t,
             )

@@ -6,6 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 
 pub mod fake;
+pub(crate) mod ipc;
 pub(crate) mod pack;
 pub(crate) mod staging;
 
@@ -53,6 +54,32 @@ pub enum GpuError {
     Timeout(std::time::Duration),
 }
 
+/// Bytes of an IPC handle (CUDA's `CUipcMemHandle`, HIP's `hipIpcMemHandle_t`; MORI's
+/// `MemoryDesc::ipc_handle`).
+pub const IPC_HANDLE_BYTES: usize = 64;
+
+/// A device allocation exported for the other processes of this host: the handle they open,
+/// and the allocation it names here (a registered range is `base + offset`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpcExport {
+    /// The runtime's handle of the allocation.
+    pub handle: [u8; IPC_HANDLE_BYTES],
+    /// Start of the allocation in the exporting process.
+    pub base: u64,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
+/// An exported allocation as this process reaches it (opened once, kept while the runtime
+/// lives or until the exporter replaces it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpcMapping {
+    /// Where the allocation starts in this process.
+    pub base: u64,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
 /// One GPU as the runtime reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {
@@ -81,6 +108,27 @@ pub trait GpuRuntime: Send + Sync + fmt::Debug {
     fn create_stream(&self, dev: i32) -> Result<Box<dyn GpuStream>, GpuError>;
     /// Device memory on `dev` (tests, benchmarks, `alloc_gpu_buffer`).
     fn alloc_device(self: Arc<Self>, dev: i32, len: usize) -> Result<DeviceBuf, GpuError>;
+    /// Export the allocation holding device address `ptr` of `dev` for other processes of
+    /// this host (`cuIpcGetMemHandle`); an error where the runtime or the allocation cannot
+    /// (memory from a virtual-memory pool, say): peers then stage through host memory.
+    fn ipc_export(&self, dev: i32, ptr: u64) -> Result<IpcExport, GpuError> {
+        let _ = (dev, ptr);
+        Err(GpuError::Unavailable(format!(
+            "the {} runtime exports no IPC handles",
+            self.name()
+        )))
+    }
+    /// Reach an allocation process `pid` exported (`export`, as it sent it) from device
+    /// `dev` of this process: opened once and cached; in the exporting process itself, the
+    /// allocation as it is. Refused where the runtime cannot open it (another container's
+    /// GPU, a device it cannot map): peers then stage through host memory.
+    fn ipc_open(&self, dev: i32, pid: u32, export: &IpcExport) -> Result<IpcMapping, GpuError> {
+        let _ = (dev, pid, export);
+        Err(GpuError::Unavailable(format!(
+            "the {} runtime opens no IPC handles",
+            self.name()
+        )))
+    }
     /// Synchronous host-to-device copy (set-up and checks, never the data path).
     ///
     /// # Safety
@@ -106,6 +154,13 @@ pub trait GpuStream: fmt::Debug {
     /// # Safety
     /// As [`Self::d2h`], directions swapped.
     unsafe fn h2d(&self, dst: u64, src: *const u8, len: usize) -> Result<(), GpuError>;
+    /// Enqueue a device-to-device copy (the destination on the stream's device, the source on
+    /// any device this process reaches, an opened IPC mapping included).
+    ///
+    /// # Safety
+    /// Both ranges must be live device memory, untouched by others until a later fence
+    /// completes.
+    unsafe fn d2d(&self, dst: u64, src: u64, len: usize) -> Result<(), GpuError>;
     /// A fence that completes once every copy enqueued so far has.
     fn fence(&self) -> Result<Box<dyn GpuFence>, GpuError>;
 }

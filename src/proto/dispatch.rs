@@ -38,6 +38,9 @@ pub struct ChunkSpec {
     pub mem_id: u32,
     /// Its access key (from the remote `MemoryDesc`).
     pub access_key: AccessKey,
+    /// Whether the target's region is GPU memory (a same-host sender offers its own GPU
+    /// memory as device parts only then).
+    pub remote_device: bool,
     /// Bounds of every remote byte the transfer touches.
     pub extent: (u64, u64),
     /// The lane the target joins the transfer's chunks on (0 for a single chunk).
@@ -113,6 +116,7 @@ pub struct SharedStripes {
     n_chunks: u32,
     mem_id: u32,
     access_key: AccessKey,
+    remote_device: bool,
     extent: (u64, u64),
     join_lane: u16,
     stripes: Box<[Layout]>,
@@ -120,11 +124,11 @@ pub struct SharedStripes {
 
 impl SharedStripes {
     /// The stripes `first..` of a write of `n_chunks` chunks into `target`: the region's id,
-    /// its access key and the transfer's extent.
+    /// its access key, whether it is GPU memory, and the transfer's extent.
     pub fn new(
         first: u32,
         n_chunks: u32,
-        target: (u32, AccessKey, (u64, u64)),
+        target: (u32, AccessKey, bool, (u64, u64)),
         join_lane: u16,
         stripes: Vec<Layout>,
     ) -> Self {
@@ -136,7 +140,8 @@ impl SharedStripes {
             n_chunks,
             mem_id: target.0,
             access_key: target.1,
-            extent: target.2,
+            remote_device: target.2,
+            extent: target.3,
             join_lane,
             stripes: stripes.into_boxed_slice(),
         }
@@ -157,6 +162,7 @@ impl SharedStripes {
             n_chunks: self.n_chunks,
             mem_id: self.mem_id,
             access_key: self.access_key,
+            remote_device: self.remote_device,
             extent: self.extent,
             join_lane: self.join_lane,
             pieces,
@@ -192,6 +198,8 @@ pub struct Request {
     pub mem_id: u32,
     /// Its access key, carried by every chunk.
     pub access_key: AccessKey,
+    /// Whether the target's region is GPU memory.
+    pub remote_device: bool,
     /// Checked segments.
     pub layout: Layout,
     /// Total bytes.
@@ -289,7 +297,7 @@ pub fn dispatch<L: Clone>(
         let list = Arc::new(SharedStripes::new(
             1,
             n_chunks,
-            (req.mem_id, req.access_key, extent),
+            (req.mem_id, req.access_key, req.remote_device, extent),
             home,
             rest,
         ));
@@ -313,6 +321,7 @@ pub fn dispatch<L: Clone>(
             n_chunks,
             mem_id: req.mem_id,
             access_key: req.access_key,
+            remote_device: req.remote_device,
             extent,
             join_lane: if final_ { 0 } else { home },
             pieces,
@@ -383,6 +392,7 @@ mod tests {
             op,
             mem_id: 7,
             access_key: KEY,
+            remote_device: false,
             layout,
             total,
         }
@@ -540,7 +550,13 @@ mod tests {
 
     #[test]
     fn nothing_is_taken_after_cancel() {
-        let s = SharedStripes::new(1, 3, (7, KEY, (0, 48)), 0, vec![list(1, 16), list(1, 16)]);
+        let s = SharedStripes::new(
+            1,
+            3,
+            (7, KEY, false, (0, 48)),
+            0,
+            vec![list(1, 16), list(1, 16)],
+        );
         assert_eq!(s.take().map(|c| c.chunk), Some(1));
         s.cancel();
         assert!(s.take().is_none());

@@ -517,6 +517,7 @@ mod tests {
             op: Op::Write,
             mem_id: 1,
             access_key: crate::proto::access::AccessKey::NONE,
+            remote_device: false,
             layout,
             total: 8 << 20,
         };

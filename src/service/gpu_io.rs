@@ -1,7 +1,9 @@
 //! GPU memory on the wire: a shard's streams and staging pools, and the two pipelines that
 //! move a chunk's payload between device memory and a connection through pinned slots (the
 //! D2H of slot i+1 overlaps the send of slot i; the receive of slot i+1 overlaps the H2D of
-//! slot i).
+//! slot i). Between two processes of one host a payload of exported GPU memory is offered as
+//! device parts instead: the receiver opens the sender's allocation and copies it on its GPU,
+//! one device-to-device copy and no staging (`local::Device`).
 
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
@@ -10,10 +12,11 @@ use std::time::Duration;
 use super::Shard;
 use crate::gpu::pack::{jobs, Job};
 use crate::gpu::staging::{Slot, Staging};
-use crate::gpu::{GpuError, GpuStream};
+use crate::gpu::{GpuError, GpuStream, IpcExport};
 use crate::proto::frame::Frame;
 use crate::region::Region;
 use crate::transport::framed::{ConnError, FrameReader, FrameWriter};
+use crate::transport::local::{Device, Verdict};
 use crate::transport::Rx;
 
 /// Copies a pipeline keeps in flight at most (more only if slots are free).
@@ -100,7 +103,9 @@ fn issue_d2h(c: &Ctx, region: &Region, job: &Job, slot: &mut Slot) -> Result<(),
     Ok(())
 }
 
-/// Queue `frame` with the device bytes of `spans` (region offset, length) as its payload.
+/// Queue `frame` with the device bytes of `spans` (region offset, length) as its payload;
+/// `to_device` when the receiver places it into GPU memory (a same-host connection then
+/// offers it as device parts).
 /// The first slot is copied before the header is queued, so a GPU that refuses the copy
 /// leaves the connection untouched.
 pub(crate) async fn push_from_device(
@@ -109,32 +114,96 @@ pub(crate) async fn push_from_device(
     frame: &Frame,
     region: &Region,
     spans: &[(u64, u64)],
+    to_device: bool,
 ) -> Result<(), SendError> {
-    let c = ctx(shard, region, true).map_err(SendError::Gpu)?;
-    let jobs = jobs(spans, c.staging.slot_bytes());
     let total: u64 = spans.iter().map(|s| s.1).sum();
-    let mut next = 0;
-    let mut inflight: VecDeque<(Slot, usize)> = VecDeque::new();
-    while next < jobs.len() && inflight.len() < WINDOW {
-        let slot = if inflight.is_empty() {
-            Some(c.staging.acquire().await.map_err(SendError::Gpu)?)
-        } else {
-            c.staging.try_acquire().map_err(SendError::Gpu)?
-        };
-        let Some(mut slot) = slot else { break };
-        issue_d2h(&c, region, &jobs[next], &mut slot).map_err(SendError::Gpu)?;
-        inflight.push_back((slot, next));
-        next += 1;
+    let mut header_sent = false;
+    let offer = if to_device {
+        device_parts(writer, region, spans)
+    } else {
+        None
+    };
+    if let Some((export, parts)) = offer {
+        writer.push_header(frame, total);
+        let taken = writer
+            .send_device(&export, &parts)
+            .await
+            .map_err(|e| SendError::Conn(e.into()))?;
+        if taken {
+            return Ok(());
+        }
+        // Declined: the same bytes follow, staged, after the header already sent.
+        header_sent = true;
     }
-    if let Some((first, _)) = inflight.front_mut() {
-        first.settle(c.limit).await.map_err(SendError::Gpu)?;
+    stage_from_device(shard, writer, frame, region, spans, total, header_sent).await
+}
+
+/// The exported allocation of `region` and the device parts (offsets in it) that carry its
+/// `spans`, where the connection takes them.
+fn device_parts(
+    writer: &FrameWriter,
+    region: &Region,
+    spans: &[(u64, u64)],
+) -> Option<(IpcExport, Vec<(u64, u64)>)> {
+    let ex = region.device()?.ipc?;
+    if !writer.offers_device()
+        || spans.is_empty()
+        || spans.len() > crate::transport::local::MAX_DEVICE_PAIRS
+        || spans.iter().any(|s| s.1 == 0)
+    {
+        return None;
     }
-    writer.push_header(frame, total);
+    let at = region.device_addr(0).checked_sub(ex.base)?;
+    Some((
+        ex,
+        spans.iter().map(|&(off, len)| (at + off, len)).collect(),
+    ))
+}
+
+/// [`push_from_device`] through pinned slots; `header_sent` when the frame's header has
+/// left already (device parts were declined), so a GPU failure is mid-frame from the start.
+async fn stage_from_device(
+    shard: &Shard,
+    writer: &mut FrameWriter,
+    frame: &Frame,
+    region: &Region,
+    spans: &[(u64, u64)],
+    total: u64,
+    header_sent: bool,
+) -> Result<(), SendError> {
     let mid = |e: GpuError| {
         SendError::Conn(ConnError::Violation(format!(
             "GPU copy failed mid-frame: {e}"
         )))
     };
+    let early = |e: GpuError| {
+        if header_sent {
+            mid(e)
+        } else {
+            SendError::Gpu(e)
+        }
+    };
+    let c = ctx(shard, region, true).map_err(early)?;
+    let jobs = jobs(spans, c.staging.slot_bytes());
+    let mut next = 0;
+    let mut inflight: VecDeque<(Slot, usize)> = VecDeque::new();
+    while next < jobs.len() && inflight.len() < WINDOW {
+        let slot = if inflight.is_empty() {
+            Some(c.staging.acquire().await.map_err(early)?)
+        } else {
+            c.staging.try_acquire().map_err(early)?
+        };
+        let Some(mut slot) = slot else { break };
+        issue_d2h(&c, region, &jobs[next], &mut slot).map_err(early)?;
+        inflight.push_back((slot, next));
+        next += 1;
+    }
+    if let Some((first, _)) = inflight.front_mut() {
+        first.settle(c.limit).await.map_err(early)?;
+    }
+    if !header_sent {
+        writer.push_header(frame, total);
+    }
     while let Some((mut slot, j)) = inflight.pop_front() {
         slot.settle(c.limit).await.map_err(mid)?;
         writer
@@ -184,6 +253,12 @@ pub(crate) async fn read_into_device(
     spans: &[(u64, u64)],
 ) -> Result<Result<(), GpuError>, ConnError> {
     let total: u64 = spans.iter().map(|s| s.1).sum();
+    if let Some((d, pid)) = reader.device_offer().await? {
+        if let Some(done) = take_device(shard, reader, region, spans, total, &d, pid).await? {
+            return Ok(done);
+        }
+        // Declined: the bytes follow as usual.
+    }
     let c = match ctx(shard, region, false) {
         Ok(c) => c,
         Err(e) => {
@@ -241,4 +316,105 @@ pub(crate) async fn read_into_device(
         }
     }
     Ok(failed.map_or(Ok(()), Err))
+}
+
+/// Copy offered device parts `d` of process `pid` into `spans` of `region` on this shard's
+/// stream, then acknowledge them; `None` when they were declined (the bytes then follow).
+/// Returns once the copies have completed on the device.
+async fn take_device(
+    shard: &Shard,
+    reader: &mut FrameReader<Rx>,
+    region: &Region,
+    spans: &[(u64, u64)],
+    total: u64,
+    d: &Device,
+    pid: u32,
+) -> Result<Option<Result<(), GpuError>>, ConnError> {
+    if d.len() != total {
+        return Err(ConnError::Violation(format!(
+            "device parts of {} bytes for a {total}-byte payload",
+            d.len()
+        )));
+    }
+    let decline = |reader: &mut FrameReader<Rx>, v| reader.settle_device(v, 0).map(|()| None);
+    let (Some(dm), Ok(c)) = (region.device(), ctx(shard, region, false)) else {
+        // The staging path reports the failure (and drains the bytes).
+        return decline(reader, Verdict::Declined);
+    };
+    let map = match dm.gpu.ipc_open(dm.dev, pid, &d.export) {
+        Ok(m) => m,
+        Err(e) => {
+            ipc_refused(pid, &e);
+            return decline(reader, Verdict::DeclinedForGood);
+        }
+    };
+    if let Some(&(off, len)) = d
+        .parts
+        .iter()
+        .find(|&&(off, len)| off.checked_add(len).is_none_or(|end| end > map.size))
+    {
+        return Err(ConnError::Violation(format!(
+            "device part {off}+{len} outside the peer's {}-byte allocation",
+            map.size
+        )));
+    }
+    let mut failed: Option<GpuError> = None;
+    let mut src = d.parts.iter().copied();
+    let (mut s_off, mut s_left) = src.next().unwrap_or_default();
+    'spans: for &(dst_off, len) in spans {
+        let mut done = 0u64;
+        while done < len {
+            if s_left == 0 {
+                match src.next() {
+                    Some((o, l)) => (s_off, s_left) = (o, l),
+                    None => break 'spans,
+                }
+            }
+            let k = s_left.min(len - done);
+            // SAFETY: the destination lies in the region (checked before the transfer
+            // started) and the source in the opened allocation (checked above); neither is
+            // released before the fence below completes (the region is held by this
+            // chunk, the mapping by the runtime, the sender's memory by its waiting send).
+            let r = unsafe {
+                c.stream.d2d(
+                    region.device_addr(dst_off + done),
+                    map.base + s_off,
+                    k as usize,
+                )
+            };
+            if let Err(e) = r {
+                failed = Some(e);
+                break 'spans;
+            }
+            done += k;
+            s_off += k;
+            s_left -= k;
+        }
+    }
+    // Every copy queued is waited for before the sender may reuse its memory.
+    match c.stream.fence() {
+        Ok(f) => {
+            if let Err(e) = crate::gpu::staging::wait_fence(&*f, c.limit).await {
+                failed.get_or_insert(e);
+            }
+        }
+        Err(e) => {
+            failed.get_or_insert(e);
+        }
+    }
+    reader.settle_device(Verdict::Taken, total)?;
+    Ok(Some(failed.map_or(Ok(()), Err)))
+}
+
+/// Log, once per peer process, that its GPU memory cannot be opened here.
+fn ipc_refused(pid: u32, e: &GpuError) {
+    static SEEN: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if !seen.contains(&pid) {
+        seen.push(pid);
+        log::warn!(
+            "cannot open the GPU memory of same-host process {pid} ({e}): staging it through \
+             host memory"
+        );
+    }
 }

@@ -34,6 +34,8 @@ pub(crate) struct Submission {
     pub remote_mem: u32,
     /// The remote region's access key, from its `MemoryDesc`; every chunk carries it.
     pub remote_key: AccessKey,
+    /// Whether the remote region is GPU memory (its `MemoryDesc::loc`).
+    pub remote_device: bool,
     /// Checked segments, expanded into pieces by the owner.
     pub layout: Layout,
     pub total: u64,

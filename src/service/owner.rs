@@ -121,6 +121,7 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
         op: s.op,
         mem_id: s.remote_mem,
         access_key: s.remote_key,
+        remote_device: s.remote_device,
         layout: s.layout,
         total: s.total,
     };

@@ -109,9 +109,12 @@ pub(crate) async fn dial(
         t0.elapsed()
     );
     match checked {
-        Ok(peer_wake) => {
-            Ok(conn.into_local(offer.upgrade(theirs.pid, peer_wake, shared.cfg.op_timeout)))
-        }
+        Ok(peer_wake) => Ok(conn.into_local(offer.upgrade(
+            theirs.pid,
+            peer_wake,
+            shared.cfg.op_timeout,
+            ack.version,
+        ))),
         // The peer has switched already: this connection cannot go on as TCP.
         Err(why) if shared.same_host() == SameHost::Require => Err(DialFailure::Failed(format!(
             "same-host transport required: {why}"
@@ -128,6 +131,7 @@ pub(crate) async fn accept(
     mut conn: Conn,
     hello: &Hello,
     nonce: &[u8; NONCE_BYTES],
+    version: u32,
 ) -> Option<Conn> {
     let theirs = match read_frame_exact(&mut conn).await {
         Ok(Frame::Local(o)) => o,
@@ -159,7 +163,12 @@ pub(crate) async fn accept(
                 slot: offer.addr(),
             };
             send(&mut conn, Frame::Local(me)).await.ok()?;
-            Some(conn.into_local(offer.upgrade(theirs.pid, peer_wake, shared.cfg.op_timeout)))
+            Some(conn.into_local(offer.upgrade(
+                theirs.pid,
+                peer_wake,
+                shared.cfg.op_timeout,
+                version,
+            )))
         }
         Err(why) if shared.same_host() == SameHost::Require => {
             log::warn!(

@@ -102,6 +102,7 @@ async fn shake(shard: &Shard, mut conn: Conn) -> Option<(Conn, Hello)> {
     let max = shard.shared.cfg.max_protocol_version;
     let ack = handshake::accept(&shard.shared.key, &hello, secret, nonce, same_host, max);
     let same_host = ack.same_host;
+    let version = ack.version;
     let mut buf = Vec::new();
     Frame::HelloAck(ack).encode(0, &mut buf);
     conn.send(&buf).await.ok()?;
@@ -123,7 +124,7 @@ async fn shake(shard: &Shard, mut conn: Conn) -> Option<(Conn, Hello)> {
         }
     }
     if same_host {
-        conn = same_host::accept(&shard.shared, conn, &hello, &nonce).await?;
+        conn = same_host::accept(&shard.shared, conn, &hello, &nonce, version).await?;
     }
     Some((conn, hello))
 }
@@ -452,7 +453,7 @@ async fn read_from_device(
         record(shard, conn, &rec, false);
     }
     let spans: Vec<(u64, u64)> = chunk.segs.iter().map(|s| (s.off, s.len)).collect();
-    match gpu_io::push_from_device(shard, writer, &frame, region, &spans).await {
+    match gpu_io::push_from_device(shard, writer, &frame, region, &spans, true).await {
         Ok(()) => Ok((codes::SUCCESS, String::new())),
         Err(SendError::Gpu(e)) => {
             // Nothing left yet: answer with the error instead (it replaces the SUCCESS

@@ -184,6 +184,7 @@ impl Core {
             local: region,
             remote_mem: remote.id,
             remote_key: remote.access_key,
+            remote_device: remote.loc == crate::desc::MemoryLocationType::Gpu,
             layout,
             total,
             deadline_ns: now_ns() + shared.cfg.op_timeout.as_nanos() as u64,

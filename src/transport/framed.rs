@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use futures_lite::{AsyncRead, AsyncReadExt};
 use morio_shards::rt;
 
-use super::Tx;
+use super::{Rx, Tx};
 use crate::proto::decode::{decode_frame, DecodeError};
 use crate::proto::frame::{encode_chunk_segs, ChunkHead, ChunkSegs, Frame, Kind, Seg};
 use crate::proto::limits::{HEADER_BYTES, MAX_BODY_BYTES, MAX_HANDSHAKE_BODY_BYTES};
@@ -342,6 +342,50 @@ pub(crate) fn ascending_disjoint(mut ranges: impl Iterator<Item = (u64, u64)>) -
     })
 }
 
+impl FrameReader<Rx> {
+    /// The device parts the peer offers as the current frame's payload, and the process
+    /// they are in; `None` when the payload comes as bytes. Settle an offer with
+    /// [`Self::settle_device`].
+    pub(crate) async fn device_offer(
+        &mut self,
+    ) -> Result<Option<(crate::transport::local::Device, u32)>, ConnError> {
+        // Payload bytes already buffered (or none due) mean the payload is not device parts.
+        if self.end != self.start || self.payload_left == 0 {
+            return Ok(None);
+        }
+        if !matches!(self.r, Rx::Local(_)) {
+            return Ok(None);
+        }
+        let left = self.time_left()?;
+        let Rx::Local(r) = &mut self.r else {
+            return Ok(None);
+        };
+        let pid = r.peer();
+        let d = rt::timeout(left, std::future::poll_fn(|cx| r.poll_device(cx)))
+            .await
+            .ok_or(ConnError::Stalled(self.stall))?
+            .map_err(ConnError::Io)?;
+        Ok(d.map(|d| (d, pid)))
+    }
+
+    /// Answer the offered device parts (see [`crate::transport::local::Verdict`]); taken,
+    /// they stand for `len` payload bytes.
+    pub(crate) fn settle_device(
+        &mut self,
+        v: crate::transport::local::Verdict,
+        len: u64,
+    ) -> Result<(), ConnError> {
+        let Rx::Local(r) = &mut self.r else {
+            return Err(ConnError::Violation("no device parts offered".into()));
+        };
+        r.settle_device(v).map_err(ConnError::Io)?;
+        if v == crate::transport::local::Verdict::Taken {
+            self.payload_left = self.payload_left.saturating_sub(len);
+        }
+        Ok(())
+    }
+}
+
 /// Writes frames, copying small payloads next to their header so the whole frame leaves in
 /// one `send`, and sending large ones straight from registered memory.
 pub(crate) struct FrameWriter {
@@ -458,6 +502,23 @@ impl FrameWriter {
     /// Queue the header of `frame` whose `payload` bytes follow through [`Self::send_part`].
     pub(crate) fn push_header(&mut self, frame: &Frame, payload: u64) {
         frame.encode(payload, &mut self.buf);
+    }
+
+    /// Whether GPU memory may be offered as device parts on this connection.
+    pub(crate) fn offers_device(&self) -> bool {
+        self.w.offers_device()
+    }
+
+    /// Send everything queued (a frame's header last), then offer `parts` of `export` as
+    /// that frame's payload; `Ok(false)` when the peer declined: send its bytes then.
+    pub(crate) async fn send_device(
+        &mut self,
+        export: &crate::gpu::IpcExport,
+        parts: &[(u64, u64)],
+    ) -> io::Result<bool> {
+        let r = self.w.send_device(&self.buf, export, parts).await;
+        self.buf.clear();
+        r
     }
 
     /// Send everything queued, then `part` (the next payload bytes), in one gather.

@@ -293,6 +293,26 @@ impl Closer {
 }
 
 impl Tx {
+    /// Whether GPU memory may be offered as device parts (a same-host connection whose peer
+    /// takes them).
+    pub(crate) fn offers_device(&self) -> bool {
+        matches!(self, Tx::Local(w) if w.offers_device())
+    }
+
+    /// Send `head`, then offer `parts` of `export` as the payload after it; `Ok(false)` when
+    /// the peer declined (or the transport has no device parts): send the bytes then.
+    pub(crate) async fn send_device(
+        &mut self,
+        head: &[u8],
+        export: &crate::gpu::IpcExport,
+        parts: &[(u64, u64)],
+    ) -> io::Result<bool> {
+        match self {
+            Tx::Local(w) => w.send_device(head, export, parts).await,
+            _ => Ok(false),
+        }
+    }
+
     /// Send every byte of `parts`, in order, gathered into as few sends as the transport
     /// takes: a frame header and payload slices of registered memory leave without being
     /// copied into one buffer.

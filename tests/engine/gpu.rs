@@ -239,7 +239,11 @@ fn staging_stays_within_the_configured_cap() {
     let fake = Arc::new(FakeGpu::new(1));
     fake.set_copy_delay(Duration::from_micros(50));
     let rt: Arc<dyn GpuRuntime> = fake.clone();
-    let cfg = small_slots();
+    // Staging itself is under test: same-host device parts would bypass it.
+    let cfg = TcpBackendConfig {
+        same_host: Some(morio::SameHost::Off),
+        ..small_slots()
+    };
     let cap = cfg.gpu_staging_bytes;
     let (a, b) = gpu_pair("gpu_cap", cfg, &rt);
     let n = 24 << 20;

@@ -8,6 +8,7 @@ mod common;
 mod concurrency;
 mod failures;
 mod gpu;
+mod gpu_same_host;
 mod host;
 mod in_process;
 mod mori_cases;

@@ -555,6 +555,7 @@ impl Sim {
             op: spec.op,
             mem_id: spec.mem_id,
             access_key: spec.access_key,
+            remote_device: false,
             layout: spec.layout.clone(),
             total: spec.layout.total_bytes(),
         };

@@ -137,6 +137,7 @@ async fn write_chunk(
 ) -> std::io::Result<()> {
     let head = spec.head(tag, to.uid);
     let final_ = spec.final_;
+    let to_device = spec.remote_device;
     match spec.op {
         Op::Write if local.device().is_some() => {
             // The chunk as a frame value, for GPU staging.
@@ -148,7 +149,7 @@ async fn write_chunk(
                 .borrow_mut()
                 .sending_write(tag, to, final_, |t| shard.shared.may_run(t.owner, t.gen));
             let frame = Frame::Write { chunk: c, final_ };
-            match gpu_io::push_from_device(shard, writer, &frame, &local, &spans).await {
+            match gpu_io::push_from_device(shard, writer, &frame, &local, &spans, to_device).await {
                 Ok(()) => {
                     shard.stats.borrow_mut().count_sent(lane.counters, bytes);
                     Ok(())

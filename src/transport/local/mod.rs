@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use morio_shards::rt;
 
-pub(crate) use rx::LocalRx;
+pub(crate) use records::{Device, MAX_DEVICE_PAIRS};
+pub(crate) use rx::{LocalRx, Verdict};
 pub(crate) use tx::LocalTx;
 
 /// This host's boot id (`/proc/sys/kernel/random/boot_id`), read once; `None` where the
@@ -346,6 +347,8 @@ pub(crate) struct Upgrade {
     pub(crate) peer_wake: Option<OwnedFd>,
     /// How long a send may wait for the peer to take its parts (`op_timeout`).
     pub(crate) stall: Duration,
+    /// Whether the connection carries device parts (its version has them).
+    pub(crate) device_parts: bool,
 }
 
 /// This side's half of the same-host step: its slot holding its proof and the descriptor of
@@ -375,13 +378,21 @@ impl Offer {
 
     /// What upgrades the connection once the peer (process `peer`, whose wake socket we
     /// may have taken) is proven.
-    pub(crate) fn upgrade(self, peer: u32, peer_wake: Option<OwnedFd>, stall: Duration) -> Upgrade {
+    /// `version` is the one the connection speaks.
+    pub(crate) fn upgrade(
+        self,
+        peer: u32,
+        peer_wake: Option<OwnedFd>,
+        stall: Duration,
+        version: u32,
+    ) -> Upgrade {
         Upgrade {
             peer,
             slot: self.slot,
             wake: self.wake,
             peer_wake,
             stall,
+            device_parts: version >= crate::proto::limits::DEVICE_PARTS_VERSION,
         }
     }
 }
@@ -408,7 +419,7 @@ impl LocalConn {
         let pid = up.peer as libc::pid_t;
         (
             LocalRx::new(r, pid, up.peer_wake),
-            LocalTx::new(w, pid, up.slot, up.wake, up.stall),
+            LocalTx::new(w, pid, up.slot, up.wake, up.stall, up.device_parts),
         )
     }
 }

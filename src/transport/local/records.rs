@@ -6,14 +6,34 @@
 //! `u32 index`): the receiver copies `len` bytes at `addr` out of the sender's memory straight
 //! into its destination, checks the sender's `cell` still holds `token` (the bytes were still
 //! the sender's to give), then writes `index` into the cell's second word (the sender's send
-//! completes once every pulled part of it is acknowledged). All little-endian.
+//! completes once every pulled part of it is acknowledged). A part of GPU memory travels as a
+//! `DEVICE` record (`u8 3`, the 64-byte IPC handle of the sender's allocation, `u64 base` (the
+//! allocation's address in the sender), `u64 cell`, `u64 token`, `u32 n`, then `n` pairs of
+//! `u64 offset`, `u64 len` within the allocation, in payload order): the receiver either takes
+//! it (opens the handle, copies on its GPU, checks the token, writes 1 into the cell's second
+//! word) or declines it (writes [`DECLINED`] or [`DECLINED_FOR_GOOD`]); after a decline the
+//! same bytes follow as ordinary records. All little-endian.
 
 use std::fmt;
+
+use crate::gpu::{IpcExport, IPC_HANDLE_BYTES};
 
 /// Tag of an INLINE record.
 pub(crate) const INLINE: u8 = 1;
 /// Tag of a PULL record.
 pub(crate) const PULL: u8 = 2;
+/// Tag of a DEVICE record.
+pub(crate) const DEVICE: u8 = 3;
+/// Bytes of a DEVICE record before its pairs.
+pub(crate) const DEVICE_HEAD: usize = 1 + IPC_HANDLE_BYTES + 8 + 8 + 8 + 4;
+/// Most pairs a DEVICE record carries (a chunk of more pieces is staged).
+pub(crate) const MAX_DEVICE_PAIRS: usize = 1024;
+/// Written into the cell by a receiver that declines a DEVICE record this time (its
+/// destination is host memory): the bytes follow as ordinary records.
+pub(crate) const DECLINED: u64 = 1 << 40;
+/// Written by a receiver that cannot take DEVICE records from this sender at all (it cannot
+/// open its handles): the bytes follow, and the sender offers none again on this connection.
+pub(crate) const DECLINED_FOR_GOOD: u64 = (1 << 40) + 1;
 /// Bytes of an INLINE record's head.
 pub(crate) const INLINE_HEAD: usize = 1 + 4;
 /// Bytes of a PULL record.
@@ -41,13 +61,36 @@ pub(crate) struct Pull {
     pub(crate) index: u32,
 }
 
+/// Parts of the sender's GPU memory the receiver may copy through an IPC handle.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Device {
+    /// The sender's allocation: handle, base (its size is not sent: the receiver learns it
+    /// from its own runtime when it opens the handle).
+    pub(crate) export: IpcExport,
+    /// The sender's cell, as for [`Pull`].
+    pub(crate) cell: u64,
+    /// The cell's value while the sender waits.
+    pub(crate) token: u64,
+    /// (offset in the allocation, length) in payload order.
+    pub(crate) parts: Vec<(u64, u64)>,
+}
+
+impl Device {
+    /// Payload bytes it stands for.
+    pub(crate) fn len(&self) -> u64 {
+        self.parts.iter().map(|p| p.1).sum()
+    }
+}
+
 /// A record's head.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Record {
     /// This many bytes follow in the stream.
     Inline(u32),
     /// A part to pull.
     Pull(Pull),
+    /// Parts of GPU memory offered.
+    Device(Device),
 }
 
 /// A record head that cannot be.
@@ -89,7 +132,65 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Option<(Record, usize)>, BadRecord> {
             }
             Ok(Some((Record::Pull(p), PULL_HEAD)))
         }
+        DEVICE if buf.len() < DEVICE_HEAD => Ok(None),
+        DEVICE => {
+            let mut handle = [0u8; IPC_HANDLE_BYTES];
+            handle.copy_from_slice(&buf[1..1 + IPC_HANDLE_BYTES]);
+            let at = 1 + IPC_HANDLE_BYTES;
+            let (base, cell, token) = (u64_at(at), u64_at(at + 8), u64_at(at + 16));
+            let n = u32::from_le_bytes(buf[at + 24..at + 28].try_into().unwrap_or_default());
+            let n = n as usize;
+            if n == 0 || n > MAX_DEVICE_PAIRS || token == 0 {
+                return Err(BadRecord(tag));
+            }
+            let used = DEVICE_HEAD + 16 * n;
+            if buf.len() < used {
+                return Ok(None);
+            }
+            let parts: Vec<(u64, u64)> = (0..n)
+                .map(|i| {
+                    (
+                        u64_at(DEVICE_HEAD + 16 * i),
+                        u64_at(DEVICE_HEAD + 16 * i + 8),
+                    )
+                })
+                .collect();
+            let mut total = 0u64;
+            for &(off, len) in &parts {
+                total = match (len, off.checked_add(len), total.checked_add(len)) {
+                    (1.., Some(_), Some(t)) => t,
+                    _ => return Err(BadRecord(tag)),
+                };
+            }
+            let export = IpcExport {
+                handle,
+                base,
+                size: 0,
+            };
+            let d = Device {
+                export,
+                cell,
+                token,
+                parts,
+            };
+            Ok(Some((Record::Device(d), used)))
+        }
         t => Err(BadRecord(t)),
+    }
+}
+
+/// Append a DEVICE record (its sender keeps to at most [`MAX_DEVICE_PAIRS`] parts, none
+/// empty: a receiver refuses any other).
+pub(crate) fn put_device(d: &Device, out: &mut Vec<u8>) {
+    out.push(DEVICE);
+    out.extend_from_slice(&d.export.handle);
+    for v in [d.export.base, d.cell, d.token] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(&(d.parts.len() as u32).to_le_bytes());
+    for &(off, len) in &d.parts {
+        out.extend_from_slice(&off.to_le_bytes());
+        out.extend_from_slice(&len.to_le_bytes());
     }
 }
 
@@ -131,6 +232,24 @@ mod tests {
         for n in 0..PULL_HEAD {
             assert_eq!(parse(&rest[..n]), Ok(None), "{n} bytes");
         }
+        let d = Device {
+            export: IpcExport {
+                handle: [9; IPC_HANDLE_BYTES],
+                base: 0x7000_0000,
+                size: 0,
+            },
+            cell: 0x5555_0000,
+            token: 7,
+            parts: vec![(0, 1 << 20), (4 << 20, 4096)],
+        };
+        let mut b = Vec::new();
+        put_device(&d, &mut b);
+        assert_eq!(b.len(), DEVICE_HEAD + 32);
+        assert_eq!(d.len(), (1 << 20) + 4096);
+        assert_eq!(parse(&b), Ok(Some((Record::Device(d), b.len()))));
+        for n in 0..b.len() {
+            assert_eq!(parse(&b[..n]), Ok(None), "{n} bytes");
+        }
     }
 
     #[test]
@@ -156,6 +275,27 @@ mod tests {
             assert_eq!(parse(&b), Err(BadRecord(PULL)), "{bad:?}");
         }
         assert_eq!(parse(&[INLINE, 0, 0, 0, 0]), Err(BadRecord(INLINE)));
+        let dev = |parts: Vec<(u64, u64)>, token| Device {
+            export: IpcExport {
+                handle: [1; IPC_HANDLE_BYTES],
+                base: 4096,
+                size: 0,
+            },
+            cell: 8,
+            token,
+            parts,
+        };
+        for bad in [
+            dev(vec![(0, 0)], 1),
+            dev(vec![(u64::MAX, 2)], 1),
+            dev(vec![(0, u64::MAX), (0, 2)], 1),
+            dev(vec![(0, 1)], 0),
+            dev(vec![(0, 1); MAX_DEVICE_PAIRS + 1], 1),
+        ] {
+            let mut b = Vec::new();
+            put_device(&bad, &mut b);
+            assert_eq!(parse(&b), Err(BadRecord(DEVICE)), "{:?}", &bad.parts[..1]);
+        }
         assert_eq!(parse(&[9]), Err(BadRecord(9)));
     }
 }

@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use futures_lite::AsyncRead;
 use morio_shards::rt;
 
-use super::records::{parse, Pull, Record};
+use super::records::{parse, Device, Pull, Record, DECLINED, DECLINED_FOR_GOOD};
 use super::{read_peer, wake, write_peer_word, ACKED_OFFSET};
 
 /// Socket bytes buffered at most (record heads and inline bytes).
@@ -29,6 +29,19 @@ enum Cur {
     Inline(usize),
     /// A part being pulled, and how much of it is in already.
     Pull(Pull, u64),
+    /// Device parts offered, not yet taken or declined.
+    Device(Device),
+}
+
+/// What the receiver did with offered device parts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Copied into their destination (on the device, complete).
+    Taken,
+    /// Not this time (the destination is host memory): the bytes follow as usual.
+    Declined,
+    /// Never on this connection (the handles cannot be opened here): the bytes follow.
+    DeclinedForGood,
 }
 
 /// The receiving half.
@@ -148,6 +161,84 @@ impl LocalRx {
     }
 }
 
+impl LocalRx {
+    /// The device parts the peer offers next, if the next record offers some (they stay
+    /// offered until [`Self::settle_device`]); `None` if the next bytes come another way.
+    pub(crate) fn poll_device(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Device>>> {
+        loop {
+            match &self.cur {
+                Cur::Device(d) => return Poll::Ready(Ok(Some(d.clone()))),
+                Cur::Inline(_) | Cur::Pull(..) => return Poll::Ready(Ok(None)),
+                Cur::Idle => match parse(&self.buf[self.start..self.end]) {
+                    Ok(Some((Record::Device(d), used))) => {
+                        self.start += used;
+                        self.cur = Cur::Device(d);
+                    }
+                    Ok(Some(_)) => return Poll::Ready(Ok(None)),
+                    Ok(None) => match self.fill(cx) {
+                        Poll::Ready(Ok(0)) => {
+                            return Poll::Ready(Err(io::ErrorKind::UnexpectedEof.into()))
+                        }
+                        Poll::Ready(Ok(_)) => {}
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                        Poll::Pending => return Poll::Pending,
+                    },
+                    Err(e) => {
+                        return Poll::Ready(Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            e.to_string(),
+                        )))
+                    }
+                },
+            }
+        }
+    }
+
+    /// Answer the offered device parts. Taken: the sender's token is checked first (it
+    /// still waited for this copy, so the bytes copied were its to give), then the copy is
+    /// acknowledged. Declined: the same bytes follow as ordinary records.
+    pub(crate) fn settle_device(&mut self, v: Verdict) -> io::Result<()> {
+        let Cur::Device(d) = std::mem::replace(&mut self.cur, Cur::Idle) else {
+            return Err(io::Error::other("no device parts are offered"));
+        };
+        let word = match v {
+            Verdict::Taken => {
+                let mut token = [0u8; 8];
+                let got = read_peer(
+                    self.peer,
+                    &mut [libc::iovec {
+                        iov_base: token.as_mut_ptr().cast(),
+                        iov_len: 8,
+                    }],
+                    &[libc::iovec {
+                        iov_base: d.cell as *mut libc::c_void,
+                        iov_len: 8,
+                    }],
+                )?;
+                if got != 8 || u64::from_ne_bytes(token) != d.token {
+                    return Err(io::Error::new(
+                        io::ErrorKind::ConnectionAborted,
+                        format!("process {} withdrew a same-host device send", self.peer),
+                    ));
+                }
+                1
+            }
+            Verdict::Declined => DECLINED,
+            Verdict::DeclinedForGood => DECLINED_FOR_GOOD,
+        };
+        write_peer_word(self.peer, d.cell + ACKED_OFFSET, word)?;
+        if let Some(w) = &self.wake {
+            wake(w);
+        }
+        Ok(())
+    }
+
+    /// The peer process.
+    pub(crate) fn peer(&self) -> u32 {
+        self.peer as u32
+    }
+}
+
 /// Copy `src` into `bufs`, in order; the bytes copied.
 fn scatter(src: &[u8], bufs: &mut [IoSliceMut<'_>]) -> usize {
     let mut done = 0;
@@ -181,9 +272,16 @@ impl AsyncRead for LocalRx {
             return Poll::Ready(Ok(0));
         }
         loop {
-            match this.cur {
-                Cur::Pull(p, off) => return Poll::Ready(this.pull(p, off, bufs)),
-                Cur::Inline(left) => {
+            match &this.cur {
+                Cur::Device(_) => {
+                    // A reader of bytes (its destination is host memory): the same bytes
+                    // follow as ordinary records.
+                    if let Err(e) = this.settle_device(Verdict::Declined) {
+                        return Poll::Ready(Err(e));
+                    }
+                }
+                &Cur::Pull(p, off) => return Poll::Ready(this.pull(p, off, bufs)),
+                &Cur::Inline(left) => {
                     if this.start == this.end {
                         // Nothing buffered: a large enough first buffer takes the bytes
                         // straight from the socket.
@@ -226,6 +324,7 @@ impl AsyncRead for LocalRx {
                         this.cur = match rec {
                             Record::Inline(n) => Cur::Inline(n as usize),
                             Record::Pull(p) => Cur::Pull(p, 0),
+                            Record::Device(d) => Cur::Device(d),
                         };
                     }
                     Ok(None) => match this.fill(cx) {

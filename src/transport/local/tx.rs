@@ -9,8 +9,12 @@ use morio_shards::rt;
 
 use futures_lite::AsyncReadExt;
 
-use super::records::{put_inline, put_pull, Pull, MAX_INLINE, PULL_MIN_BYTES};
+use super::records::{
+    put_device, put_inline, put_pull, Device, Pull, DECLINED, DECLINED_FOR_GOOD, MAX_INLINE,
+    PULL_MIN_BYTES,
+};
 use super::{SlotRef, Wake};
+use crate::gpu::IpcExport;
 
 /// The sending half.
 #[derive(Debug)]
@@ -26,6 +30,9 @@ pub(crate) struct LocalTx {
     waker: Option<(rt::UnixStream, bool)>,
     /// The end the peer took; open while the connection lives.
     _wake_tx: Option<std::os::fd::OwnedFd>,
+    /// Whether GPU memory may be offered as DEVICE records (the connection's version has
+    /// them, and the peer has not declined them for good).
+    device_parts: bool,
 }
 
 /// Clears the cell's token when the send ends however it ends (completed, failed, or its
@@ -51,6 +58,7 @@ impl LocalTx {
         cell: SlotRef,
         wake: Option<Wake>,
         stall: Duration,
+        device_parts: bool,
     ) -> Self {
         let (waker, wake_tx) = match wake {
             Some(Wake { rx, tx }) => (Some((rt::unix_stream_from_fd(rx), false)), Some(tx)),
@@ -64,6 +72,67 @@ impl LocalTx {
             heads: Vec::with_capacity(256),
             waker,
             _wake_tx: wake_tx,
+            device_parts,
+        }
+    }
+
+    /// Whether GPU memory may be offered to the peer as device parts.
+    pub(crate) fn offers_device(&self) -> bool {
+        self.device_parts
+    }
+
+    /// Send `head` (a frame's bytes), then offer `parts` (offset, length) of the exported
+    /// allocation `export` as its payload. `Ok(true)` once the peer has copied them (the
+    /// memory may be reused then); `Ok(false)` if it declined, and the caller must then send
+    /// the same bytes as usual.
+    pub(crate) async fn send_device(
+        &mut self,
+        head: &[u8],
+        export: &IpcExport,
+        parts: &[(u64, u64)],
+    ) -> io::Result<bool> {
+        self.heads.clear();
+        let token = loop {
+            let t: u64 = rand::random();
+            if t != 0 {
+                break t;
+            }
+        };
+        if !head.is_empty() {
+            put_inline(head.len(), &mut self.heads);
+        }
+        let at = self.heads.len();
+        let d = Device {
+            export: *export,
+            cell: self.cell.addr(),
+            token,
+            parts: parts.to_vec(),
+        };
+        put_device(&d, &mut self.heads);
+        let cell = self.cell.slot();
+        cell.acked.store(0, Ordering::SeqCst);
+        cell.live.store(token, Ordering::SeqCst);
+        let withdraw = Withdraw(&self.cell);
+        let gather: [&[u8]; 3] = [&self.heads[..at], head, &self.heads[at..]];
+        self.w.send_all(&gather).await?;
+        wait_acked(cell, 1, self.stall, self.peer, &mut self.waker).await?;
+        drop(withdraw);
+        match cell.acked.load(Ordering::SeqCst) {
+            1 => Ok(true),
+            DECLINED => Ok(false),
+            DECLINED_FOR_GOOD => {
+                log::info!(
+                    "same-host peer process {} cannot open this process's GPU memory: staging \
+                     it through host memory on this connection",
+                    self.peer
+                );
+                self.device_parts = false;
+                Ok(false)
+            }
+            v => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("process {} answered a device part with {v}", self.peer),
+            )),
         }
     }
 

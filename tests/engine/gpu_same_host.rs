@@ -1,0 +1,225 @@
+//! GPU memory over the same-host transport: device parts (the receiver opens the sender's
+//! exported allocation and copies on its GPU, no staging), the fallbacks (a runtime that
+//! cannot open the handle, a host destination, a version 7 peer), copy faults and
+//! deregistration while a device copy is in flight. On the fake runtime, whose "other
+//! process" opens the export at an address of its own; the H200 host runs the same paths on
+//! CUDA across processes (`morio bench --same-host`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use morio::gpu::fake::{FakeGpu, FaultAt};
+use morio::gpu::GpuRuntime;
+use morio::{IoEngine, RegisteredBuffer, SameHost, StatusCode, TcpBackendConfig};
+
+use crate::common::*;
+
+fn cfg() -> TcpBackendConfig {
+    cfg_with(|c| {
+        c.same_host = Some(SameHost::Require);
+        c.chunk_bytes = 256 << 10;
+        c.striping_threshold_bytes = 512 << 10;
+        c.num_data_conns = 2;
+    })
+}
+
+fn gpu_pair(prefix: &str, cfg: TcpBackendConfig) -> (IoEngine, IoEngine, Arc<FakeGpu>) {
+    let fake = Arc::new(FakeGpu::new(1));
+    let rt: Arc<dyn GpuRuntime> = fake.clone();
+    let (a, b) = pair(prefix, cfg);
+    a.set_gpu_runtime(rt.clone()).unwrap();
+    b.set_gpu_runtime(rt).unwrap();
+    (a, b, fake)
+}
+
+fn gpu_buf(e: &IoEngine, bytes: &[u8]) -> RegisteredBuffer {
+    let b = e.alloc_gpu_buffer(0, bytes.len()).unwrap();
+    assert!(b.write_at(0, bytes));
+    b
+}
+
+/// Writes and reads GPU to GPU, single (one chunk, striped) and batched, verified byte for
+/// byte; every byte moved by device-to-device copies, none staged.
+#[test]
+fn gpu_to_gpu_moves_as_device_parts_without_staging() {
+    let (a, b, fake) = gpu_pair("gsh_parts", cfg());
+    let n = 3 << 20;
+    let src = gpu_buf(&a, &random_big(n, 1));
+    let dst = gpu_buf(&b, &vec![0u8; n]);
+    let back = gpu_buf(&a, &vec![0u8; n]);
+    assert_ne!(
+        src.desc().ipc_handle,
+        [0u8; 64],
+        "the handle is in the descriptor"
+    );
+    let staged_before = fake.copies() - fake.d2d_copies();
+    for (off, len) in [(7usize, 1000usize), (4096, 300 << 10), (1 << 20, 2 << 20)] {
+        let what = format!("write of {len} at {off}");
+        let uid = a.allocate_transfer_uid();
+        assert_ok(&a.write(src.desc(), off, dst.desc(), off, len, uid), &what);
+        assert_eq!(inbound(&b, a.key(), uid), StatusCode::Success, "{what}");
+        assert_bytes_eq(&bytes_at(&dst, off, len), &bytes_at(&src, off, len), &what);
+        let what = format!("read of {len} at {off}");
+        let uid = a.allocate_transfer_uid();
+        assert_ok(&a.read(back.desc(), off, dst.desc(), off, len, uid), &what);
+        assert_bytes_eq(&bytes_at(&back, off, len), &bytes_at(&src, off, len), &what);
+    }
+    let offs: Vec<usize> = (0..32).map(|i| i * 65536 + 3).collect();
+    let sizes = vec![40_000usize; 32];
+    let sts = a.batch_write(
+        &[src.desc().clone()],
+        std::slice::from_ref(&offs),
+        &[dst.desc().clone()],
+        std::slice::from_ref(&offs),
+        &[sizes],
+        &[a.allocate_transfer_uid()],
+    );
+    assert_ok(&sts[0], "batch write");
+    for &o in &offs {
+        assert_bytes_eq(
+            &bytes_at(&dst, o, 40_000),
+            &bytes_at(&src, o, 40_000),
+            "piece",
+        );
+    }
+    assert!(fake.d2d_copies() > 0, "device parts were used");
+    assert_eq!(
+        fake.copies() - fake.d2d_copies(),
+        staged_before,
+        "nothing was staged through host memory"
+    );
+    // Opened once per exported allocation, not per transfer.
+    assert!(fake.ipc_opens() <= 3, "{} opens", fake.ipc_opens());
+}
+
+/// A GPU source with a host destination (write) and a GPU target read into host memory:
+/// the first is never offered, the second is declined, and both arrive staged.
+#[test]
+fn host_destinations_take_staged_bytes() {
+    let (a, b, fake) = gpu_pair("gsh_host", cfg());
+    let n = 1 << 20;
+    let src = gpu_buf(&a, &random_big(n, 2));
+    let host = b.alloc_buffer(n).unwrap();
+    let uid = a.allocate_transfer_uid();
+    assert_ok(
+        &a.write(src.desc(), 0, host.desc(), 0, n, uid),
+        "gpu->host write",
+    );
+    assert_bytes_eq(&host.to_vec(), &src.to_vec(), "gpu->host write");
+    assert_eq!(
+        fake.d2d_copies(),
+        0,
+        "a host destination is never offered parts"
+    );
+    let remote = gpu_buf(&b, &random_big(n, 3));
+    let local = a.alloc_buffer(n).unwrap();
+    let uid = a.allocate_transfer_uid();
+    assert_ok(
+        &a.read(local.desc(), 0, remote.desc(), 0, n, uid),
+        "gpu->host read",
+    );
+    assert_bytes_eq(&local.to_vec(), &remote.to_vec(), "gpu->host read");
+    assert_eq!(fake.d2d_copies(), 0, "declined, then staged");
+}
+
+/// A runtime that cannot open the peer's handles: every transfer still succeeds, staged.
+#[test]
+fn a_refused_handle_falls_back_to_staging() {
+    let (a, b, fake) = gpu_pair("gsh_refused", cfg());
+    fake.refuse_ipc(true);
+    let n = 2 << 20;
+    let src = gpu_buf(&a, &random_big(n, 4));
+    let dst = gpu_buf(&b, &vec![0u8; n]);
+    for i in 0..3 {
+        let uid = a.allocate_transfer_uid();
+        assert_ok(&a.write(src.desc(), 0, dst.desc(), 0, n, uid), "write");
+        assert_eq!(inbound(&b, a.key(), uid), StatusCode::Success);
+        assert_bytes_eq(&dst.to_vec(), &src.to_vec(), &format!("write {i}"));
+        let back = gpu_buf(&a, &vec![0u8; n]);
+        let uid = a.allocate_transfer_uid();
+        assert_ok(&a.read(back.desc(), 0, dst.desc(), 0, n, uid), "read");
+        assert_bytes_eq(&back.to_vec(), &src.to_vec(), &format!("read {i}"));
+    }
+    assert_eq!(fake.d2d_copies(), 0);
+    assert_eq!(fake.ipc_opens(), 0);
+    let t = a.stats().unwrap().total();
+    assert_eq!(t.lane_failures, 0, "no lane failed: {t:?}");
+}
+
+/// A version 7 peer (same host, no device parts): staged, verified.
+#[test]
+fn a_version_7_peer_gets_staged_bytes() {
+    let old = cfg_with(|c| {
+        c.same_host = Some(SameHost::Require);
+        c.max_protocol_version = 7;
+    });
+    let (a, b, fake) = gpu_pair("gsh_v7", old);
+    let n = 1 << 20;
+    let src = gpu_buf(&a, &random_big(n, 5));
+    let dst = gpu_buf(&b, &vec![0u8; n]);
+    let uid = a.allocate_transfer_uid();
+    assert_ok(&a.write(src.desc(), 0, dst.desc(), 0, n, uid), "v7 write");
+    assert_bytes_eq(&dst.to_vec(), &src.to_vec(), "v7 write");
+    assert_eq!(fake.d2d_copies(), 0);
+    let t = a.stats().unwrap().total();
+    assert!(t.lane_connects_same_host >= 1, "{t:?}");
+    assert_eq!(t.lane_connects_same_host, t.lane_connects, "{t:?}");
+}
+
+/// A device copy that fails on the GPU fails its transfer with `ERR_GPU_OP` on both sides;
+/// the lane carries the next one.
+#[test]
+fn a_failed_device_copy_fails_only_its_transfer() {
+    let (a, b, fake) = gpu_pair("gsh_fault", cfg());
+    let n = 64 << 10;
+    let src = gpu_buf(&a, &random_big(n, 6));
+    let dst = gpu_buf(&b, &vec![0u8; n]);
+    fake.inject_fault(Some(0), FaultAt::Complete);
+    let uid = a.allocate_transfer_uid();
+    let st = a.write(src.desc(), 0, dst.desc(), 0, n, uid);
+    assert_eq!(wait(&st), StatusCode::ErrGpuOp, "{}", st.message());
+    assert_eq!(inbound(&b, a.key(), uid), StatusCode::ErrGpuOp);
+    fake.inject_fault(None, FaultAt::Submit);
+    // The fake's fault is sticky per stream (as a CUDA device error is); a fresh pair of
+    // buffers on the same engines still moves once the lane is redialed if it must be.
+    let uid = a.allocate_transfer_uid();
+    let st = a.write(src.desc(), 0, dst.desc(), 0, n, uid);
+    let code = wait(&st);
+    assert!(
+        matches!(code, StatusCode::Success | StatusCode::ErrGpuOp),
+        "{code:?}: {}",
+        st.message()
+    );
+}
+
+/// Deregistering the target's GPU memory while device copies run: it waits for them,
+/// transfers after it are refused as unknown memory, and nothing hangs.
+#[test]
+fn deregistration_waits_for_device_copies() {
+    let (a, b, fake) = gpu_pair("gsh_dereg", cfg());
+    fake.set_copy_delay(Duration::from_millis(30));
+    let n = 2 << 20;
+    let src = gpu_buf(&a, &random_big(n, 7));
+    let dst = gpu_buf(&b, &vec![0u8; n]);
+    let uid = a.allocate_transfer_uid();
+    let st = a.write(src.desc(), 0, dst.desc(), 0, n, uid);
+    std::thread::sleep(Duration::from_millis(10));
+    b.deregister_memory(dst.desc()).unwrap();
+    // Deregistration returned: nothing is copying into the region any more.
+    let copies = fake.d2d_copies();
+    let code = wait(&st);
+    assert!(
+        code == StatusCode::Success || code.is_error(),
+        "terminal: {code:?}: {}",
+        st.message()
+    );
+    fake.set_copy_delay(Duration::ZERO);
+    let uid = a.allocate_transfer_uid();
+    let st = a.write(src.desc(), 0, dst.desc(), 0, n, uid);
+    assert_eq!(wait(&st), StatusCode::ErrNotFound, "{}", st.message());
+    assert_eq!(
+        fake.d2d_copies(),
+        copies,
+        "nothing copied after deregistration"
+    );
+}
