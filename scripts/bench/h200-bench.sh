@@ -57,7 +57,7 @@ OUT_DIR="${OUT:-/tmp/morio-bench}"
 ITERS="${ITERS:-128}"
 
 usage() {
-	echo "usage: $0 build|run|tp|gpu|lat|trace|cpus|ab|archab|authab|hostab|scrapeab|stripes|ftrace" >&2
+	echo "usage: $0 build|run|tp|gpu|gpuipc|lat|trace|cpus|ab|archab|authab|hostab|scrapeab|stripes|ftrace" >&2
 	exit 2
 }
 
@@ -416,6 +416,29 @@ hostab() {
 	finish
 }
 
+# gpuipc: GPU memory between two processes of the host, staged through host memory over TCP
+# (same-host off) against device parts through CUDA IPC (same-host require), host memory
+# rows as the reference, interleaved.
+gpuipc() {
+	begin
+	local big=(--buffer-size 1048576 --transfer-batch-size 256 --enable-batch-transfer
+		--enable-sess --batch-contiguous --no-ceiling)
+	local r mode tag
+	for ((r = 1; r <= ${ROUNDS:-2}; r++)); do
+		for mode in off require; do
+			tag="r${r}-${mode}"
+			add "hw1m-${tag}" --op-type write "${big[@]}" --same-host "${mode}"
+			add "gw1m-${tag}" --op-type write "${big[@]}" --mem-type gpu --same-host "${mode}"
+			add "gr1m-${tag}" --op-type read "${big[@]}" --mem-type gpu --same-host "${mode}"
+			add "gw64m-${tag}" --op-type write --buffer-size 67108864 --transfer-batch-size 1 \
+				--mem-type gpu --no-ceiling --same-host "${mode}"
+			add "gr64m-${tag}" --op-type read --buffer-size 67108864 --transfer-batch-size 1 \
+				--mem-type gpu --no-ceiling --same-host "${mode}"
+		done
+	done
+	finish
+}
+
 # scrapeab: what a 1 s metrics scrape costs the data path, every row without and with it.
 scrapeab() {
 	begin
@@ -477,6 +500,7 @@ ftrace) ftrace ;;
 stripes) stripes ;;
 cpus) cpus ;;
 build) build ;;
+gpuipc) gpuipc ;;
 trace) trace ;;
 run) run ;;
 tp) tp ;;

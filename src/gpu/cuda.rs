@@ -15,14 +15,19 @@ use super::{
     PinnedBuf,
 };
 
+/// The IPC mappings this process opened: one table for the process, since every engine's
+/// runtime works in the same per-device contexts (a handle is opened once per context).
+fn opened() -> &'static IpcCache {
+    static OPENED: OnceLock<IpcCache> = OnceLock::new();
+    OPENED.get_or_init(IpcCache::default)
+}
+
 /// The CUDA runtime of this process.
 #[derive(Debug)]
 pub struct CudaRuntime {
     count: usize,
     /// Primary context per device (as `usize`: `CUcontext` is a raw pointer), retained once.
     ctxs: Vec<OnceLock<Result<usize, GpuError>>>,
-    /// IPC mappings opened here.
-    opened: IpcCache,
 }
 
 fn err(call: &'static str) -> impl Fn(DriverError) -> GpuError {
@@ -69,7 +74,6 @@ impl CudaRuntime {
         Ok(Self {
             count: count as usize,
             ctxs: (0..count).map(|_| OnceLock::new()).collect(),
-            opened: IpcCache::default(),
         })
     }
 
@@ -265,7 +269,7 @@ impl GpuRuntime for CudaRuntime {
                 let _ = unsafe { sys::cuIpcCloseMemHandle(base) };
             }
         };
-        let r = self.opened.get_or_open(dev, pid, export, open, close);
+        let r = opened().get_or_open(dev, pid, export, open, close);
         bind(ctx)?;
         r
     }

@@ -8,7 +8,7 @@
 
 use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use hip_sys::hiprt as hip;
 use hip_sys::hiprt::hipError_t;
@@ -19,14 +19,19 @@ use super::{
     PinnedBuf, IPC_HANDLE_BYTES,
 };
 
+/// The IPC mappings this process opened: one table for the process, since every engine's
+/// runtime works in the same per-device contexts (a handle is opened once per context).
+fn opened() -> &'static IpcCache {
+    static OPENED: OnceLock<IpcCache> = OnceLock::new();
+    OPENED.get_or_init(IpcCache::default)
+}
+
 /// The HIP runtime of this process.
 #[derive(Debug)]
 pub struct HipRuntime {
     count: usize,
     /// `hipMemoryTypeDevice` as this runtime numbers it (1 before ROCm 6, 2 from ROCm 6 on).
     device_mem_type: u32,
-    /// IPC mappings opened here.
-    opened: IpcCache,
 }
 
 /// The allocation holding `ptr`: its start and size.
@@ -143,7 +148,6 @@ impl HipRuntime {
         Ok(Self {
             count: n as usize,
             device_mem_type: device_mem_type(version),
-            opened: IpcCache::default(),
         })
     }
 
@@ -349,7 +353,7 @@ impl GpuRuntime for HipRuntime {
                 let _ = unsafe { hip::hipIpcCloseMemHandle(base as *mut c_void) };
             }
         };
-        let r = self.opened.get_or_open(dev, pid, export, open, close);
+        let r = opened().get_or_open(dev, pid, export, open, close);
         set_device(dev)?;
         r
     }
