@@ -7,11 +7,14 @@
 //! `TransferStatus` itself is in `status/transfer.rs` (model-checked by `tests/loom.rs`).
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod spin;
 mod transfer;
+
+pub(crate) use spin::record as record_wait;
+pub use spin::{set_wait_spin, set_wait_spin_adaptive, wait_spin};
 
 pub use transfer::TransferStatus;
 
@@ -90,22 +93,6 @@ impl fmt::Display for StatusCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
-}
-
-/// How long a waiter spins on the status before sleeping (process-wide, in ns).
-static WAIT_SPIN_NS: AtomicU64 = AtomicU64::new(50_000);
-
-/// How long `wait` / `wait_for` / `wait_all` spin on a status before sleeping on it
-/// (process-wide; default 50 µs). Longer spins catch more completions without a thread
-/// wake-up, at the cost of the waiting thread's core.
-pub fn set_wait_spin(d: Duration) {
-    WAIT_SPIN_NS.store(d.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
-}
-
-/// The current spin window of waiters.
-#[inline]
-pub fn wait_spin() -> Duration {
-    Duration::from_nanos(WAIT_SPIN_NS.load(Ordering::Relaxed))
 }
 
 /// MORI's `IOEngine::WaitAll`.

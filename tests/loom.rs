@@ -44,6 +44,9 @@ fn wait_spin() -> Duration {
     Duration::ZERO
 }
 
+/// The adaptive spin window's statistics are not modelled.
+fn record_wait(_: Duration) {}
+
 // What `service/join.rs` takes from the crate and from its parent (`service/mod.rs`).
 use morio::proto;
 

@@ -35,6 +35,7 @@ from ._morio import (
     fabric_alloc,
     fabric_free,
     set_log_level,
+    set_wait_spin_adaptive,
     set_wait_spin_us,
 )
 from ._morio import _shutdown_all
@@ -70,6 +71,7 @@ __all__ = [
     "fabric_alloc",
     "fabric_free",
     "set_log_level",
+    "set_wait_spin_adaptive",
     "set_wait_spin_us",
 ]
 if "Discovery" in globals():

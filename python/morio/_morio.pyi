@@ -341,7 +341,9 @@ def check_host() -> None:
 def set_log_level(level: str) -> None:
     """trace, debug, info, warning, error, critical or off (env MORIO_LOG_LEVEL sets it at import)."""
 def set_wait_spin_us(us: int) -> None:
-    """How long waits spin before sleeping, process-wide (default 50 µs)."""
+    """How long waits spin before sleeping, process-wide (default: adapted to recent waits)."""
+def set_wait_spin_adaptive() -> None:
+    """Let waits spin as long as recent completion times justify (the default)."""
 def fabric_alloc(size: int, device: int) -> int:
     """MORI's FABRIC allocator: raises NotImplementedError (morio implements TCP only)."""
 def fabric_free(ptr: int) -> None:

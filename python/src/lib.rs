@@ -23,11 +23,19 @@ use std::time::Duration;
 use pyo3::prelude::*;
 
 /// How long `Wait`, `WaitFor` and `wait_all` spin on a status before sleeping on it, in
-/// µs (process-wide; default 50). Longer spins catch small transfers without a thread
-/// wake-up at the cost of the waiting core.
+/// µs (process-wide). Longer spins catch small transfers without a thread wake-up at the
+/// cost of the waiting core. By default the window adapts to how soon recent waits were
+/// answered; `set_wait_spin_adaptive()` goes back to that.
 #[pyfunction]
 fn set_wait_spin_us(us: u64) {
     morio::status::set_wait_spin(Duration::from_micros(us));
+}
+
+/// Let waits spin as long as recent completion times justify (the default; undoes
+/// `set_wait_spin_us`).
+#[pyfunction]
+fn set_wait_spin_adaptive() {
+    morio::status::set_wait_spin_adaptive();
 }
 
 /// morio: check that this host or container can run engines (io_uring allowed, enough
@@ -88,6 +96,7 @@ fn _morio(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<discovery::PyDiscovery>()?;
     m.add_function(wrap_pyfunction!(log::set_log_level, m)?)?;
     m.add_function(wrap_pyfunction!(set_wait_spin_us, m)?)?;
+    m.add_function(wrap_pyfunction!(set_wait_spin_adaptive, m)?)?;
     m.add_function(wrap_pyfunction!(check_host, m)?)?;
     m.add_function(wrap_pyfunction!(same_host_unavailable, m)?)?;
     m.add_function(wrap_pyfunction!(fabric_alloc, m)?)?;

@@ -11,7 +11,7 @@ use std::fmt;
 use std::sync::PoisonError;
 use std::time::{Duration, Instant};
 
-use super::{wait_spin, StatusCode};
+use super::{record_wait, wait_spin, StatusCode};
 use crate::sync::atomic::{AtomicU32, Ordering};
 use crate::sync::{Condvar, Mutex, MutexGuard};
 
@@ -145,8 +145,10 @@ impl TransferStatus {
             return c;
         }
         // Small transfers complete within a few microseconds of a round trip: spin briefly
-        // before paying for a futex sleep and wake-up.
-        let spin_until = Instant::now() + wait_spin();
+        // (as long as recent waits justify, `status::spin`) before paying for a futex sleep
+        // and wake-up.
+        let t0 = Instant::now();
+        let spin_until = t0 + wait_spin();
         let spin_until = deadline.map_or(spin_until, |d| d.min(spin_until));
         while Instant::now() < spin_until {
             for _ in 0..64 {
@@ -154,6 +156,7 @@ impl TransferStatus {
             }
             let c = self.code();
             if c != StatusCode::InProgress {
+                record_wait(t0.elapsed());
                 return c;
             }
         }
@@ -162,6 +165,7 @@ impl TransferStatus {
             // Stores happen under the mutex we hold, so this cannot miss a notify.
             let c = self.code();
             if c != StatusCode::InProgress {
+                record_wait(t0.elapsed());
                 return c;
             }
             let now = Instant::now();

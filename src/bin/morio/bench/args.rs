@@ -195,7 +195,7 @@ pub struct Args {
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
     pub scrape_ms: Option<u64>,
     /// Waiting application threads spin this many microseconds on a status before sleeping
-    /// (default 50).
+    /// (default: a window adapted to how soon recent waits were answered).
     #[arg(long)]
     pub wait_spin_us: Option<u64>,
     /// Untimed iterations before each row (default max(2, iters/16)).

@@ -191,7 +191,11 @@ pub fn print_config(a: &Args, sides: &[Side; 2], n_rows: usize, buffer_bytes: us
             "spin_before_park",
             a.spin_us.map_or("off".into(), |u| format!("{u} us")),
         ),
-        ("wait_spin", format!("{} us", a.wait_spin_us.unwrap_or(50))),
+        (
+            "wait_spin",
+            a.wait_spin_us
+                .map_or_else(|| "adaptive".to_string(), |us| format!("{us} us")),
+        ),
         (
             "scrape",
             a.scrape_ms.map_or("off".into(), |ms| {
