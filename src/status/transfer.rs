@@ -150,6 +150,7 @@ impl TransferStatus {
         let t0 = Instant::now();
         let spin_until = t0 + wait_spin();
         let spin_until = deadline.map_or(spin_until, |d| d.min(spin_until));
+        let mut rounds = 0u32;
         while Instant::now() < spin_until {
             for _ in 0..64 {
                 std::hint::spin_loop();
@@ -158,6 +159,12 @@ impl TransferStatus {
             if c != StatusCode::InProgress {
                 record_wait(t0.elapsed());
                 return c;
+            }
+            // Now and then give the CPU to whatever else wants it (the shard that will
+            // answer may be queued behind this thread on an oversubscribed machine).
+            rounds += 1;
+            if rounds % 4 == 0 {
+                std::thread::yield_now();
             }
         }
         let mut guard = self.lock();
