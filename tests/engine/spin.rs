@@ -120,3 +120,52 @@ fn shards_that_do_not_spin_never_busy_poll() {
     assert_eq!(a.stats().unwrap().total().busy_poll_wakes, 0);
     assert_eq!(b.stats().unwrap().total().busy_poll_wakes, 0);
 }
+
+/// CPU time this process has used (user and system).
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage writes one struct we own.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) }, 0);
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// After traffic (small transfers waited on, so the waiters' spin window has adapted to
+/// them, and large ones), engines with default settings and engines whose shards spin use
+/// no core once no transfer has run for 10 ms. Measured in a process of its own.
+#[test]
+fn idle_engines_burn_no_cpu() {
+    run_alone("spin::idle_engines_burn_no_cpu_case");
+}
+
+#[test]
+#[ignore = "run alone by idle_engines_burn_no_cpu (measures this process's CPU time)"]
+fn idle_engines_burn_no_cpu_case() {
+    let default = pair("idle_default", test_cfg());
+    let spinning = pair(
+        "idle_spin",
+        cfg_with(|c| c.spin_before_park = Some(Duration::from_millis(2))),
+    );
+    for (what, (a, b)) in [("default", &default), ("spinning", &spinning)] {
+        let src = random_buffer(a, 4 << 20, 5);
+        let dst = b.alloc_buffer(4 << 20).unwrap();
+        for i in 0..300usize {
+            let uid = a.allocate_transfer_uid();
+            assert_ok(&a.write(src.desc(), i * 8, dst.desc(), i * 8, 8, uid), what);
+        }
+        for _ in 0..4 {
+            let uid = a.allocate_transfer_uid();
+            assert_ok(&a.write(src.desc(), 0, dst.desc(), 0, 4 << 20, uid), what);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+        let (t0, c0) = (std::time::Instant::now(), cpu_time());
+        std::thread::sleep(Duration::from_millis(300));
+        let (wall, used) = (t0.elapsed(), cpu_time() - c0);
+        // Timers (deadline ticks) cost a little; one busy core would cost all of `wall`.
+        assert!(
+            used < wall / 10,
+            "{what}: {used:?} of CPU in {wall:?} with no transfer running"
+        );
+    }
+}
