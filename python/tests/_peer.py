@@ -80,3 +80,39 @@ def same_host_target_main(conn) -> None:
         engine.close()
     except BaseException:
         conn.send_bytes(traceback.format_exc().encode())
+
+
+CUDA_BYTES = 3 << 20
+
+
+def cuda_target_main(conn, mode: str) -> None:
+    """A target holding a CUDA tensor of pattern 5 (from torch's caching allocator, at an
+    offset inside its block): sends its descriptors, then on request reports a checksum of
+    the tensor (after the initiator wrote it) and waits for "done"."""
+    try:
+        import torch
+
+        from morio import BackendType, IOEngine, IOEngineConfig, TcpBackendConfig
+
+        engine = IOEngine("cuda_target", IOEngineConfig("127.0.0.1", 0))
+        engine.create_backend(BackendType.TCP, TcpBackendConfig(num_data_conns=2, same_host=mode))
+        pad = torch.zeros(4096, dtype=torch.uint8, device="cuda:0")
+        mem = torch.from_numpy(big_n(5, CUDA_BYTES)).to("cuda:0")
+        torch.cuda.synchronize()
+        md = engine.register_torch_tensor(mem)
+        conn.send_bytes(engine.get_engine_desc().pack())
+        conn.send_bytes(md.pack())
+        while True:
+            msg = conn.recv()
+            if msg == "done":
+                break
+            torch.cuda.synchronize()
+            conn.send(bytes(mem.cpu().numpy().tobytes()))
+        del pad
+        engine.close()
+    except BaseException:
+        conn.send_bytes(traceback.format_exc().encode())
+
+
+def big_n(seed: int, n: int) -> np.ndarray:
+    return ((np.arange(n, dtype=np.int64) * (2 * seed + 1) + seed) % 253 + 1).astype(np.uint8)

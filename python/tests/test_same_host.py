@@ -78,3 +78,60 @@ def test_same_host_readiness_matches_what_engines_do(engines):
         assert used >= 1
     else:
         assert used == 0, why
+
+
+@pytest.mark.parametrize("mode", ["require", "off"])
+def test_cuda_tensors_between_two_processes(engines, mode):
+    """GPU to GPU between processes of this host: device parts through CUDA IPC handles
+    (`require`) or staging over TCP (`off`), CUDA tensors from torch's caching allocator
+    on both sides, verified both ways."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_peer.cuda_target_main, args=(child, mode), daemon=True)
+    proc.start()
+    try:
+        assert parent.poll(60), "the target process did not answer"
+        first = parent.recv_bytes()
+        t_desc = EngineDesc.unpack(first)
+        md = MemoryDesc.unpack(parent.recv_bytes())
+        n = _peer.CUDA_BYTES
+        a = engines.engine("cuda_initiator", config=small_config(same_host=mode))
+        a.register_remote_engine(t_desc)
+        got = torch.zeros(n, dtype=torch.uint8, device="cuda:0")
+        wait_ok(a.read(a.register_torch_tensor(got), 0, md, 0, n, a.allocate_transfer_uid()))
+        torch.cuda.synchronize()
+        assert np.array_equal(got.cpu().numpy(), _peer.big_n(5, n))
+        src = torch.from_numpy(_peer.big_n(9, n)).to("cuda:0")
+        torch.cuda.synchronize()
+        src_md = a.register_torch_tensor(src)
+        wait_ok(a.write(src_md, 0, md, 0, n, a.allocate_transfer_uid()))
+        # A batch of scattered pieces at odd offsets, from another tensor, over the write.
+        other = torch.from_numpy(_peer.big_n(13, n)).to("cuda:0")
+        torch.cuda.synchronize()
+        offs = [i * 65536 + 7 for i in range(16)]
+        sizes = [40_000] * 16
+        other_md = a.register_torch_tensor(other)
+        wait_ok(a.batch_write([other_md], [offs], [md], [offs], [sizes], [a.allocate_transfer_uid()])[0])
+        want = _peer.big_n(9, n)
+        for o, z in zip(offs, sizes):
+            want[o:o + z] = _peer.big_n(13, n)[o:o + z]
+        parent.send("checksum")
+        assert parent.poll(60)
+        there = np.frombuffer(parent.recv(), np.uint8)
+        assert np.array_equal(there, want)
+        shards = a.stats()
+        total = {k: sum(s[k] for s in shards) for k in ("lane_connects", "lane_connects_same_host")}
+        if mode == "off":
+            assert total["lane_connects_same_host"] == 0, total
+        else:
+            assert total["lane_connects_same_host"] == total["lane_connects"] >= 1, total
+        parent.send("done")
+        proc.join(20)
+        assert proc.exitcode == 0
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)

@@ -98,3 +98,22 @@ def test_wait_all_blocks_until_all_done(engine):
     t.join()
     assert rc == StatusCode.ERR_RDMA_OP
     assert not any(s.InProgress() for s in sts)
+
+
+def test_wait_spin_is_adaptive_unless_set():
+    """A fixed window replaces the adaptive one until set_wait_spin_adaptive(); either way a
+    wait for a status completed by another thread returns its code."""
+    import morio
+
+    try:
+        for setting in (lambda: morio.set_wait_spin_us(0), morio.set_wait_spin_adaptive):
+            setting()
+            s = status(StatusCode.IN_PROGRESS)
+            t = threading.Timer(0.02, lambda: s.SetCode(StatusCode.SUCCESS))
+            t.start()
+            t0 = time.monotonic()
+            assert s.Wait() == StatusCode.SUCCESS
+            assert time.monotonic() - t0 >= 0.015
+            t.join()
+    finally:
+        morio.set_wait_spin_adaptive()
