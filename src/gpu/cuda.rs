@@ -11,15 +11,30 @@ use cudarc::driver::sys;
 
 use super::ipc::IpcCache;
 use super::{
-    DeviceBuf, DeviceInfo, GpuError, GpuFence, GpuRuntime, GpuStream, IpcExport, IpcMapping,
+    DeviceBuf, DeviceInfo, GpuError, GpuFence, GpuRuntime, GpuStream, IpcExport, IpcLease,
     PinnedBuf,
 };
 
 /// The IPC mappings this process opened: one table for the process, since every engine's
 /// runtime works in the same per-device contexts (a handle is opened once per context).
 fn opened() -> &'static IpcCache {
-    static OPENED: OnceLock<IpcCache> = OnceLock::new();
-    OPENED.get_or_init(IpcCache::default)
+    static OPENED: OnceLock<Arc<IpcCache>> = OnceLock::new();
+    OPENED.get_or_init(|| {
+        IpcCache::new(Box::new(|dev, base| {
+            let ctx = (|| -> Result<usize, DriverError> {
+                let d = cu::device::get(dev)?;
+                // SAFETY: retains the primary context (already retained by the runtime that
+                // opened the mapping; one more reference for the process is harmless).
+                Ok(unsafe { cu::primary_ctx::retain(d) }? as usize)
+            })();
+            if let Ok(ctx) = ctx {
+                if bind(ctx).is_ok() {
+                    // SAFETY: opened by `ipc_open` below, closed once (the cache forgot it).
+                    let _ = unsafe { sys::cuIpcCloseMemHandle(base) };
+                }
+            }
+        }))
+    })
 }
 
 /// The CUDA runtime of this process.
@@ -218,7 +233,7 @@ impl GpuRuntime for CudaRuntime {
         })
     }
 
-    fn ipc_open(&self, dev: i32, pid: u32, export: &IpcExport) -> Result<IpcMapping, GpuError> {
+    fn ipc_open(&self, dev: i32, pid: u32, export: &IpcExport) -> Result<IpcLease, GpuError> {
         let ctx = self.ctx(dev)?;
         bind(ctx)?;
         if pid == std::process::id() {
@@ -229,10 +244,7 @@ impl GpuRuntime for CudaRuntime {
             unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, export.base) }
                 .result()
                 .map_err(err("cuMemGetAddressRange"))?;
-            return Ok(IpcMapping {
-                base,
-                size: size as u64,
-            });
+            return Ok(IpcLease::own(base, size as u64));
         }
         let open = |handle: &[u8; super::IPC_HANDLE_BYTES]| {
             bind(ctx)?;
@@ -258,18 +270,9 @@ impl GpuRuntime for CudaRuntime {
                 let _ = unsafe { sys::cuIpcCloseMemHandle(base) };
                 return Err(err("cuMemGetAddressRange")(e));
             }
-            Ok(IpcMapping {
-                base,
-                size: size as u64,
-            })
+            Ok((base, size as u64))
         };
-        let close = |dev: i32, base: u64| {
-            if self.ctx(dev).and_then(bind).is_ok() {
-                // SAFETY: opened by `open` above, closed once (the cache forgets it).
-                let _ = unsafe { sys::cuIpcCloseMemHandle(base) };
-            }
-        };
-        let r = opened().get_or_open(dev, pid, export, open, close);
+        let r = opened().get_or_open(dev, pid, export, open);
         bind(ctx)?;
         r
     }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::ipc::IpcCache;
 use super::{
-    DeviceBuf, DeviceInfo, GpuError, GpuFence, GpuRuntime, GpuStream, IpcExport, IpcMapping,
+    DeviceBuf, DeviceInfo, GpuError, GpuFence, GpuRuntime, GpuStream, IpcExport, IpcLease,
     PinnedBuf, IPC_HANDLE_BYTES,
 };
 
@@ -43,7 +43,8 @@ pub struct FakeGpu {
 #[derive(Debug)]
 struct State {
     devices: usize,
-    allocs: Mutex<BTreeMap<u64, Arc<Alloc>>>,
+    /// Allocations and opened mappings by base (shared with the mapping cache's closer).
+    allocs: Arc<Mutex<BTreeMap<u64, Arc<Alloc>>>>,
     next: AtomicU64,
     pinned_live: AtomicUsize,
     pinned_peak: AtomicUsize,
@@ -54,7 +55,8 @@ struct State {
     refuse_ipc: AtomicBool,
     ipc_opens: AtomicU64,
     d2d_copies: AtomicU64,
-    opened: IpcCache,
+    opened: Arc<IpcCache>,
+    ipc_closes: Arc<AtomicU64>,
 }
 
 #[derive(Debug)]
@@ -66,10 +68,17 @@ struct Alloc {
 impl FakeGpu {
     /// A runtime with `devices` GPUs.
     pub fn new(devices: usize) -> Self {
+        let allocs: Arc<Mutex<BTreeMap<u64, Arc<Alloc>>>> = Arc::default();
+        let ipc_closes = Arc::new(AtomicU64::new(0));
+        let (a, n) = (allocs.clone(), ipc_closes.clone());
+        let opened = IpcCache::new(Box::new(move |_, base| {
+            lock(&a).remove(&base);
+            n.fetch_add(1, Ordering::Relaxed);
+        }));
         Self {
             st: Arc::new(State {
                 devices,
-                allocs: Mutex::new(BTreeMap::new()),
+                allocs,
                 next: AtomicU64::new(0),
                 pinned_live: AtomicUsize::new(0),
                 pinned_peak: AtomicUsize::new(0),
@@ -80,7 +89,8 @@ impl FakeGpu {
                 refuse_ipc: AtomicBool::new(false),
                 ipc_opens: AtomicU64::new(0),
                 d2d_copies: AtomicU64::new(0),
-                opened: IpcCache::default(),
+                opened,
+                ipc_closes,
             }),
         }
     }
@@ -126,6 +136,11 @@ impl FakeGpu {
     /// IPC handles opened so far (not counting cached ones).
     pub fn ipc_opens(&self) -> u64 {
         self.st.ipc_opens.load(Ordering::Relaxed)
+    }
+
+    /// IPC mappings closed so far (replaced, or unused for a while).
+    pub fn ipc_closes(&self) -> u64 {
+        self.st.ipc_closes.load(Ordering::Relaxed)
     }
 
     /// Device-to-device copies submitted so far.
@@ -269,7 +284,7 @@ impl GpuRuntime for FakeGpu {
         Ok(IpcExport { handle, base, size })
     }
 
-    fn ipc_open(&self, dev: i32, pid: u32, export: &IpcExport) -> Result<IpcMapping, GpuError> {
+    fn ipc_open(&self, dev: i32, pid: u32, export: &IpcExport) -> Result<IpcLease, GpuError> {
         self.device_info(dev)?;
         if self.st.refuse_ipc.load(Ordering::Relaxed) {
             return Err(GpuError::Call {
@@ -291,12 +306,9 @@ impl GpuRuntime for FakeGpu {
             let base = self.next_base();
             lock(&self.st.allocs).insert(base, a);
             self.st.ipc_opens.fetch_add(1, Ordering::Relaxed);
-            Ok(IpcMapping { base, size })
+            Ok((base, size))
         };
-        let close = |_: i32, base: u64| {
-            lock(&self.st.allocs).remove(&base);
-        };
-        self.st.opened.get_or_open(dev, pid, export, open, close)
+        self.st.opened.get_or_open(dev, pid, export, open)
     }
 
     unsafe fn copy_to_device(&self, dev: i32, dst: u64, src: &[u8]) -> Result<(), GpuError> {
@@ -604,7 +616,7 @@ mod tests {
         assert_eq!((ex.base, ex.size), (src.ptr(), 4096));
         let m = b.ipc_open(0, 1, &ex).unwrap();
         assert_eq!(m.size, 4096);
-        assert_eq!(b.ipc_open(0, 1, &ex).unwrap(), m, "cached");
+        assert_eq!(b.ipc_open(0, 1, &ex).unwrap().base, m.base, "cached");
         assert_eq!(b.ipc_opens(), 1);
         let dst = b.clone().alloc_device(0, 100).unwrap();
         let s = b.create_stream(0).unwrap();

@@ -15,15 +15,22 @@ use hip_sys::hiprt::hipError_t;
 
 use super::ipc::IpcCache;
 use super::{
-    DeviceBuf, DeviceInfo, GpuError, GpuFence, GpuRuntime, GpuStream, IpcExport, IpcMapping,
+    DeviceBuf, DeviceInfo, GpuError, GpuFence, GpuRuntime, GpuStream, IpcExport, IpcLease,
     PinnedBuf, IPC_HANDLE_BYTES,
 };
 
 /// The IPC mappings this process opened: one table for the process, since every engine's
 /// runtime works in the same per-device contexts (a handle is opened once per context).
 fn opened() -> &'static IpcCache {
-    static OPENED: OnceLock<IpcCache> = OnceLock::new();
-    OPENED.get_or_init(IpcCache::default)
+    static OPENED: OnceLock<Arc<IpcCache>> = OnceLock::new();
+    OPENED.get_or_init(|| {
+        IpcCache::new(Box::new(|dev, base| {
+            if set_device(dev).is_ok() {
+                // SAFETY: opened by `ipc_open` below, closed once (the cache forgot it).
+                let _ = unsafe { hip::hipIpcCloseMemHandle(base as *mut c_void) };
+            }
+        }))
+    })
 }
 
 /// The HIP runtime of this process.
@@ -320,13 +327,13 @@ impl GpuRuntime for HipRuntime {
         })
     }
 
-    fn ipc_open(&self, dev: i32, pid: u32, export: &IpcExport) -> Result<IpcMapping, GpuError> {
+    fn ipc_open(&self, dev: i32, pid: u32, export: &IpcExport) -> Result<IpcLease, GpuError> {
         self.ordinal(dev)?;
         set_device(dev)?;
         if pid == std::process::id() {
             // Not opened in the exporting process itself: reachable as it is.
             let (base, size) = address_range(export.base)?;
-            return Ok(IpcMapping { base, size });
+            return Ok(IpcLease::own(base, size));
         }
         let open = |handle: &[u8; IPC_HANDLE_BYTES]| {
             set_device(dev)?;
@@ -339,7 +346,7 @@ impl GpuRuntime for HipRuntime {
                 hip::hipIpcOpenMemHandle(&mut p, h, hip::hipIpcMemLazyEnablePeerAccess)
             })?;
             match address_range(p as u64) {
-                Ok((base, size)) => Ok(IpcMapping { base, size }),
+                Ok(range) => Ok(range),
                 Err(e) => {
                     // SAFETY: opened just above, closed once.
                     let _ = unsafe { hip::hipIpcCloseMemHandle(p) };
@@ -347,13 +354,7 @@ impl GpuRuntime for HipRuntime {
                 }
             }
         };
-        let close = |d: i32, base: u64| {
-            if set_device(d).is_ok() {
-                // SAFETY: opened by `open` above, closed once (the cache forgets it).
-                let _ = unsafe { hip::hipIpcCloseMemHandle(base as *mut c_void) };
-            }
-        };
-        let r = opened().get_or_open(dev, pid, export, open, close);
+        let r = opened().get_or_open(dev, pid, export, open);
         set_device(dev)?;
         r
     }

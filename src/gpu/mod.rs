@@ -6,7 +6,9 @@ use std::fmt;
 use std::sync::Arc;
 
 pub mod fake;
-pub(crate) mod ipc;
+pub mod ipc;
+
+pub use ipc::IpcLease;
 pub(crate) mod pack;
 pub(crate) mod staging;
 
@@ -70,16 +72,6 @@ pub struct IpcExport {
     pub size: u64,
 }
 
-/// An exported allocation as this process reaches it (opened once, kept while the runtime
-/// lives or until the exporter replaces it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IpcMapping {
-    /// Where the allocation starts in this process.
-    pub base: u64,
-    /// Its size in bytes.
-    pub size: u64,
-}
-
 /// One GPU as the runtime reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {
@@ -119,10 +111,11 @@ pub trait GpuRuntime: Send + Sync + fmt::Debug {
         )))
     }
     /// Reach an allocation process `pid` exported (`export`, as it sent it) from device
-    /// `dev` of this process: opened once and cached; in the exporting process itself, the
+    /// `dev` of this process: opened once and cached (closed once unused for
+    /// [`ipc::IDLE_CLOSE`], never while a lease lives); in the exporting process itself, the
     /// allocation as it is. Refused where the runtime cannot open it (another container's
     /// GPU, a device it cannot map): peers then stage through host memory.
-    fn ipc_open(&self, dev: i32, pid: u32, export: &IpcExport) -> Result<IpcMapping, GpuError> {
+    fn ipc_open(&self, dev: i32, pid: u32, export: &IpcExport) -> Result<IpcLease, GpuError> {
         let _ = (dev, pid, export);
         Err(GpuError::Unavailable(format!(
             "the {} runtime opens no IPC handles",

@@ -324,6 +324,9 @@ async fn tick_loop(shard: Rc<Shard>) {
             if now.saturating_sub(swept) >= 1_000_000_000 {
                 swept = now;
                 shard.shared.inbound.sweep();
+                // IPC mappings of same-host peers' GPU memory pin it in the peer: the unused
+                // ones close.
+                crate::gpu::ipc::sweep_all(crate::gpu::ipc::IDLE_CLOSE);
             }
         }
     }
