@@ -268,9 +268,36 @@ impl Collector for Snapshot {
             shards,
             "gpu_staging_peak",
             "Most GPU staging memory the shard had in use at once",
-            bytes,
+            bytes.clone(),
             g,
             |s, m| m.encode_gauge(&(s.gpu_staging_peak_bytes as u64)),
+        )?;
+        family(
+            e,
+            shards,
+            "gpu_staged",
+            "GPU payload bytes the shard moved through pinned staging",
+            bytes.clone(),
+            c,
+            |s, m| counter(m, s.gpu_staged_bytes),
+        )?;
+        family(
+            e,
+            shards,
+            "gpu_ipc",
+            "GPU payload bytes the shard moved device to device with same-host peers (no staging)",
+            bytes,
+            c,
+            |s, m| counter(m, s.gpu_ipc_bytes),
+        )?;
+        family(
+            e,
+            shards,
+            "gpu_ipc_declined",
+            "GPU payloads offered to same-host peers as device parts and declined (then staged)",
+            None,
+            c,
+            |s, m| counter(m, s.gpu_ipc_declined),
         )?;
         family(
             e,
@@ -375,6 +402,9 @@ mod tests {
         b.joined_transfers = 2;
         a.gpu_staging_bytes = 4 << 20;
         a.gpu_staging_peak_bytes = 1 << 20;
+        a.gpu_staged_bytes = 3 << 20;
+        b.gpu_ipc_bytes = 6 << 20;
+        b.gpu_ipc_declined = 4;
         b.busy_poll_wakes = 9;
         a.lane_connects = 4;
         b.lane_failures = 2;
@@ -403,6 +433,9 @@ mod tests {
         assert_eq!(at("morio_inbound_joined_transfers_total", "1"), 2.0);
         assert_eq!(at("morio_gpu_staging_pinned_bytes", "0"), (4 << 20) as f64);
         assert_eq!(at("morio_gpu_staging_peak_bytes", "0"), (1 << 20) as f64);
+        assert_eq!(at("morio_gpu_staged_bytes_total", "0"), (3 << 20) as f64);
+        assert_eq!(at("morio_gpu_ipc_bytes_total", "1"), (6 << 20) as f64);
+        assert_eq!(at("morio_gpu_ipc_declined_total", "1"), 4.0);
         assert_eq!(at("morio_busy_poll_wakes_total", "1"), 9.0);
         assert_eq!(at("morio_lane_connects_total", "0"), 4.0);
         assert_eq!(at("morio_lane_failures_total", "1"), 2.0);

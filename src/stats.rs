@@ -70,6 +70,14 @@ pub struct ShardStats {
     pub gpu_staging_bytes: usize,
     /// Most GPU staging memory this shard had in use at once.
     pub gpu_staging_peak_bytes: usize,
+    /// GPU payload bytes this shard moved through pinned staging (sent or received).
+    pub gpu_staged_bytes: u64,
+    /// GPU payload bytes this shard moved device to device with a same-host peer (its own
+    /// memory copied by the peer, or the peer's copied by this shard): no staging.
+    pub gpu_ipc_bytes: u64,
+    /// GPU payloads this shard offered a same-host peer as device parts that the peer
+    /// declined (then staged): a host destination, or a handle it cannot open.
+    pub gpu_ipc_declined: u64,
     /// Socket reads woken by the shard's busy poller (spinning shards only).
     pub busy_poll_wakes: u64,
     /// Lanes this shard connected (handshake done); more than its lanes means reconnects.
@@ -113,6 +121,9 @@ impl ShardStats {
             inbound_latency_us: new_histogram(),
             gpu_staging_bytes: 0,
             gpu_staging_peak_bytes: 0,
+            gpu_staged_bytes: 0,
+            gpu_ipc_bytes: 0,
+            gpu_ipc_declined: 0,
             busy_poll_wakes: 0,
             lane_connects: 0,
             lane_connects_same_host: 0,
@@ -218,6 +229,9 @@ impl std::fmt::Debug for ShardStats {
             .field("inbound_latency_us", &Latency(&self.inbound_latency_us))
             .field("gpu_staging_bytes", &self.gpu_staging_bytes)
             .field("gpu_staging_peak_bytes", &self.gpu_staging_peak_bytes)
+            .field("gpu_staged_bytes", &self.gpu_staged_bytes)
+            .field("gpu_ipc_bytes", &self.gpu_ipc_bytes)
+            .field("gpu_ipc_declined", &self.gpu_ipc_declined)
             .field("busy_poll_wakes", &self.busy_poll_wakes)
             .field("lane_connects", &self.lane_connects)
             .field("lane_connects_same_host", &self.lane_connects_same_host)
@@ -273,6 +287,9 @@ impl EngineStats {
             t.joined_transfers += s.joined_transfers;
             t.gpu_staging_bytes += s.gpu_staging_bytes;
             t.gpu_staging_peak_bytes += s.gpu_staging_peak_bytes;
+            t.gpu_staged_bytes += s.gpu_staged_bytes;
+            t.gpu_ipc_bytes += s.gpu_ipc_bytes;
+            t.gpu_ipc_declined += s.gpu_ipc_declined;
             t.busy_poll_wakes += s.busy_poll_wakes;
             t.lane_connects += s.lane_connects;
             t.lane_connects_same_host += s.lane_connects_same_host;

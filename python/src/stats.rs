@@ -18,6 +18,9 @@ fn shard<'py>(py: Python<'py>, s: &ShardStats) -> PyResult<Bound<'py, PyDict>> {
     d.set_item("inbound_bytes_read", s.inbound_bytes_read)?;
     d.set_item("gpu_staging_bytes", s.gpu_staging_bytes)?;
     d.set_item("gpu_staging_peak_bytes", s.gpu_staging_peak_bytes)?;
+    d.set_item("gpu_staged_bytes", s.gpu_staged_bytes)?;
+    d.set_item("gpu_ipc_bytes", s.gpu_ipc_bytes)?;
+    d.set_item("gpu_ipc_declined", s.gpu_ipc_declined)?;
     d.set_item("lane_connects", s.lane_connects)?;
     d.set_item("lane_connects_same_host", s.lane_connects_same_host)?;
     d.set_item("lane_failures", s.lane_failures)?;

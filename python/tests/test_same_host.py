@@ -123,11 +123,15 @@ def test_cuda_tensors_between_two_processes(engines, mode):
         there = np.frombuffer(parent.recv(), np.uint8)
         assert np.array_equal(there, want)
         shards = a.stats()
-        total = {k: sum(s[k] for s in shards) for k in ("lane_connects", "lane_connects_same_host")}
+        keys = ("lane_connects", "lane_connects_same_host", "gpu_ipc_bytes", "gpu_staged_bytes")
+        total = {k: sum(s[k] for s in shards) for k in keys}
         if mode == "off":
             assert total["lane_connects_same_host"] == 0, total
+            assert total["gpu_ipc_bytes"] == 0 and total["gpu_staged_bytes"] > 0, total
         else:
             assert total["lane_connects_same_host"] == total["lane_connects"] >= 1, total
+            # Device to device through CUDA IPC, nothing staged.
+            assert total["gpu_ipc_bytes"] > 0 and total["gpu_staged_bytes"] == 0, total
         parent.send("done")
         proc.join(20)
         assert proc.exitcode == 0

@@ -130,12 +130,16 @@ pub(crate) async fn push_from_device(
             .await
             .map_err(|e| SendError::Conn(e.into()))?;
         if taken {
+            shard.stats.borrow_mut().gpu_ipc_bytes += total;
             return Ok(());
         }
         // Declined: the same bytes follow, staged, after the header already sent.
+        shard.stats.borrow_mut().gpu_ipc_declined += 1;
         header_sent = true;
     }
-    stage_from_device(shard, writer, frame, region, spans, total, header_sent).await
+    stage_from_device(shard, writer, frame, region, spans, total, header_sent).await?;
+    shard.stats.borrow_mut().gpu_staged_bytes += total;
+    Ok(())
 }
 
 /// The exported allocation of `region` and the device parts (offsets in it) that carry its
@@ -255,10 +259,26 @@ pub(crate) async fn read_into_device(
     let total: u64 = spans.iter().map(|s| s.1).sum();
     if let Some((d, pid)) = reader.device_offer().await? {
         if let Some(done) = take_device(shard, reader, region, spans, total, &d, pid).await? {
+            shard.stats.borrow_mut().gpu_ipc_bytes += total;
             return Ok(done);
         }
         // Declined: the bytes follow as usual.
     }
+    let r = stage_into_device(shard, reader, region, spans, total).await;
+    if matches!(r, Ok(Ok(()))) {
+        shard.stats.borrow_mut().gpu_staged_bytes += total;
+    }
+    r
+}
+
+/// [`read_into_device`] through pinned slots.
+async fn stage_into_device(
+    shard: &Shard,
+    reader: &mut FrameReader<Rx>,
+    region: &Region,
+    spans: &[(u64, u64)],
+    total: u64,
+) -> Result<Result<(), GpuError>, ConnError> {
     let c = match ctx(shard, region, false) {
         Ok(c) => c,
         Err(e) => {

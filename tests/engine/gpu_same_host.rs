@@ -88,6 +88,11 @@ fn gpu_to_gpu_moves_as_device_parts_without_staging() {
         staged_before,
         "nothing was staged through host memory"
     );
+    for e in [&a, &b] {
+        let t = e.stats().unwrap().total();
+        assert!(t.gpu_ipc_bytes > 0 && t.gpu_staged_bytes == 0, "{t:?}");
+        assert_eq!(t.gpu_ipc_declined, 0);
+    }
     // Opened once per exported allocation, not per transfer (another test's sweep may
     // close unused ones meanwhile, which opens them again).
     let open = fake.ipc_opens() - fake.ipc_closes();
@@ -122,6 +127,15 @@ fn host_destinations_take_staged_bytes() {
     );
     assert_bytes_eq(&local.to_vec(), &remote.to_vec(), "gpu->host read");
     assert_eq!(fake.d2d_copies(), 0, "declined, then staged");
+    let (ta, tb) = (a.stats().unwrap().total(), b.stats().unwrap().total());
+    assert_eq!(
+        ta.gpu_ipc_declined, 0,
+        "the write was never offered: {ta:?}"
+    );
+    assert!(tb.gpu_ipc_declined >= 1, "the read data was: {tb:?}");
+    // Each side staged its own GPU memory: a the write's source, b the read's.
+    assert_eq!(ta.gpu_staged_bytes, n as u64, "{ta:?}");
+    assert_eq!(tb.gpu_staged_bytes, n as u64, "{tb:?}");
 }
 
 /// A runtime that cannot open the peer's handles: every transfer still succeeds, staged.
@@ -146,6 +160,10 @@ fn a_refused_handle_falls_back_to_staging() {
     assert_eq!(fake.ipc_opens(), 0);
     let t = a.stats().unwrap().total();
     assert_eq!(t.lane_failures, 0, "no lane failed: {t:?}");
+    assert_eq!(t.gpu_ipc_bytes, 0, "{t:?}");
+    // Declined for good once per connection, never again on it.
+    let declined = t.gpu_ipc_declined + b.stats().unwrap().total().gpu_ipc_declined;
+    assert!((1..=8).contains(&declined), "{declined} declines");
 }
 
 /// A version 7 peer (same host, no device parts): staged, verified.

@@ -251,19 +251,26 @@ fn run_rows(
     Ok(())
 }
 
-/// Which transport the initiator's lanes use so far.
+/// Which transport the initiator's lanes use so far, and for GPU memory whether it moved
+/// device to device (`+ipc`), through staging (`+staged`) or both.
 fn transport(engine: &IoEngine) -> String {
     let t = match engine.stats() {
         Some(s) => s.total(),
         None => return "-".into(),
     };
-    match (t.lane_connects_same_host, t.lane_connects) {
+    let lanes = match (t.lane_connects_same_host, t.lane_connects) {
         (_, 0) => "-",
         (0, _) => "tcp",
         (s, c) if s == c => "same-host",
         _ => "mixed",
-    }
-    .into()
+    };
+    let gpu = match (t.gpu_ipc_bytes > 0, t.gpu_staged_bytes > 0) {
+        (true, false) => "+ipc",
+        (true, true) => "+ipc/staged",
+        (false, true) => "+staged",
+        (false, false) => "",
+    };
+    format!("{lanes}{gpu}")
 }
 
 /// Compare xxh3 of the row's segments on both sides (source of a write is ours, of a read
