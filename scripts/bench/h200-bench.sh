@@ -57,7 +57,7 @@ OUT_DIR="${OUT:-/tmp/morio-bench}"
 ITERS="${ITERS:-128}"
 
 usage() {
-	echo "usage: $0 build|run|tp|gpu|gpuipc|lat|trace|cpus|ab|archab|authab|hostab|scrapeab|stripes|ftrace" >&2
+	echo "usage: $0 build|run|tp|gpu|gpuipc|gpustage|lat|trace|cpus|ab|archab|authab|hostab|scrapeab|stripes|ftrace" >&2
 	exit 2
 }
 
@@ -385,7 +385,7 @@ hostab() {
 	local big=(--buffer-size 1048576 --transfer-batch-size 256 --enable-batch-transfer
 		--enable-sess --batch-contiguous)
 	local spin=(--spin-us 2000 --wait-spin-us 1000 --no-ceiling)
-	local r mode tag mem
+	local r mode tag
 	for ((r = 1; r <= ${ROUNDS:-2}; r++)); do
 		for mode in off require; do
 			tag="r${r}-${mode}"
@@ -404,12 +404,10 @@ hostab() {
 			add "w8b1-${tag}" --op-type write --buffer-size 8 --transfer-batch-size 1 \
 				"${spin[@]}" --same-host "${mode}"
 			if [[ ${GPU:-0} == 1 ]]; then
-				for mem in gpu; do
-					add "gw1m-${tag}" --op-type write "${big[@]}" --mem-type "${mem}" \
-						--no-ceiling --same-host "${mode}"
-					add "gw64m-${tag}" --op-type write --buffer-size 67108864 \
-						--transfer-batch-size 1 --mem-type "${mem}" --no-ceiling --same-host "${mode}"
-				done
+				add "gw1m-${tag}" --op-type write "${big[@]}" --mem-type gpu \
+					--no-ceiling --same-host "${mode}"
+				add "gw64m-${tag}" --op-type write --buffer-size 67108864 \
+					--transfer-batch-size 1 --mem-type gpu --no-ceiling --same-host "${mode}"
 			fi
 		done
 	done
@@ -434,6 +432,29 @@ gpuipc() {
 				--mem-type gpu --no-ceiling --same-host "${mode}"
 			add "gr64m-${tag}" --op-type read --buffer-size 67108864 --transfer-batch-size 1 \
 				--mem-type gpu --no-ceiling --same-host "${mode}"
+		done
+	done
+	finish
+}
+
+# gpustage: the GPU staging pipeline over TCP against host memory, for slot sizes SLOTS
+# (default 1 MiB, 512, 256 and 128 KiB) and the default staging pool, interleaved: where
+# it stalls (a chunk of one slot has no overlap between its D2H and its send, nor between its
+# receive and its H2D).
+gpustage() {
+	begin
+	local big=(--buffer-size 1048576 --transfer-batch-size 256 --enable-batch-transfer
+		--enable-sess --batch-contiguous --no-ceiling --same-host off)
+	local r slot tag
+	for ((r = 1; r <= ${ROUNDS:-2}; r++)); do
+		add "hw1m-r${r}" --op-type write "${big[@]}"
+		add "hr1m-r${r}" --op-type read "${big[@]}"
+		for slot in ${SLOTS:-1048576 524288 262144 131072}; do
+			tag="r${r}-slot$((slot >> 10))k"
+			add "gw1m-${tag}" --op-type write "${big[@]}" --mem-type gpu --gpu-slot-bytes "${slot}"
+			add "gr1m-${tag}" --op-type read "${big[@]}" --mem-type gpu --gpu-slot-bytes "${slot}"
+			add "gw64m-${tag}" --op-type write --buffer-size 67108864 --transfer-batch-size 1 \
+				--no-ceiling --same-host off --mem-type gpu --gpu-slot-bytes "${slot}"
 		done
 	done
 	finish
@@ -501,6 +522,7 @@ stripes) stripes ;;
 cpus) cpus ;;
 build) build ;;
 gpuipc) gpuipc ;;
+gpustage) gpustage ;;
 trace) trace ;;
 run) run ;;
 tp) tp ;;
