@@ -309,7 +309,8 @@ impl Tx {
     ) -> io::Result<bool> {
         match self {
             Tx::Local(w) => w.send_device(head, export, parts).await,
-            _ => Ok(false),
+            // No device parts here: the head leaves alone, the bytes follow as usual.
+            other => other.send_all(&[head]).await.map(|()| false),
         }
     }
 
