@@ -2,7 +2,7 @@
 //! with this process's own memory, then sends records by hand. A correct PULL lands and is
 //! acknowledged into its cell; a PULL whose token was withdrawn, one that points at unmapped
 //! memory, and an unknown record each close the connection, land nothing and leave the
-//! engine serving others.
+//! engine serving others. Likewise for DEVICE records into GPU memory.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -228,4 +228,103 @@ fn hostile_same_host_records_close_the_connection_and_land_nothing() {
         "a well-behaved peer after the hostile ones",
     );
     drop(init);
+}
+
+/// A DEVICE record (PROTOCOL.md, "Device parts") naming `parts` of the allocation `ex`.
+fn device(ex: &morio::gpu::IpcExport, cell: &Slot, token: u64, parts: &[(u64, u64)]) -> Vec<u8> {
+    let mut v = vec![3u8];
+    v.extend_from_slice(&ex.handle);
+    for w in [ex.base, cell as *const Slot as u64, token] {
+        v.extend_from_slice(&w.to_le_bytes());
+    }
+    v.extend_from_slice(&(parts.len() as u32).to_le_bytes());
+    for &(off, len) in parts {
+        v.extend_from_slice(&off.to_le_bytes());
+        v.extend_from_slice(&len.to_le_bytes());
+    }
+    v
+}
+
+/// Device parts from a raw peer into GPU memory (the fake runtime; the peer's allocation
+/// exported by another fake runtime of this process): a correct record is copied device to
+/// device and acknowledged with 1; a part outside the peer's allocation, parts that do not
+/// add up to the payload, and a withdrawn token each close the connection without a success.
+#[test]
+fn hostile_device_parts_close_the_connection_and_land_nothing() {
+    use morio::gpu::fake::FakeGpu;
+    use morio::gpu::GpuRuntime;
+    use std::sync::Arc;
+
+    let fake_b = Arc::new(FakeGpu::new(1));
+    let b = engine(
+        "sh_dev_hostile_b",
+        cfg_with(|c| c.same_host = Some(SameHost::Auto)),
+    );
+    b.set_gpu_runtime(fake_b.clone()).unwrap();
+    let n = 128 << 10;
+    let dst = b.alloc_gpu_buffer(0, n).unwrap();
+    let d = dst.desc().clone();
+    // The raw peer's GPU memory, exported.
+    let fake_a: Arc<dyn GpuRuntime> = Arc::new(FakeGpu::new(1));
+    let src = fake_a.clone().alloc_device(0, 2 * n).unwrap();
+    let payload = random_bytes(2 * n, 4);
+    src.write_at(0, &payload).unwrap();
+    let ex = fake_a.ipc_export(0, src.ptr()).unwrap();
+
+    let new_slot = || Slot {
+        live: AtomicU64::new(0),
+        acked: AtomicU64::new(0),
+        proof: [0; 16],
+        wake: 0,
+    };
+    // A correct record: the bytes at offset n of the peer's allocation land.
+    let mut slot = new_slot();
+    let mut s = same_host_session(&b, "sh_dev_a", &mut slot);
+    slot.live.store(5, Ordering::SeqCst);
+    let mut rec = inline(&write_head(1, &d, 0, n as u64));
+    rec.extend(device(&ex, &slot, 5, &[(n as u64, n as u64)]));
+    s.write_all(&rec).unwrap();
+    match next_answer(&mut s) {
+        Some(Frame::Complete(r)) => assert_eq!((r.uid, r.code), (1, 0), "{r:?}"),
+        other => panic!("expected COMPLETE, got {other:?}"),
+    }
+    assert_eq!(slot.acked.load(Ordering::SeqCst), 1, "taken");
+    assert_bytes_eq(&dst.to_vec(), &payload[n..], "device parts");
+    assert!(fake_b.d2d_copies() >= 1);
+
+    for (uid, what) in [
+        (2u64, "a part outside the allocation"),
+        (3, "parts short of the payload"),
+        (4, "a withdrawn token"),
+    ] {
+        let landed = dst.to_vec();
+        let mut slot = new_slot();
+        let mut s = same_host_session(&b, &format!("sh_dev_{uid}"), &mut slot);
+        slot.live.store(11, Ordering::SeqCst);
+        let mut rec = inline(&write_head(uid, &d, 0, n as u64));
+        rec.extend(match uid {
+            2 => device(&ex, &slot, 11, &[(2 * n as u64 - 10, n as u64)]),
+            3 => device(&ex, &slot, 11, &[(0, n as u64 - 1)]),
+            _ => device(&ex, &slot, 12, &[(0, n as u64)]),
+        });
+        s.write_all(&rec).unwrap();
+        loop {
+            match next_answer(&mut s) {
+                None => break,
+                Some(Frame::GoAway { .. }) => continue,
+                Some(f) => panic!("{what}: answered {f:?}"),
+            }
+        }
+        assert!(closed(&mut s), "{what}: the connection stays open");
+        assert_eq!(slot.acked.load(Ordering::SeqCst), 0, "{what}: acknowledged");
+        let st = b.pop_inbound_transfer_status(&format!("sh_dev_{uid}"), uid);
+        assert!(
+            st.as_ref().is_none_or(|s| s.code() != StatusCode::Success),
+            "{what}: recorded as a success"
+        );
+        if uid != 4 {
+            // (A withdrawn send's bytes are copied before the check, as for PULL.)
+            assert_bytes_eq(&dst.to_vec(), &landed, what);
+        }
+    }
 }
