@@ -40,6 +40,12 @@
 #                                       # scripts/bench/kernel-sends.py on each buffer
 #   scripts/bench/h200-bench.sh stripes # there: the 1 MiB x 256 rows with shared stripes (the
 #                                       # default) and dealt ones (--deal-stripes), ROUNDS times
+#   scripts/bench/h200-bench.sh gpuipc  # there: GPU memory between the two processes, staged over
+#                                       # TCP (--same-host off) against device parts through CUDA IPC
+#   scripts/bench/h200-bench.sh gpustage # there: the GPU staging pipeline per slot size (SLOTS)
+#   scripts/bench/h200-bench.sh latdefault # there: issue 23's small rows with default settings,
+#                                       # from each binary of BINS, interleaved
+#   scripts/bench/h200-bench.sh pending # there: what stop 27 built without a GPU host, one call
 #
 # BIN (default ./.dev/morio) picks the binary, so two builds can be compared in one call;
 # LAT_VARIANTS / TRACE_VARIANTS are ';'-separated "SHARDS SPIN_US WAIT_SPIN_US [CONNS]".
@@ -57,7 +63,7 @@ OUT_DIR="${OUT:-/tmp/morio-bench}"
 ITERS="${ITERS:-128}"
 
 usage() {
-	echo "usage: $0 build|run|tp|gpu|gpuipc|gpustage|lat|trace|cpus|ab|archab|authab|hostab|scrapeab|stripes|ftrace" >&2
+	echo "usage: $0 build|run|tp|gpu|gpuipc|gpustage|latdefault|pending|lat|trace|cpus|ab|archab|authab|hostab|scrapeab|stripes|ftrace" >&2
 	exit 2
 }
 
@@ -356,6 +362,41 @@ archab() {
 	finish
 }
 
+# latdefault: issue 23's small rows with default settings (no spin flags) from each binary of
+# BINS, interleaved ROUNDS times, beside the floor: 8 B x 64 and x 256 batches through a
+# session, a single 8 B write, and 4 KiB x 256.
+latdefault() {
+	begin
+	local r b tag
+	for ((r = 1; r <= ${ROUNDS:-2}; r++)); do
+		for b in ${BINS:-.dev/morio}; do
+			tag="r${r}-$(basename "${b}")"
+			BIN=${b} add "d8b64-${tag}" --op-type write --buffer-size 8 --transfer-batch-size 64 \
+				--enable-batch-transfer --enable-sess --no-ceiling
+			BIN=${b} add "d8b256-${tag}" --op-type write --buffer-size 8 --transfer-batch-size 256 \
+				--enable-batch-transfer --enable-sess --no-ceiling
+			BIN=${b} add "d8b1-${tag}" --op-type write --buffer-size 8 --transfer-batch-size 1 \
+				--no-ceiling
+			BIN=${b} add "d4k256-${tag}" --op-type write --buffer-size 4096 --transfer-batch-size 256 \
+				--enable-batch-transfer --enable-sess --no-ceiling
+		done
+	done
+	finish
+}
+
+# pending: what stop 27 built without a GPU host, in one call (about 6-8 minutes): the GPU
+# tests on CUDA, then gpuipc, latdefault (BINS: the build before and this one) and gpustage
+# (1 MiB and 256 KiB slots), one round each; OUT gets one directory per sweep.
+pending() {
+	local out=${OUT_DIR}
+	echo "=== GPU tests (CUDA, MORIO_TEST_GPU=1)"
+	MORIO_TEST_GPU=1 timeout 200 .dev/engine-tests gpu --test-threads 2 2>&1 |
+		grep -E "test result|panicked|FAILED" | head -20
+	OUT_DIR=${out}/gpuipc ROUNDS=1 gpuipc
+	OUT_DIR=${out}/latdefault ROUNDS=1 latdefault
+	OUT_DIR=${out}/gpustage ROUNDS=1 SLOTS="1048576 262144" gpustage
+}
+
 # authab: authentication's cost, every row without and with a deployment secret in turn.
 authab() {
 	begin
@@ -523,6 +564,8 @@ cpus) cpus ;;
 build) build ;;
 gpuipc) gpuipc ;;
 gpustage) gpustage ;;
+latdefault) latdefault ;;
+pending) pending ;;
 trace) trace ;;
 run) run ;;
 tp) tp ;;
