@@ -9,14 +9,13 @@ use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::time::Duration;
 
-use super::Shard;
+use super::{gpu_ipc, Shard};
 use crate::gpu::pack::{jobs, Job};
 use crate::gpu::staging::{Slot, Staging};
-use crate::gpu::{GpuError, GpuStream, IpcExport};
+use crate::gpu::{GpuError, GpuStream};
 use crate::proto::frame::Frame;
 use crate::region::Region;
 use crate::transport::framed::{ConnError, FrameReader, FrameWriter};
-use crate::transport::local::{Device, Verdict};
 use crate::transport::Rx;
 
 /// Copies a pipeline keeps in flight at most (more only if slots are free).
@@ -52,7 +51,25 @@ struct Ctx {
     limit: Duration,
 }
 
+/// This shard's stream on the device of `region` (created on first use).
+pub(super) fn stream(shard: &Shard, region: &Region) -> Result<Rc<dyn GpuStream>, GpuError> {
+    let dm = region.device().ok_or_else(|| GpuError::Call {
+        call: "stream",
+        msg: "not device memory".into(),
+    })?;
+    let mut g = shard.gpu.borrow_mut();
+    Ok(match g.streams.get(&dm.dev) {
+        Some(s) => s.clone(),
+        None => {
+            let s: Rc<dyn GpuStream> = Rc::from(dm.gpu.create_stream(dm.dev)?);
+            g.streams.insert(dm.dev, s.clone());
+            s
+        }
+    })
+}
+
 fn ctx(shard: &Shard, region: &Region, outgoing: bool) -> Result<Ctx, GpuError> {
+    let stream = stream(shard, region)?;
     let dm = region.device().ok_or_else(|| GpuError::Call {
         call: "staging",
         msg: "not device memory".into(),
@@ -64,14 +81,6 @@ fn ctx(shard: &Shard, region: &Region, outgoing: bool) -> Result<Ctx, GpuError> 
     let staging = pool
         .get_or_insert_with(|| Staging::new(dm.gpu.clone(), cfg.gpu_slot_bytes, per_pool))
         .clone();
-    let stream = match g.streams.get(&dm.dev) {
-        Some(s) => s.clone(),
-        None => {
-            let s: Rc<dyn GpuStream> = Rc::from(dm.gpu.create_stream(dm.dev)?);
-            g.streams.insert(dm.dev, s.clone());
-            s
-        }
-    };
     Ok(Ctx {
         staging,
         stream,
@@ -119,7 +128,7 @@ pub(crate) async fn push_from_device(
     let total: u64 = spans.iter().map(|s| s.1).sum();
     let mut header_sent = false;
     let offer = if to_device {
-        device_parts(writer, region, spans)
+        gpu_ipc::device_parts(writer, region, spans)
     } else {
         None
     };
@@ -140,28 +149,6 @@ pub(crate) async fn push_from_device(
     stage_from_device(shard, writer, frame, region, spans, total, header_sent).await?;
     shard.stats.borrow_mut().gpu_staged_bytes += total;
     Ok(())
-}
-
-/// The exported allocation of `region` and the device parts (offsets in it) that carry its
-/// `spans`, where the connection takes them.
-fn device_parts(
-    writer: &FrameWriter,
-    region: &Region,
-    spans: &[(u64, u64)],
-) -> Option<(IpcExport, Vec<(u64, u64)>)> {
-    let ex = region.device()?.ipc?;
-    if !writer.offers_device()
-        || spans.is_empty()
-        || spans.len() > crate::transport::local::MAX_DEVICE_PAIRS
-        || spans.iter().any(|s| s.1 == 0)
-    {
-        return None;
-    }
-    let at = region.device_addr(0).checked_sub(ex.base)?;
-    Some((
-        ex,
-        spans.iter().map(|&(off, len)| (at + off, len)).collect(),
-    ))
 }
 
 /// [`push_from_device`] through pinned slots; `header_sent` when the frame's header has
@@ -258,7 +245,8 @@ pub(crate) async fn read_into_device(
 ) -> Result<Result<(), GpuError>, ConnError> {
     let total: u64 = spans.iter().map(|s| s.1).sum();
     if let Some((d, pid)) = reader.device_offer().await? {
-        if let Some(done) = take_device(shard, reader, region, spans, total, &d, pid).await? {
+        let taken = gpu_ipc::take_device(shard, reader, region, spans, total, &d, pid).await?;
+        if let Some(done) = taken {
             shard.stats.borrow_mut().gpu_ipc_bytes += total;
             return Ok(done);
         }
@@ -336,105 +324,4 @@ async fn stage_into_device(
         }
     }
     Ok(failed.map_or(Ok(()), Err))
-}
-
-/// Copy offered device parts `d` of process `pid` into `spans` of `region` on this shard's
-/// stream, then acknowledge them; `None` when they were declined (the bytes then follow).
-/// Returns once the copies have completed on the device.
-async fn take_device(
-    shard: &Shard,
-    reader: &mut FrameReader<Rx>,
-    region: &Region,
-    spans: &[(u64, u64)],
-    total: u64,
-    d: &Device,
-    pid: u32,
-) -> Result<Option<Result<(), GpuError>>, ConnError> {
-    if d.len() != total {
-        return Err(ConnError::Violation(format!(
-            "device parts of {} bytes for a {total}-byte payload",
-            d.len()
-        )));
-    }
-    let decline = |reader: &mut FrameReader<Rx>, v| reader.settle_device(v, 0).map(|()| None);
-    let (Some(dm), Ok(c)) = (region.device(), ctx(shard, region, false)) else {
-        // The staging path reports the failure (and drains the bytes).
-        return decline(reader, Verdict::Declined);
-    };
-    let map = match dm.gpu.ipc_open(dm.dev, pid, &d.export) {
-        Ok(m) => m,
-        Err(e) => {
-            ipc_refused(pid, &e);
-            return decline(reader, Verdict::DeclinedForGood);
-        }
-    };
-    if let Some(&(off, len)) = d
-        .parts
-        .iter()
-        .find(|&&(off, len)| off.checked_add(len).is_none_or(|end| end > map.size))
-    {
-        return Err(ConnError::Violation(format!(
-            "device part {off}+{len} outside the peer's {}-byte allocation",
-            map.size
-        )));
-    }
-    let mut failed: Option<GpuError> = None;
-    let mut src = d.parts.iter().copied();
-    let (mut s_off, mut s_left) = src.next().unwrap_or_default();
-    'spans: for &(dst_off, len) in spans {
-        let mut done = 0u64;
-        while done < len {
-            if s_left == 0 {
-                match src.next() {
-                    Some((o, l)) => (s_off, s_left) = (o, l),
-                    None => break 'spans,
-                }
-            }
-            let k = s_left.min(len - done);
-            // SAFETY: the destination lies in the region (checked before the transfer
-            // started) and the source in the opened allocation (checked above); neither is
-            // released before the fence below completes (the region is held by this
-            // chunk, the mapping by the runtime, the sender's memory by its waiting send).
-            let r = unsafe {
-                c.stream.d2d(
-                    region.device_addr(dst_off + done),
-                    map.base + s_off,
-                    k as usize,
-                )
-            };
-            if let Err(e) = r {
-                failed = Some(e);
-                break 'spans;
-            }
-            done += k;
-            s_off += k;
-            s_left -= k;
-        }
-    }
-    // Every copy queued is waited for before the sender may reuse its memory.
-    match c.stream.fence() {
-        Ok(f) => {
-            if let Err(e) = crate::gpu::staging::wait_fence(&*f, c.limit).await {
-                failed.get_or_insert(e);
-            }
-        }
-        Err(e) => {
-            failed.get_or_insert(e);
-        }
-    }
-    reader.settle_device(Verdict::Taken, total)?;
-    Ok(Some(failed.map_or(Ok(()), Err)))
-}
-
-/// Log, once per peer process, that its GPU memory cannot be opened here.
-fn ipc_refused(pid: u32, e: &GpuError) {
-    static SEEN: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
-    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
-    if !seen.contains(&pid) {
-        seen.push(pid);
-        log::warn!(
-            "cannot open the GPU memory of same-host process {pid} ({e}): staging it through \
-             host memory"
-        );
-    }
 }

@@ -13,6 +13,7 @@
 mod admission;
 mod bell;
 mod gpu_io;
+mod gpu_ipc;
 mod join;
 mod lane;
 mod msg;
