@@ -25,6 +25,31 @@ HOST = "127.0.0.1"
 _keys = itertools.count()
 
 
+@contextlib.contextmanager
+def peer_process(target, *args):
+    """Run `target(child_conn, *args)` in a spawned process; yields (parent_conn, process) and
+    kills the process on the way out if it still runs. End a good run with `finish_peer`."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=target, args=(child, *args), daemon=True)
+    proc.start()
+    try:
+        yield parent, proc
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+
+
+def finish_peer(parent, proc) -> None:
+    """Tell a `peer_process` it is done and check it exits cleanly."""
+    parent.send("done")
+    proc.join(20)
+    assert proc.exitcode == 0
+
+
 def small_config(**kw) -> TcpBackendConfig:
     """A TCP config with few lanes (and so few shard threads) for a 2-core machine."""
     kw.setdefault("num_data_conns", 2)

@@ -1,7 +1,6 @@
 """The same-host transport from Python: chosen between processes of this host, off on
 request, required, and its configuration checked."""
 
-import multiprocessing as mp
 
 import numpy as np
 import pytest
@@ -9,16 +8,12 @@ import pytest
 from morio import EngineDesc, MemoryDesc, TcpBackendConfig, same_host_unavailable
 
 import _peer
-from _util import small_config, wait_ok
+from _util import finish_peer, peer_process, small_config, wait_ok
 
 
 @pytest.mark.parametrize("mode", ["require", "off", "auto"])
 def test_two_processes_pick_their_transport(engines, mode):
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_peer.same_host_target_main, args=(child,), daemon=True)
-    proc.start()
-    try:
+    with peer_process(_peer.same_host_target_main) as (parent, proc):
         assert parent.poll(30), "the target process did not answer"
         first = parent.recv_bytes()
         t_desc = EngineDesc.unpack(first)
@@ -42,13 +37,7 @@ def test_two_processes_pick_their_transport(engines, mode):
             assert total["lane_connects_same_host"] == 0, total
         else:
             assert total["lane_connects_same_host"] == total["lane_connects"], total
-        parent.send("done")
-        proc.join(20)
-        assert proc.exitcode == 0
-    finally:
-        if proc.is_alive():
-            proc.kill()
-            proc.join(5)
+        finish_peer(parent, proc)
 
 
 def test_same_host_configuration_is_checked():
@@ -88,11 +77,7 @@ def test_cuda_tensors_between_two_processes(engines, mode):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_peer.cuda_target_main, args=(child, mode), daemon=True)
-    proc.start()
-    try:
+    with peer_process(_peer.cuda_target_main, mode) as (parent, proc):
         assert parent.poll(60), "the target process did not answer"
         first = parent.recv_bytes()
         t_desc = EngineDesc.unpack(first)
@@ -132,10 +117,4 @@ def test_cuda_tensors_between_two_processes(engines, mode):
             assert total["lane_connects_same_host"] == total["lane_connects"] >= 1, total
             # Device to device through CUDA IPC, nothing staged.
             assert total["gpu_ipc_bytes"] > 0 and total["gpu_staged_bytes"] == 0, total
-        parent.send("done")
-        proc.join(20)
-        assert proc.exitcode == 0
-    finally:
-        if proc.is_alive():
-            proc.kill()
-            proc.join(5)
+        finish_peer(parent, proc)

@@ -1,6 +1,5 @@
 """Two processes exchange packed (or pickled) descriptors over a pipe and transfer."""
 
-import multiprocessing as mp
 import pickle
 
 import numpy as np
@@ -9,7 +8,7 @@ import pytest
 from morio import EngineDesc, MemoryDesc, MemoryLocationType, StatusCode
 
 import _peer
-from _util import wait_ok
+from _util import finish_peer, peer_process, wait_ok
 
 
 def _recv(conn, timeout_s=20.0):
@@ -24,11 +23,7 @@ def _recv_bytes(conn, timeout_s=20.0):
 
 @pytest.mark.parametrize("as_objects", [False, True], ids=["packed", "pickled"])
 def test_two_processes(engines, as_objects):
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_peer.target_main, args=(child, as_objects), daemon=True)
-    proc.start()
-    try:
+    with peer_process(_peer.target_main, as_objects) as (parent, proc):
         if as_objects:
             msg = _recv(parent)
             assert not isinstance(msg, dict), msg.get("error")
@@ -63,13 +58,7 @@ def test_two_processes(engines, as_objects):
         assert report["inbound"] == {"write": (int(StatusCode.SUCCESS), ""), "read": (int(StatusCode.SUCCESS), "")}
         assert report["again"]  # popping is destructive
         assert report["peer_key"] == a.get_engine_desc().key
-        parent.send("done")
-        proc.join(20)
-        assert proc.exitcode == 0
-    finally:
-        if proc.is_alive():
-            proc.kill()
-            proc.join(5)
+        finish_peer(parent, proc)
 
 
 def test_descriptor_pickle_roundtrip(engines):

@@ -130,6 +130,25 @@ fn closed(s: &mut TcpStream) -> bool {
     matches!(s.read(&mut b), Ok(0) | Err(_))
 }
 
+/// The target answered transfer `uid` of engine `peer` with nothing but the close (a
+/// GOAWAY may come first), acknowledged nothing into `slot` and recorded no success.
+fn refused(s: &mut TcpStream, slot: &Slot, b: &morio::IoEngine, peer: &str, uid: u64, what: &str) {
+    loop {
+        match next_answer(s) {
+            None => break,
+            Some(Frame::GoAway { .. }) => continue,
+            Some(f) => panic!("{what}: answered {f:?}"),
+        }
+    }
+    assert!(closed(s), "{what}: the connection stays open");
+    assert_eq!(slot.acked.load(Ordering::SeqCst), 0, "{what}: acknowledged");
+    let st = b.pop_inbound_transfer_status(peer, uid);
+    assert!(
+        st.as_ref().is_none_or(|s| s.code() != StatusCode::Success),
+        "{what}: recorded as a success"
+    );
+}
+
 #[test]
 fn hostile_same_host_records_close_the_connection_and_land_nothing() {
     let b = engine(
@@ -194,21 +213,7 @@ fn hostile_same_host_records_close_the_connection_and_land_nothing() {
             _ => rec.push(9),
         }
         s.write_all(&rec).unwrap();
-        // No answer but the close (a GOAWAY may come first).
-        loop {
-            match next_answer(&mut s) {
-                None => break,
-                Some(Frame::GoAway { .. }) => continue,
-                Some(f) => panic!("{what}: answered {f:?}"),
-            }
-        }
-        assert!(closed(&mut s), "{what}: the connection stays open");
-        assert_eq!(slot.acked.load(Ordering::SeqCst), 0, "{what}: acknowledged");
-        let st = b.pop_inbound_transfer_status(&format!("sh_hostile_{uid}"), uid);
-        assert!(
-            st.as_ref().is_none_or(|s| s.code() != StatusCode::Success),
-            "{what}: recorded as a success"
-        );
+        refused(&mut s, &slot, &b, &format!("sh_hostile_{uid}"), uid, what);
         if uid != 2 {
             // (A withdrawn send's bytes may have been copied before the check: the transfer
             // fails, as when a TCP connection breaks mid-payload.)
@@ -308,20 +313,7 @@ fn hostile_device_parts_close_the_connection_and_land_nothing() {
             _ => device(&ex, &slot, 12, &[(0, n as u64)]),
         });
         s.write_all(&rec).unwrap();
-        loop {
-            match next_answer(&mut s) {
-                None => break,
-                Some(Frame::GoAway { .. }) => continue,
-                Some(f) => panic!("{what}: answered {f:?}"),
-            }
-        }
-        assert!(closed(&mut s), "{what}: the connection stays open");
-        assert_eq!(slot.acked.load(Ordering::SeqCst), 0, "{what}: acknowledged");
-        let st = b.pop_inbound_transfer_status(&format!("sh_dev_{uid}"), uid);
-        assert!(
-            st.as_ref().is_none_or(|s| s.code() != StatusCode::Success),
-            "{what}: recorded as a success"
-        );
+        refused(&mut s, &slot, &b, &format!("sh_dev_{uid}"), uid, what);
         if uid != 4 {
             // (A withdrawn send's bytes are copied before the check, as for PULL.)
             assert_bytes_eq(&dst.to_vec(), &landed, what);
