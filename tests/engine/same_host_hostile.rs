@@ -39,11 +39,21 @@ fn boot_id() -> [u8; 16] {
 /// Connect to `target` as engine `me`, pass the same-host step with `slot`: the stream now
 /// carries records.
 fn same_host_session(target: &morio::IoEngine, me: &str, slot: &mut Slot) -> TcpStream {
+    same_host_session_v(target, me, slot, VERSION)
+}
+
+/// [`same_host_session`] speaking protocol `version`.
+fn same_host_session_v(
+    target: &morio::IoEngine,
+    me: &str,
+    slot: &mut Slot,
+    version: u32,
+) -> TcpStream {
     let mut s = raw_connect(target.engine_desc().port);
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let nonce: [u8; 16] = rand::random();
     let hello = Hello {
-        version: VERSION,
+        version,
         lane: 0,
         n_lanes: 1,
         src_key: me.into(),
@@ -301,16 +311,19 @@ fn hostile_device_parts_close_the_connection_and_land_nothing() {
         (2u64, "a part outside the allocation"),
         (3, "parts short of the payload"),
         (4, "a withdrawn token"),
+        (5, "a DEVICE record on a version 7 connection"),
     ] {
         let landed = dst.to_vec();
         let mut slot = new_slot();
-        let mut s = same_host_session(&b, &format!("sh_dev_{uid}"), &mut slot);
+        let version = if uid == 5 { 7 } else { VERSION };
+        let mut s = same_host_session_v(&b, &format!("sh_dev_{uid}"), &mut slot, version);
         slot.live.store(11, Ordering::SeqCst);
         let mut rec = inline(&write_head(uid, &d, 0, n as u64));
         rec.extend(match uid {
             2 => device(&ex, &slot, 11, &[(2 * n as u64 - 10, n as u64)]),
             3 => device(&ex, &slot, 11, &[(0, n as u64 - 1)]),
-            _ => device(&ex, &slot, 12, &[(0, n as u64)]),
+            4 => device(&ex, &slot, 12, &[(0, n as u64)]),
+            _ => device(&ex, &slot, 11, &[(0, n as u64)]),
         });
         s.write_all(&rec).unwrap();
         refused(&mut s, &slot, &b, &format!("sh_dev_{uid}"), uid, what);

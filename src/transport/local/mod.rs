@@ -418,7 +418,7 @@ impl LocalConn {
         let up = self.up;
         let pid = up.peer as libc::pid_t;
         (
-            LocalRx::new(r, pid, up.peer_wake),
+            LocalRx::new(r, pid, up.peer_wake, up.device_parts),
             LocalTx::new(w, pid, up.slot, up.wake, up.stall, up.device_parts),
         )
     }

@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use futures_lite::AsyncRead;
 use morio_shards::rt;
 
-use super::records::{parse, Device, Pull, Record, DECLINED, DECLINED_FOR_GOOD};
+use super::records::{parse, BadRecord, Device, Pull, Record, DECLINED, DECLINED_FOR_GOOD, DEVICE};
 use super::{read_peer, wake, write_peer_word, ACKED_OFFSET};
 
 /// Socket bytes buffered at most (record heads and inline bytes).
@@ -55,6 +55,8 @@ pub(crate) struct LocalRx {
     start: usize,
     end: usize,
     cur: Cur,
+    /// Whether the connection's version has DEVICE records (else one is refused).
+    device_parts: bool,
 }
 
 impl LocalRx {
@@ -62,6 +64,7 @@ impl LocalRx {
         r: rt::ReadHalf,
         peer: libc::pid_t,
         wake: Option<std::os::fd::OwnedFd>,
+        device_parts: bool,
     ) -> Self {
         // The first byte tells the peer's sender we took its wake socket.
         if let Some(w) = &wake {
@@ -75,6 +78,16 @@ impl LocalRx {
             start: 0,
             end: 0,
             cur: Cur::Idle,
+            device_parts,
+        }
+    }
+
+    /// The record head at the start of the buffer (see [`parse`]); a DEVICE record on a
+    /// connection whose version has none is refused.
+    fn next_record(&self) -> Result<Option<(Record, usize)>, BadRecord> {
+        match parse(&self.buf[self.start..self.end])? {
+            Some((Record::Device(_), _)) if !self.device_parts => Err(BadRecord(DEVICE)),
+            r => Ok(r),
         }
     }
 
@@ -169,7 +182,7 @@ impl LocalRx {
             match &self.cur {
                 Cur::Device(d) => return Poll::Ready(Ok(Some(d.clone()))),
                 Cur::Inline(_) | Cur::Pull(..) => return Poll::Ready(Ok(None)),
-                Cur::Idle => match parse(&self.buf[self.start..self.end]) {
+                Cur::Idle => match self.next_record() {
                     Ok(Some((Record::Device(d), used))) => {
                         self.start += used;
                         self.cur = Cur::Device(d);
@@ -318,7 +331,7 @@ impl AsyncRead for LocalRx {
                     };
                     return Poll::Ready(Ok(n));
                 }
-                Cur::Idle => match parse(&this.buf[this.start..this.end]) {
+                Cur::Idle => match this.next_record() {
                     Ok(Some((rec, used))) => {
                         this.start += used;
                         this.cur = match rec {
