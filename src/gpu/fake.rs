@@ -53,6 +53,7 @@ struct State {
     fault_countdown: AtomicI64,
     fault_at_complete: AtomicBool,
     refuse_ipc: AtomicBool,
+    refuse_export: AtomicBool,
     ipc_opens: AtomicU64,
     d2d_copies: AtomicU64,
     opened: Arc<IpcCache>,
@@ -87,6 +88,7 @@ impl FakeGpu {
                 fault_countdown: AtomicI64::new(-1),
                 fault_at_complete: AtomicBool::new(false),
                 refuse_ipc: AtomicBool::new(false),
+                refuse_export: AtomicBool::new(false),
                 ipc_opens: AtomicU64::new(0),
                 d2d_copies: AtomicU64::new(0),
                 opened,
@@ -131,6 +133,11 @@ impl FakeGpu {
     /// Refuse to open IPC handles (as a container without the peer's GPU would).
     pub fn refuse_ipc(&self, on: bool) {
         self.st.refuse_ipc.store(on, Ordering::Relaxed);
+    }
+
+    /// Refuse to export allocations (as CUDA does for memory from a virtual-memory pool).
+    pub fn refuse_export(&self, on: bool) {
+        self.st.refuse_export.store(on, Ordering::Relaxed);
     }
 
     /// IPC handles opened so far (not counting cached ones).
@@ -269,6 +276,12 @@ impl GpuRuntime for FakeGpu {
 
     fn ipc_export(&self, dev: i32, ptr: u64) -> Result<IpcExport, GpuError> {
         self.check_device_range(dev, ptr, 1)?;
+        if self.st.refuse_export.load(Ordering::Relaxed) {
+            return Err(GpuError::Call {
+                call: "fake ipc export",
+                msg: "refused (injected)".into(),
+            });
+        }
         let (base, a) = self.find(ptr, 1).ok_or(GpuError::Call {
             call: "fake export",
             msg: "freed".into(),

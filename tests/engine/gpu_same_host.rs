@@ -285,3 +285,24 @@ fn unused_mappings_close_and_reopen() {
     fake.set_copy_delay(Duration::ZERO);
     assert_bytes_eq(&dst.to_vec(), &src.to_vec(), "during sweeps");
 }
+
+/// Memory the runtime cannot export (a virtual-memory pool's, say) carries no IPC handle in
+/// its descriptor and is never offered: staged, verified, nothing declined.
+#[test]
+fn memory_that_cannot_be_exported_is_staged() {
+    let (a, b, fake) = gpu_pair("gsh_noexport", cfg());
+    fake.refuse_export(true);
+    let n = 1 << 20;
+    let src = gpu_buf(&a, &random_big(n, 9));
+    fake.refuse_export(false);
+    let dst = gpu_buf(&b, &vec![0u8; n]);
+    assert_eq!(src.desc().ipc_handle, [0u8; 64], "no handle to give");
+    // The destination is exported, the source is not: the write is staged.
+    assert_ne!(dst.desc().ipc_handle, [0u8; 64]);
+    let uid = a.allocate_transfer_uid();
+    assert_ok(&a.write(src.desc(), 0, dst.desc(), 0, n, uid), "write");
+    assert_bytes_eq(&dst.to_vec(), &src.to_vec(), "write");
+    let t = a.stats().unwrap().total();
+    assert_eq!((t.gpu_ipc_bytes, t.gpu_ipc_declined), (0, 0), "{t:?}");
+    assert_eq!(t.gpu_staged_bytes, n as u64, "{t:?}");
+}
