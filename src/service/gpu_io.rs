@@ -33,6 +33,21 @@ pub(crate) struct GpuShard {
 }
 
 impl GpuShard {
+    /// The shard's stream on the device of `dm` (created on first use).
+    pub(crate) fn stream(
+        &mut self,
+        dm: &crate::region::DeviceMem,
+    ) -> Result<Rc<dyn GpuStream>, GpuError> {
+        Ok(match self.streams.get(&dm.dev) {
+            Some(s) => s.clone(),
+            None => {
+                let s: Rc<dyn GpuStream> = Rc::from(dm.gpu.create_stream(dm.dev)?);
+                self.streams.insert(dm.dev, s.clone());
+                s
+            }
+        })
+    }
+
     /// (pinned bytes held, peak bytes in use) over both pools.
     pub(crate) fn staging_bytes(&self) -> (usize, usize) {
         [&self.send, &self.recv]
@@ -52,20 +67,12 @@ struct Ctx {
 }
 
 /// This shard's stream on the device of `region` (created on first use).
-pub(super) fn stream(shard: &Shard, region: &Region) -> Result<Rc<dyn GpuStream>, GpuError> {
+fn stream(shard: &Shard, region: &Region) -> Result<Rc<dyn GpuStream>, GpuError> {
     let dm = region.device().ok_or_else(|| GpuError::Call {
         call: "stream",
         msg: "not device memory".into(),
     })?;
-    let mut g = shard.gpu.borrow_mut();
-    Ok(match g.streams.get(&dm.dev) {
-        Some(s) => s.clone(),
-        None => {
-            let s: Rc<dyn GpuStream> = Rc::from(dm.gpu.create_stream(dm.dev)?);
-            g.streams.insert(dm.dev, s.clone());
-            s
-        }
-    })
+    shard.gpu.borrow_mut().stream(dm)
 }
 
 fn ctx(shard: &Shard, region: &Region, outgoing: bool) -> Result<Ctx, GpuError> {

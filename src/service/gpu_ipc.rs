@@ -2,7 +2,6 @@
 //! as device parts (`transport::local::Device`), and taken by the receiver, which opens the
 //! sender's allocation and copies it device to device on its own stream, with no staging.
 
-use super::gpu_io::stream;
 use super::Shard;
 use crate::gpu::{GpuError, IpcExport};
 use crate::region::Region;
@@ -51,7 +50,10 @@ pub(super) async fn take_device(
         )));
     }
     let decline = |reader: &mut FrameReader<Rx>, v| reader.settle_device(v, 0).map(|()| None);
-    let (Some(dm), Ok(stream)) = (region.device(), stream(shard, region)) else {
+    let Some(dm) = region.device() else {
+        return decline(reader, Verdict::Declined);
+    };
+    let Ok(stream) = shard.gpu.borrow_mut().stream(dm) else {
         // The staging path reports the failure (and drains the bytes).
         return decline(reader, Verdict::Declined);
     };
