@@ -144,6 +144,11 @@ pub struct TcpBackendConfig {
     /// environment variable `MORIO_SAME_HOST` (`auto`, `off` or `require`) when set, else
     /// [`SameHost::Auto`].
     pub same_host: Option<SameHost>,
+    /// Whether GPU memory moves device to device with same-host peers (CUDA or HIP IPC
+    /// handles; protocol v8). `None`: the environment variable `MORIO_GPU_IPC` (`on` or `off`)
+    /// when set, else on. Off, this engine neither offers its GPU memory to peers nor opens
+    /// theirs: GPU payloads are staged through host memory as over TCP.
+    pub gpu_ipc: Option<bool>,
     /// The newest protocol version this engine offers (default and most: the newest this
     /// build speaks, `proto::limits::VERSION`). For rolling upgrades: keep a fleet on the
     /// version its oldest node speaks until every node runs the new build, then raise it.
@@ -168,6 +173,22 @@ pub enum SameHost {
 
 /// The environment variable that picks [`SameHost`] when the configuration does not.
 pub const SAME_HOST_ENV: &str = "MORIO_SAME_HOST";
+
+/// The environment variable that turns same-host GPU copies (`TcpBackendConfig::gpu_ipc`) on
+/// or off when the configuration does not.
+pub const GPU_IPC_ENV: &str = "MORIO_GPU_IPC";
+
+/// The setting [`GPU_IPC_ENV`] holds: `Ok(None)` when unset or empty.
+pub fn gpu_ipc_from_env() -> Result<Option<bool>, ConfigError> {
+    match std::env::var(GPU_IPC_ENV) {
+        Ok(v) if !v.trim().is_empty() => match v.trim().to_ascii_lowercase().as_str() {
+            "on" | "1" | "true" | "yes" => Ok(Some(true)),
+            "off" | "0" | "false" | "no" => Ok(Some(false)),
+            other => Err(ConfigError::GpuIpcEnv(other.to_string())),
+        },
+        _ => Ok(None),
+    }
+}
 
 impl std::str::FromStr for SameHost {
     type Err = String;
@@ -282,6 +303,7 @@ impl Default for TcpBackendConfig {
             max_inbound_statuses_per_peer: StatusCaps::DEFAULT.per_peer,
             max_inbound_statuses: StatusCaps::DEFAULT.total,
             same_host: None,
+            gpu_ipc: None,
             max_protocol_version: VERSION,
         }
     }
@@ -323,6 +345,9 @@ pub enum ConfigError {
     /// `MORIO_SAME_HOST` holds something else than a mode.
     #[error("{SAME_HOST_ENV}: {0}")]
     SameHostEnv(String),
+    /// `MORIO_GPU_IPC` holds something else than on or off.
+    #[error("{GPU_IPC_ENV} must be on or off, got {0:?}")]
+    GpuIpcEnv(String),
     /// `max_protocol_version` outside the versions this build speaks.
     #[error("max_protocol_version must be in [{MIN_VERSION}, {VERSION}], got {0}")]
     ProtocolVersion(u32),

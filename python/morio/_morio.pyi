@@ -88,6 +88,7 @@ class TcpBackendConfig:
     max_inbound_statuses_per_peer: int
     same_host: Optional[str]  # "auto" | "off" | "require" | None (MORIO_SAME_HOST, else auto)
     max_protocol_version: int
+    gpu_ipc: Optional[bool]  # same-host GPU copies through IPC handles; None: MORIO_GPU_IPC, else on
     def __init__(
         self,
         sock_sndbuf_bytes: int = 33554432,
@@ -121,6 +122,7 @@ class TcpBackendConfig:
         max_inbound_statuses_per_peer: Optional[int] = None,
         same_host: Optional[str] = None,
         max_protocol_version: Optional[int] = None,
+        gpu_ipc: Optional[bool] = None,
     ) -> None: ...
 
 class RdmaBackendConfig:

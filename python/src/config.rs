@@ -143,6 +143,7 @@ impl PyTcpBackendConfig {
         max_inbound_statuses_per_peer = None,
         same_host = None,
         max_protocol_version = None,
+        gpu_ipc = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -176,6 +177,7 @@ impl PyTcpBackendConfig {
         max_inbound_statuses_per_peer: Option<usize>,
         same_host: Option<String>,
         max_protocol_version: Option<u32>,
+        gpu_ipc: Option<bool>,
     ) -> PyResult<Self> {
         let mut me = Self {
             cfg: TcpBackendConfig::default(),
@@ -240,6 +242,7 @@ impl PyTcpBackendConfig {
             me.cfg.max_inbound_statuses_per_peer = v;
         }
         me.set_same_host(same_host)?;
+        me.cfg.gpu_ipc = gpu_ipc;
         if let Some(v) = max_protocol_version {
             me.cfg.max_protocol_version = v;
         }
@@ -324,6 +327,18 @@ impl PyTcpBackendConfig {
             Some(s) => Some(s.parse().map_err(PyValueError::new_err)?),
         };
         Ok(())
+    }
+
+    /// Same-host GPU copies through IPC handles: True, False, or None (the environment's
+    /// MORIO_GPU_IPC, else on).
+    #[getter]
+    fn gpu_ipc(&self) -> Option<bool> {
+        self.cfg.gpu_ipc
+    }
+
+    #[setter]
+    fn set_gpu_ipc(&mut self, v: Option<bool>) {
+        self.cfg.gpu_ipc = v;
     }
 
     /// The newest protocol version the engine offers (rolling upgrades).

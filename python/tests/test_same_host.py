@@ -47,6 +47,10 @@ def test_same_host_configuration_is_checked():
     assert c.same_host == "require"
     c.same_host = None
     assert c.same_host is None
+    assert TcpBackendConfig().gpu_ipc is None
+    assert TcpBackendConfig(gpu_ipc=False).gpu_ipc is False
+    c.gpu_ipc = True
+    assert c.gpu_ipc is True
     with pytest.raises(ValueError, match="auto, off or require"):
         TcpBackendConfig(same_host="sideways")
     assert TcpBackendConfig(max_protocol_version=6).max_protocol_version == 6

@@ -53,6 +53,9 @@ impl IoEngine {
         if cfg.same_host.is_none() {
             cfg.same_host = Some(crate::config::SameHost::from_env()?.unwrap_or_default());
         }
+        if cfg.gpu_ipc.is_none() {
+            cfg.gpu_ipc = Some(crate::config::gpu_ipc_from_env()?.unwrap_or(true));
+        }
         cfg.validate()?;
         // Connections take descriptors (a same-host one four or five): make room up front.
         crate::host::grow_fd_table(4096);

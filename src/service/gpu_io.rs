@@ -135,7 +135,7 @@ pub(crate) async fn push_from_device(
     let total: u64 = spans.iter().map(|s| s.1).sum();
     let mut header_sent = false;
     let offer = if to_device {
-        gpu_ipc::device_parts(writer, region, spans)
+        gpu_ipc::device_parts(shard, writer, region, spans)
     } else {
         None
     };

@@ -10,13 +10,17 @@ use crate::transport::local::{Device, Verdict};
 use crate::transport::Rx;
 
 /// The exported allocation of `region` and the device parts (offsets in it) that carry its
-/// `spans`, where the connection takes them.
+/// `spans`, where the connection takes them and this engine has device parts on.
 pub(super) fn device_parts(
+    shard: &Shard,
     writer: &FrameWriter,
     region: &Region,
     spans: &[(u64, u64)],
 ) -> Option<(IpcExport, Vec<(u64, u64)>)> {
     let ex = region.device()?.ipc?;
+    if shard.shared.cfg.gpu_ipc == Some(false) {
+        return None;
+    }
     if !writer.offers_device()
         || spans.is_empty()
         || spans.len() > crate::transport::local::MAX_DEVICE_PAIRS
@@ -50,6 +54,10 @@ pub(super) async fn take_device(
         )));
     }
     let decline = |reader: &mut FrameReader<Rx>, v| reader.settle_device(v, 0).map(|()| None);
+    if shard.shared.cfg.gpu_ipc == Some(false) {
+        // Configured off: the peer stops offering on this connection.
+        return decline(reader, Verdict::DeclinedForGood);
+    }
     let Some(dm) = region.device() else {
         return decline(reader, Verdict::Declined);
     };

@@ -306,3 +306,42 @@ fn memory_that_cannot_be_exported_is_staged() {
     assert_eq!((t.gpu_ipc_bytes, t.gpu_ipc_declined), (0, 0), "{t:?}");
     assert_eq!(t.gpu_staged_bytes, n as u64, "{t:?}");
 }
+
+/// Device parts configured off on either side (`gpu_ipc = false`, or `MORIO_GPU_IPC=off`):
+/// GPU payloads are staged, verified, and neither side opens a handle.
+#[test]
+fn device_parts_configured_off_on_either_side_stage() {
+    for (what, off_a, off_b) in [("sender", true, false), ("receiver", false, true)] {
+        let fake = Arc::new(FakeGpu::new(1));
+        let rt: Arc<dyn GpuRuntime> = fake.clone();
+        let with = |off: bool| {
+            let mut c = cfg();
+            if off {
+                c.gpu_ipc = Some(false);
+            }
+            c
+        };
+        let a = engine(&format!("gsh_off_{what}_a"), with(off_a));
+        let b = engine(&format!("gsh_off_{what}_b"), with(off_b));
+        a.register_remote_engine(&b.engine_desc()).unwrap();
+        b.register_remote_engine(&a.engine_desc()).unwrap();
+        a.set_gpu_runtime(rt.clone()).unwrap();
+        b.set_gpu_runtime(rt).unwrap();
+        let n = 1 << 20;
+        let src = gpu_buf(&a, &random_big(n, 10));
+        let dst = gpu_buf(&b, &vec![0u8; n]);
+        for _ in 0..3 {
+            let uid = a.allocate_transfer_uid();
+            assert_ok(&a.write(src.desc(), 0, dst.desc(), 0, n, uid), what);
+            assert_bytes_eq(&dst.to_vec(), &src.to_vec(), what);
+        }
+        assert_eq!(fake.ipc_opens(), 0, "{what}: a handle was opened");
+        assert_eq!(fake.d2d_copies(), 0, "{what}");
+        let t = a.stats().unwrap().total();
+        assert_eq!(t.gpu_ipc_bytes, 0, "{what}: {t:?}");
+        // A receiver that is off declines for good once per connection; a sender that is
+        // off never offers.
+        let most = if off_a { 0 } else { 2 };
+        assert!(t.gpu_ipc_declined <= most, "{what}: {t:?}");
+    }
+}

@@ -53,6 +53,9 @@ spin_us = 0
 # peer runs here and may be read: payloads copied once, process to process), "off" (TCP
 # only) or "require" (fail rather than fall back). Default: MORIO_SAME_HOST, else auto.
 # same_host = "auto"
+# GPU memory between engines of this host moves device to device (CUDA/HIP IPC handles);
+# false stages it through host memory as over TCP. Default: MORIO_GPU_IPC, else true.
+# gpu_ipc = true
 # The newest protocol version this node offers. For rolling upgrades: keep the fleet on the
 # version its oldest node speaks until every node runs the new build, then raise it.
 # max_protocol_version = 8
@@ -156,6 +159,7 @@ pub struct TcpSection {
     pub max_inbound_statuses: Option<usize>,
     pub max_inbound_statuses_per_peer: Option<usize>,
     pub same_host: Option<morio::SameHost>,
+    pub gpu_ipc: Option<bool>,
     pub max_protocol_version: Option<u32>,
 }
 
@@ -179,6 +183,7 @@ impl Default for TcpSection {
             max_inbound_statuses: None,
             max_inbound_statuses_per_peer: None,
             same_host: None,
+            gpu_ipc: None,
             max_protocol_version: None,
         }
     }
@@ -395,6 +400,7 @@ impl ServeConfig {
                 .max_inbound_statuses_per_peer
                 .unwrap_or(d.max_inbound_statuses_per_peer),
             same_host: t.same_host,
+            gpu_ipc: t.gpu_ipc,
             max_protocol_version: t.max_protocol_version.unwrap_or(d.max_protocol_version),
             num_data_conns: t.num_data_conns,
             striping_threshold_bytes: t.striping_threshold_bytes,
@@ -457,6 +463,12 @@ mod tests {
                 c.tcp_config().max_protocol_version
             ),
             (None, 8)
+        );
+        assert_eq!(c.tcp_config().gpu_ipc, None);
+        let off = DEFAULT_TOML.replace("# gpu_ipc = true", "gpu_ipc = false");
+        assert_eq!(
+            ServeConfig::parse(&off).unwrap().tcp_config().gpu_ipc,
+            Some(false)
         );
         let sh = DEFAULT_TOML
             .replace("# same_host = \"auto\"", "same_host = \"off\"")
