@@ -30,6 +30,18 @@ fn check_reports_the_same_host_transport() {
         ),
         Err(why) => assert!(text.contains(&why), "{text}"),
     }
+    // And whether GPU memory moves device to device (never here without a GPU runtime).
+    match morio::gpu::check_ipc() {
+        Ok(rt) => assert!(
+            text.contains(&rt) && text.contains("device to device"),
+            "{text}"
+        ),
+        Err(why) => assert!(
+            text.contains("note: GPU memory between engines of this host is staged")
+                && text.contains(&why),
+            "{text}"
+        ),
+    }
 }
 
 #[test]

@@ -620,6 +620,16 @@ mod tests {
     }
 
     #[test]
+    fn the_ipc_check_passes_and_says_why_not() {
+        let gpu = Arc::new(FakeGpu::new(2));
+        let ok = crate::gpu::check_ipc_with(gpu.clone()).unwrap();
+        assert_eq!(ok, "fake with 2 device(s)");
+        gpu.refuse_export(true);
+        let why = crate::gpu::check_ipc_with(gpu).unwrap_err();
+        assert!(why.contains("refused"), "{why}");
+    }
+
+    #[test]
     fn an_exported_allocation_opens_elsewhere_at_its_own_address() {
         let a = Arc::new(FakeGpu::new(1));
         let b = Arc::new(FakeGpu::new(1));

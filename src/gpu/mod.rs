@@ -336,6 +336,34 @@ impl Drop for DeviceBuf {
     }
 }
 
+/// Whether GPU memory of engines of this host can move device to device between them: the
+/// machine's runtime ([`detect`]) exports a small allocation of device 0 as a same-host peer
+/// would open it. `Ok` names the runtime and its devices; `Err` says why not (engines then
+/// stage GPU memory through host memory, as over TCP).
+pub fn check_ipc() -> Result<String, String> {
+    check_ipc_with(detect().map_err(|e| e.to_string())?)
+}
+
+/// [`check_ipc`] with the runtime `rt`.
+pub fn check_ipc_with(rt: Arc<dyn GpuRuntime>) -> Result<String, String> {
+    let n = rt.device_count().map_err(|e| e.to_string())?;
+    let buf = rt
+        .clone()
+        .alloc_device(0, 4096)
+        .map_err(|e| e.to_string())?;
+    let ex = rt.ipc_export(0, buf.ptr()).map_err(|e| e.to_string())?;
+    if ex.base > buf.ptr() || ex.base + ex.size < buf.ptr() + 4096 {
+        return Err(format!(
+            "the {} runtime exported {} bytes at {:#x} for an allocation at {:#x}",
+            rt.name(),
+            ex.size,
+            ex.base,
+            buf.ptr()
+        ));
+    }
+    Ok(format!("{} with {n} device(s)", rt.name()))
+}
+
 /// The GPU runtime of this machine: CUDA if built with `cuda` and a driver with a device is
 /// present, else HIP if built with `hip` and a device is present. Never panics: a missing
 /// driver is an [`GpuError::Unavailable`].

@@ -77,6 +77,15 @@ fn main() -> ExitCode {
                         "note: no same-host transport here ({why}); engines of this host use TCP"
                     ),
                 }
+                match morio::gpu::check_ipc() {
+                    Ok(rt) => println!(
+                        "ok: GPU memory ({rt}) moves device to device between engines of this \
+                         host (IPC handles export)"
+                    ),
+                    Err(why) => {
+                        println!("note: GPU memory between engines of this host is staged ({why})")
+                    }
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => {
