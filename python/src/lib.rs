@@ -52,6 +52,13 @@ fn same_host_unavailable() -> Option<String> {
     morio::check_same_host().err()
 }
 
+/// morio: whether GPU memory moves device to device between engines of this host (the GPU
+/// runtime exports memory for IPC): None when it does, else the reason (it is staged then).
+#[pyfunction]
+fn gpu_ipc_unavailable() -> Option<String> {
+    morio::gpu::check_ipc().err()
+}
+
 /// MORI's FABRIC allocator: morio implements TCP only, so this raises NotImplementedError.
 #[pyfunction]
 #[pyo3(signature = (size, device))]
@@ -97,6 +104,7 @@ fn _morio(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(log::set_log_level, m)?)?;
     m.add_function(wrap_pyfunction!(set_wait_spin_us, m)?)?;
     m.add_function(wrap_pyfunction!(set_wait_spin_adaptive, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu_ipc_unavailable, m)?)?;
     m.add_function(wrap_pyfunction!(check_host, m)?)?;
     m.add_function(wrap_pyfunction!(same_host_unavailable, m)?)?;
     m.add_function(wrap_pyfunction!(fabric_alloc, m)?)?;

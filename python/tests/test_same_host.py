@@ -122,3 +122,15 @@ def test_cuda_tensors_between_two_processes(engines, mode):
             # Device to device through CUDA IPC, nothing staged.
             assert total["gpu_ipc_bytes"] > 0 and total["gpu_staged_bytes"] == 0, total
         finish_peer(parent, proc)
+
+
+def test_gpu_ipc_check_says_why_not():
+    """gpu_ipc_unavailable() is None only where the build has a GPU runtime and it exports
+    memory; anywhere else it names the reason."""
+    import morio
+
+    why = morio.gpu_ipc_unavailable()
+    if not morio.GPU_RUNTIMES:
+        assert why is not None and "no GPU runtime" in why, why
+    elif why is not None:
+        assert isinstance(why, str) and why

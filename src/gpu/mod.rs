@@ -369,16 +369,22 @@ pub fn check_ipc_with(rt: Arc<dyn GpuRuntime>) -> Result<String, String> {
 /// driver is an [`GpuError::Unavailable`].
 pub fn detect() -> Result<Arc<dyn GpuRuntime>, GpuError> {
     let mut why: Vec<String> = Vec::new();
+    // The runtimes' own reasons, without repeating "no GPU runtime" for each.
+    let reason = |e: GpuError| match e {
+        GpuError::Unavailable(m) => m,
+        other => other.to_string(),
+    };
     #[cfg(feature = "cuda")]
     match cuda::CudaRuntime::new() {
         Ok(rt) => return Ok(Arc::new(rt)),
-        Err(e) => why.push(format!("cuda: {e}")),
+        Err(e) => why.push(format!("cuda: {}", reason(e))),
     }
     #[cfg(feature = "hip")]
     match hip::HipRuntime::new() {
         Ok(rt) => return Ok(Arc::new(rt)),
-        Err(e) => why.push(format!("hip: {e}")),
+        Err(e) => why.push(format!("hip: {}", reason(e))),
     }
+    let _ = reason;
     if why.is_empty() {
         why.push("this build has neither the `cuda` nor the `hip` feature".into());
     }
