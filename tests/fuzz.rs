@@ -102,7 +102,16 @@ fn seeds() -> Vec<Vec<u8>> {
         let payload = vec![0xAB; c.bytes() as usize];
         encoded(&Frame::Write { chunk: c, final_ }, &payload)
     };
-    let read = |c: Chunk, final_| encoded(&Frame::Read { chunk: c, final_ }, &[]);
+    let read = |c: Chunk, final_| {
+        encoded(
+            &Frame::Read {
+                chunk: c,
+                final_,
+                to_device: false,
+            },
+            &[],
+        )
+    };
     let reply = Reply {
         tag: 1,
         uid: 42,
@@ -301,7 +310,7 @@ fn serve_stream(mut buf: &[u8]) {
         let Ok(inbound) = classify(frame) else { return };
         let (chunk, final_, is_write) = match inbound {
             Inbound::Write(c, f) => (c, f, true),
-            Inbound::Read(c, f) => (c, f, false),
+            Inbound::Read(c, f, _) => (c, f, false),
             Inbound::Finish(f) => {
                 let r = served.finish(f, &joins);
                 assert!(r.record.is_some() && r.reply.is_some());

@@ -9,6 +9,7 @@ use morio::proto::codes::{ERR_BAD_STATE, ERR_GPU_OP, ERR_INVALID_ARGS, ERR_NOT_F
 use morio::proto::decode::{decode_frame, DecodeError};
 use morio::proto::frame::{
     runs, Chunk, Finish, Frame, Hello, HelloAck, Kind, Op, Reply, Seg, FLAG_FINAL, FLAG_RUNS,
+    FLAG_TO_DEVICE,
 };
 use morio::proto::inbound::{check_chunk, NOT_REGISTERED};
 use morio::proto::layout::{layout_chunks, layout_stripe, normalize_layout, Layout};
@@ -219,11 +220,12 @@ fn frame_and_payload() -> impl Strategy<Value = (Frame, u64)> {
         let n = chunk.bytes();
         (Frame::Write { chunk, final_ }, n)
     });
-    let read = (chunk(), any::<bool>()).prop_map(move |(chunk, final_)| {
+    let read = (chunk(), any::<bool>(), any::<bool>()).prop_map(move |(chunk, final_, dev)| {
         (
             Frame::Read {
                 chunk: as_final(chunk, final_),
                 final_,
+                to_device: dev,
             },
             0,
         )
@@ -334,7 +336,12 @@ proptest! {
                 | Frame::Read { final_: true, .. }
                 | Frame::ReadData { final_: true, .. }
         );
-        prop_assert_eq!(bytes[3] & !FLAG_RUNS, if final_ { FLAG_FINAL } else { 0 });
+        let to_device = matches!(frame, Frame::Read { to_device: true, .. });
+        prop_assert_eq!(bytes[3] & FLAG_TO_DEVICE != 0, to_device);
+        prop_assert_eq!(
+            bytes[3] & !(FLAG_RUNS | FLAG_TO_DEVICE),
+            if final_ { FLAG_FINAL } else { 0 }
+        );
         // Chunks take the run form exactly when it is the smaller one.
         if let Frame::Write { chunk: c, .. } | Frame::Read { chunk: c, .. } = &frame {
             let n_runs = runs(&c.segs, |s| *s).count();
@@ -451,6 +458,7 @@ fn the_access_key_follows_the_region_id_in_the_chunk_body() {
     let f = Frame::Read {
         chunk: c,
         final_: true,
+        to_device: false,
     };
     let bytes = encoded(&f, 0);
     let body = &bytes[HEADER_BYTES..];
@@ -518,6 +526,7 @@ fn chunk_with_most_segments_fits_the_body_limit() {
         &Frame::Read {
             chunk: c,
             final_: false,
+            to_device: false,
         },
         0,
     );
@@ -665,6 +674,34 @@ fn header_rejections() {
     b[3] = FLAG_FINAL;
     assert!(matches!(
         decode_frame(&b),
+        Err(DecodeError::BadFlags { .. })
+    ));
+    // FLAG_TO_DEVICE is a READ's alone: on a WRITE it is refused.
+    let c = Chunk::new(
+        morio::proto::frame::ChunkHead {
+            tag: 1,
+            uid: 1,
+            chunk: 0,
+            n_chunks: 1,
+            mem_id: 1,
+            access_key: AccessKey::NONE,
+            extent: (0, 8),
+            join_lane: 0,
+        },
+        vec![Seg { off: 0, len: 8 }],
+    );
+    let mut w = encoded(
+        &Frame::Write {
+            chunk: c,
+            final_: true,
+        },
+        8,
+    );
+    w.extend_from_slice(&[0u8; 8]);
+    assert!(decode_frame(&w).is_ok());
+    w[3] |= FLAG_TO_DEVICE;
+    assert!(matches!(
+        decode_frame(&w),
         Err(DecodeError::BadFlags { .. })
     ));
     // A bad header is reported as soon as the header is complete, before the body arrives.

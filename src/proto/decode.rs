@@ -4,6 +4,7 @@ use super::access::AccessKey;
 use super::codes;
 use super::frame::{
     Chunk, Finish, Frame, Hello, HelloAck, Kind, LocalOffer, Op, Reply, Seg, FLAG_FINAL, FLAG_RUNS,
+    FLAG_TO_DEVICE,
 };
 use super::limits::{
     ACCESS_KEY_BYTES, FRAME_MAGIC, HEADER_BYTES, MAX_BODY_BYTES, MAX_CHUNK_BYTES, MAX_KEY_BYTES,
@@ -98,7 +99,8 @@ pub fn decode_header(b: &[u8; HEADER_BYTES]) -> Result<Header, DecodeError> {
     let kind = Kind::from_u8(b[2]).ok_or(DecodeError::BadKind(b[2]))?;
     let flags = b[3];
     let allowed = match kind {
-        Kind::Write | Kind::Read => FLAG_FINAL | FLAG_RUNS,
+        Kind::Write => FLAG_FINAL | FLAG_RUNS,
+        Kind::Read => FLAG_FINAL | FLAG_RUNS | FLAG_TO_DEVICE,
         Kind::ReadData => FLAG_FINAL,
         _ => 0,
     };
@@ -201,6 +203,7 @@ pub fn decode_body(h: &Header, body: &[u8]) -> Result<Frame, DecodeError> {
         Kind::Read => Frame::Read {
             chunk: r.chunk(final_, as_runs)?,
             final_,
+            to_device: h.flags & FLAG_TO_DEVICE != 0,
         },
         Kind::ReadData => Frame::ReadData {
             reply: r.reply()?,

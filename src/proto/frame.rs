@@ -64,6 +64,11 @@ pub const FLAG_FINAL: u8 = 1;
 /// run on the wire instead of one entry per segment.
 pub const FLAG_RUNS: u8 = 2;
 
+/// Flag on READ (version 8, same-host connections only): the initiator places the data into
+/// GPU memory, so the target may offer its own GPU memory as device parts (PROTOCOL.md,
+/// "Device parts"). A peer of version 7 or older never receives it.
+pub const FLAG_TO_DEVICE: u8 = 4;
+
 /// One contiguous piece of a region: `len` bytes at `off`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Seg {
@@ -232,6 +237,8 @@ pub enum Frame {
         chunk: Chunk,
         /// Whole-transfer chunk.
         final_: bool,
+        /// The initiator places the data into GPU memory ([`FLAG_TO_DEVICE`]).
+        to_device: bool,
     },
     /// See [`Kind::ReadData`]; the payload follows when `reply.code == SUCCESS`.
     ReadData {
@@ -280,8 +287,9 @@ impl Frame {
     /// Strings longer than the protocol's limits are truncated (keys are validated at engine
     /// creation, messages are informative).
     pub fn encode(&self, payload_len: u64, out: &mut Vec<u8>) {
-        if let Self::Write { chunk, final_ } | Self::Read { chunk, final_ } = self {
-            return encode_chunk(
+        if let Self::Write { chunk, final_ } | Self::Read { chunk, final_, .. } = self {
+            let start = out.len();
+            encode_chunk(
                 self.kind(),
                 *final_,
                 &chunk.head(),
@@ -290,6 +298,13 @@ impl Frame {
                 payload_len,
                 out,
             );
+            if let Self::Read {
+                to_device: true, ..
+            } = self
+            {
+                out[start + 3] |= FLAG_TO_DEVICE;
+            }
+            return;
         }
         let start = out.len();
         out.extend_from_slice(&FRAME_MAGIC.to_le_bytes());

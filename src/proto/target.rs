@@ -225,8 +225,8 @@ fn check_count(chunk: &Chunk) -> Result<(), Violation> {
 pub enum Inbound {
     /// A WRITE chunk (its payload follows).
     Write(Chunk, bool),
-    /// A READ chunk.
-    Read(Chunk, bool),
+    /// A READ chunk (final, and whether the initiator places it into GPU memory).
+    Read(Chunk, bool, bool),
     /// FINISH.
     Finish(Finish),
 }
@@ -235,7 +235,11 @@ pub enum Inbound {
 pub fn classify(frame: Frame) -> Result<Inbound, Violation> {
     match frame {
         Frame::Write { chunk, final_ } => Ok(Inbound::Write(chunk, final_)),
-        Frame::Read { chunk, final_ } => Ok(Inbound::Read(chunk, final_)),
+        Frame::Read {
+            chunk,
+            final_,
+            to_device,
+        } => Ok(Inbound::Read(chunk, final_, to_device)),
         Frame::Finish(f) => Ok(Inbound::Finish(f)),
         other => Err(Violation(format!(
             "unexpected {:?} from initiator",

@@ -363,14 +363,22 @@ async fn on_frame(
             let r = conn.served.write_done(&chunk, final_, code, msg, joins);
             respond(shard, conn, writer, r).await
         }
-        Inbound::Read(chunk, final_) => {
+        Inbound::Read(chunk, final_, to_device) => {
             let region = shard.regions.borrow().get(&chunk.mem_id).cloned();
             let facts = region.as_ref().map(|r| (r.len() as u64, r.access_key()));
             let checked = conn
                 .served
                 .check(&chunk, final_, facts)
                 .map_err(violation)?;
-            let (code, msg) = read(shard, conn, writer, &chunk, final_, checked, region).await?;
+            let (code, msg) = read(
+                shard,
+                conn,
+                writer,
+                (&chunk, final_, to_device),
+                checked,
+                region,
+            )
+            .await?;
             if code == codes::SUCCESS {
                 let mut st = shard.stats.borrow_mut();
                 st.count_inbound_read(conn.counters, chunk.bytes());
@@ -388,17 +396,18 @@ async fn on_frame(
     }
 }
 
-/// Answer a READ chunk with READ_DATA (its bytes, or its refusal); a FINAL one records the
+/// Answer a READ chunk (`req`: the chunk, whether it is final, whether the initiator places
+/// it into GPU memory) with READ_DATA (its bytes, or its refusal); a FINAL one records the
 /// inbound status first. Returns the chunk's code and message.
 async fn read(
     shard: &Rc<Shard>,
     conn: &Link,
     writer: &mut FrameWriter,
-    chunk: &Chunk,
-    final_: bool,
+    req: (&Chunk, bool, bool),
     checked: Result<(), Refusal>,
     region: Option<SharedRegion>,
 ) -> Result<(u32, String), ConnError> {
+    let (chunk, final_, _) = req;
     let region = match (checked, region) {
         (Ok(()), Some(r)) => r,
         (checked, _) => {
@@ -413,7 +422,7 @@ async fn read(
         }
     };
     if region.device().is_some() {
-        return read_from_device(shard, conn, writer, &region, chunk, final_).await;
+        return read_from_device(shard, conn, writer, &region, req).await;
     }
     let mut slices = Vec::with_capacity(chunk.segs.len());
     for s in &chunk.segs {
@@ -436,15 +445,16 @@ async fn read(
     Ok((codes::SUCCESS, String::new()))
 }
 
-/// Answer a READ of device memory: staged through pinned slots, pipelined with the send.
+/// Answer a READ of device memory: staged through pinned slots, pipelined with the send, or
+/// offered as device parts to a same-host initiator that places it into GPU memory.
 async fn read_from_device(
     shard: &Rc<Shard>,
     conn: &Link,
     writer: &mut FrameWriter,
     region: &crate::region::Region,
-    chunk: &Chunk,
-    final_: bool,
+    req: (&Chunk, bool, bool),
 ) -> Result<(u32, String), ConnError> {
+    let (chunk, final_, to_device) = req;
     // As for host memory: recorded before the bytes leave.
     let (rec, frame) = conn
         .served
@@ -453,7 +463,7 @@ async fn read_from_device(
         record(shard, conn, &rec, false);
     }
     let spans: Vec<(u64, u64)> = chunk.segs.iter().map(|s| (s.off, s.len)).collect();
-    match gpu_io::push_from_device(shard, writer, &frame, region, &spans, true).await {
+    match gpu_io::push_from_device(shard, writer, &frame, region, &spans, to_device).await {
         Ok(()) => Ok((codes::SUCCESS, String::new())),
         Err(SendError::Gpu(e)) => {
             // Nothing left yet: answer with the error instead (it replaces the SUCCESS

@@ -10,7 +10,9 @@ use morio_shards::rt;
 
 use super::{Rx, Tx};
 use crate::proto::decode::{decode_frame, DecodeError};
-use crate::proto::frame::{encode_chunk_segs, ChunkHead, ChunkSegs, Frame, Kind, Seg};
+use crate::proto::frame::{
+    encode_chunk_segs, ChunkHead, ChunkSegs, Frame, Kind, Seg, FLAG_TO_DEVICE,
+};
 use crate::proto::limits::{HEADER_BYTES, MAX_BODY_BYTES, MAX_HANDSHAKE_BODY_BYTES};
 
 /// Why a connection ended.
@@ -465,14 +467,21 @@ impl FrameWriter {
         Ok(())
     }
 
-    /// Queue a READ chunk (no payload); it leaves with the next flush.
+    /// Queue a READ chunk (no payload); it leaves with the next flush. `to_device`: the data
+    /// goes into GPU memory, said to the target ([`FLAG_TO_DEVICE`]) only on a connection
+    /// that takes device parts (a peer of an older version would refuse the flag).
     pub(crate) fn queue_read_chunk<S, F: Fn(&S) -> Seg + Copy>(
         &mut self,
         final_: bool,
         head: &ChunkHead,
         segs: ChunkSegs<'_, S, F>,
+        to_device: bool,
     ) {
+        let start = self.buf.len();
         encode_chunk_segs(Kind::Read, final_, head, segs, 0, &mut self.buf);
+        if to_device && self.w.offers_device() {
+            self.buf[start + 3] |= FLAG_TO_DEVICE;
+        }
     }
 
     /// Send a WRITE chunk whose payload is `payload`, gathered straight from registered

@@ -1086,6 +1086,7 @@ fn read_frame_of(uid: u64, (mem_id, access_key): Target, extent: (u64, u64)) -> 
         &Frame::Read {
             chunk,
             final_: true,
+            to_device: false,
         },
         0,
     )

@@ -322,6 +322,7 @@ fn garbage(rng: &mut StdRng, n_lanes: u16, at_target: bool) -> (Vec<u8>, Closer)
                 Frame::Read {
                     chunk: chunk(lane),
                     final_: false,
+                    to_device: false,
                 },
                 bad_chunk,
             )
@@ -333,6 +334,7 @@ fn garbage(rng: &mut StdRng, n_lanes: u16, at_target: bool) -> (Vec<u8>, Closer)
                 Frame::Read {
                     chunk: chunk(lane),
                     final_: false,
+                    to_device: false,
                 },
                 bad_join_lane,
             )

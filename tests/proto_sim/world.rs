@@ -1232,7 +1232,7 @@ impl Sim {
                 let resp = served.write_done(&chunk, final_, code, msg, &self.joins);
                 self.respond(c, inst, &chunk, resp);
             }
-            Inbound::Read(chunk, final_) => {
+            Inbound::Read(chunk, final_, _) => {
                 let res = match served.check(&chunk, final_, self.region(chunk.mem_id)) {
                     Ok(r) => r,
                     Err(v) => return self.close_target_end(c, Cause::Violation(v.0)),

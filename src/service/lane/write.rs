@@ -177,7 +177,8 @@ async fn write_chunk(
         }
         Op::Read => {
             let bytes = spec.pieces.total_bytes();
-            writer.queue_read_chunk(final_, &head, spec.pieces.remote_segs());
+            let to_device = local.device().is_some();
+            writer.queue_read_chunk(final_, &head, spec.pieces.remote_segs(), to_device);
             // Registered before the request can leave (the next flush): the answer can
             // never come early.
             let wait = ReadWait {
