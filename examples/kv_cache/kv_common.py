@@ -86,6 +86,21 @@ def parse_args(role: str, argv: Optional[list[str]] = None) -> argparse.Namespac
     return a
 
 
+def path_taken(engine) -> str:
+    """How this engine's lanes carried the bytes: TCP or the same-host transport, and for GPU
+    memory whether it moved device to device (CUDA IPC) or was staged through host memory."""
+    shards = engine.stats()
+    total = {k: sum(s[k] for s in shards)
+             for k in ("lane_connects", "lane_connects_same_host", "gpu_ipc_bytes", "gpu_staged_bytes")}
+    lanes = "same host" if total["lane_connects"] and \
+        total["lane_connects_same_host"] == total["lane_connects"] else "TCP"
+    if total["gpu_ipc_bytes"] and not total["gpu_staged_bytes"]:
+        return f"{lanes}, GPU memory device to device"
+    if total["gpu_staged_bytes"]:
+        return f"{lanes}, GPU memory staged through host memory"
+    return lanes
+
+
 def log(role: str, msg: str) -> None:
     print(f"[{role}] {msg}", flush=True)
 

@@ -107,12 +107,13 @@ def transfer(a, sock) -> int:
                            "bytes": nbytes, "seconds": secs})
         result, _ = kc.recv_msg(sock, expect="result")
         engine.deregister_memory(local)
+        path = kc.path_taken(engine)
 
     blocks = a.layers * 2 * len(src_blocks)
     kc.log(ROLE, f"wrote {blocks} blocks ({a.layers} layers x K/V x {len(src_blocks)}) x {a.rounds} round(s) "
                  f"= {kc.fmt_bytes(nbytes)} in {len(uids)} batch_write calls: "
                  f"submit {(t_submit - t0) / 1e3:.0f} us, total {secs * 1e3:.2f} ms, "
-                 f"{nbytes / 1e9 / secs:.2f} GB/s")
+                 f"{nbytes / 1e9 / secs:.2f} GB/s ({path})")
     if failed:
         kc.log(ROLE, f"FAILED: {len(failed)} of {len(uids)} transfers: {msg}")
         return 1

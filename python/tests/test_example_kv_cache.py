@@ -35,6 +35,11 @@ def test_kv_cache_example_numpy():
     assert "[decode] OK: 76 blocks verified byte for byte, 2 inbound statuses SUCCESS, " \
            "5 unrequested blocks untouched" in out, out
     assert "run_local: prefill exit 0, decode exit 0" in out, out
+    # The prefill says which transport carried the bytes: two processes of this host take the
+    # same-host transport where it is available, else TCP.
+    import morio
+    path = "(TCP)" if morio.same_host_unavailable() else "(same host)"
+    assert path in out, out
 
 
 def test_kv_cache_example_detects_corruption():
