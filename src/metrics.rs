@@ -329,6 +329,16 @@ impl Collector for Snapshot {
         family(
             e,
             shards,
+            "lane_ring_connects",
+            "Of the same-host lanes the shard connected, those whose records travel through \
+             shared-memory rings",
+            None,
+            c,
+            |s, m| counter(m, s.lane_connects_ring),
+        )?;
+        family(
+            e,
+            shards,
             "lane_failures",
             "Lanes of the shard that failed (not closed on purpose)",
             None,

@@ -84,6 +84,9 @@ pub struct ShardStats {
     pub lane_connects: u64,
     /// Of those, lanes on the same-host transport (a peer of this host; the rest are TCP).
     pub lane_connects_same_host: u64,
+    /// Of those, lanes whose records travel through shared-memory rings (protocol v9 and
+    /// later; the rest of the same-host lanes use the socket).
+    pub lane_connects_ring: u64,
     /// Lanes of this shard that failed (a dial, a send or a receive failed, the peer closed
     /// or broke the protocol); closes on purpose (shutdown, a deregistered peer) are not
     /// counted.
@@ -127,6 +130,7 @@ impl ShardStats {
             busy_poll_wakes: 0,
             lane_connects: 0,
             lane_connects_same_host: 0,
+            lane_connects_ring: 0,
             lane_failures: 0,
             peers: PeerMap::default(),
         }
@@ -175,10 +179,18 @@ impl ShardStats {
         self.peers.at(peer).inbound_transfers += 1;
     }
 
-    /// Count a connect of lane `lane` to `peer` (`same_host`: on the same-host transport).
-    pub(crate) fn count_lane_connect(&mut self, peer: PeerSlot, lane: u16, same_host: bool) {
+    /// Count a connect of lane `lane` to `peer` (`same_host`: on the same-host transport;
+    /// `ring`: its records in a shared-memory ring).
+    pub(crate) fn count_lane_connect(
+        &mut self,
+        peer: PeerSlot,
+        lane: u16,
+        same_host: bool,
+        ring: bool,
+    ) {
         self.lane_connects += 1;
         self.lane_connects_same_host += same_host as u64;
+        self.lane_connects_ring += ring as u64;
         self.peers.at(peer).lane_connected(lane);
     }
 
@@ -235,6 +247,7 @@ impl std::fmt::Debug for ShardStats {
             .field("busy_poll_wakes", &self.busy_poll_wakes)
             .field("lane_connects", &self.lane_connects)
             .field("lane_connects_same_host", &self.lane_connects_same_host)
+            .field("lane_connects_ring", &self.lane_connects_ring)
             .field("lane_failures", &self.lane_failures)
             .field("peers", &self.peers.len())
             .finish()
@@ -293,6 +306,7 @@ impl EngineStats {
             t.busy_poll_wakes += s.busy_poll_wakes;
             t.lane_connects += s.lane_connects;
             t.lane_connects_same_host += s.lane_connects_same_host;
+            t.lane_connects_ring += s.lane_connects_ring;
             t.lane_failures += s.lane_failures;
             t.peers.add(&s.peers);
             // Same bounds on every shard, so adding cannot fail.
@@ -330,7 +344,7 @@ mod tests {
         a.count_sent(ax, 5);
         b.count_inbound_read(by, 7);
         b.count_inbound_transfer(by, true);
-        b.count_lane_connect(bx, 1, false);
+        b.count_lane_connect(bx, 1, false, false);
         let stats = EngineStats { shards: vec![a, b] };
         let t = stats.total();
         assert_eq!(

@@ -23,6 +23,7 @@ fn shard<'py>(py: Python<'py>, s: &ShardStats) -> PyResult<Bound<'py, PyDict>> {
     d.set_item("gpu_ipc_declined", s.gpu_ipc_declined)?;
     d.set_item("lane_connects", s.lane_connects)?;
     d.set_item("lane_connects_same_host", s.lane_connects_same_host)?;
+    d.set_item("lane_connects_ring", s.lane_connects_ring)?;
     d.set_item("lane_failures", s.lane_failures)?;
     d.set_item("latency_us_p50", s.latency_us.value_at_quantile(0.5))?;
     d.set_item("latency_us_p99", s.latency_us.value_at_quantile(0.99))?;

@@ -48,6 +48,16 @@ const ROUND_TRIP_MAX_UNTIMED: Duration = Duration::from_millis(5);
 /// pending the poller keeps the tight round-trip bounds, so it fires on time.
 pub(crate) const SHORT_TIMER: Duration = Duration::from_millis(1);
 
+/// A reader of shared memory (a same-host ring) waiting until `probe` says it has bytes.
+struct ProbeWaiter {
+    probe: Probe,
+    waker: Waker,
+}
+
+/// Says whether a shared-memory source a reader waits on has something for it (cheap: a
+/// load or two, no system call).
+pub type Probe = std::rc::Rc<dyn Fn() -> bool>;
+
 struct Waiter {
     fd: RawFd,
     /// `POLLIN` or `POLLOUT`.
@@ -65,6 +75,8 @@ struct Busy {
     /// executor goes round its loop, which a busy shard does rarely, so while busy the
     /// poller watches these sockets too and wakes them the moment they are ready.
     armed: Vec<Waiter>,
+    /// Readers of shared memory, checked every turn before the sockets.
+    probes: Vec<ProbeWaiter>,
     /// The poller task, parked while the shard is idle.
     poller: Option<Waker>,
     pollfds: Vec<libc::pollfd>,
@@ -126,6 +138,7 @@ pub(crate) fn enable(window: Duration, inbox_probe: Box<dyn Fn() -> bool>) {
             busy_since_event: None,
             waiters: Vec::new(),
             armed: Vec::new(),
+            probes: Vec::new(),
             poller: None,
             pollfds: Vec::new(),
             wakes: 0,
@@ -190,6 +203,30 @@ fn register(fd: RawFd, events: i16, cx: &Context<'_>) -> bool {
             return false;
         };
         add(&mut b.waiters, fd, events, cx);
+        true
+    })
+}
+
+/// A reader of shared memory found it empty: if the shard is busy, the poller checks `probe`
+/// every turn and wakes the reader once it says yes (`true`: return `Pending`); else
+/// `false`, and the reader must arrange its own wake-up.
+pub(crate) fn wait_probe(probe: &Probe, cx: &Context<'_>) -> bool {
+    BUSY.with(|b| {
+        let mut b = b.borrow_mut();
+        let Some(b) = b.as_mut().filter(|b| b.busy_since_event.is_some()) else {
+            return false;
+        };
+        match b
+            .probes
+            .iter_mut()
+            .find(|w| std::rc::Rc::ptr_eq(&w.probe, probe))
+        {
+            Some(w) => w.waker.clone_from(cx.waker()),
+            None => b.probes.push(ProbeWaiter {
+                probe: probe.clone(),
+                waker: cx.waker().clone(),
+            }),
+        }
         true
     })
 }
@@ -262,7 +299,7 @@ fn turn(spin: bool) -> Turn {
                     w.wake();
                 }
             }
-            if poll_waiters(b) > 0 || inbox {
+            if poll_probes(b) + poll_waiters(b) > 0 || inbox {
                 b.busy_since_event = Some(Instant::now());
                 return Turn::Woke;
             }
@@ -342,22 +379,44 @@ pub(crate) async fn poller() {
 /// The shard went idle: every waiter re-polls, finds it idle, and waits on the runtime (the
 /// message loop too: it registers with the inbox's own wake-up again).
 fn hand_back() {
-    let (waiters, inbox) = BUSY.with(|b| {
+    let (waiters, probes, inbox) = BUSY.with(|b| {
         let mut b = b.borrow_mut();
         b.as_mut().map_or_else(
-            || (Vec::new(), None),
+            || (Vec::new(), Vec::new(), None),
             |b| {
                 b.busy_since_event = None;
-                (std::mem::take(&mut b.waiters), b.inbox_waiter.take())
+                (
+                    std::mem::take(&mut b.waiters),
+                    std::mem::take(&mut b.probes),
+                    b.inbox_waiter.take(),
+                )
             },
         )
     });
     for w in waiters {
         w.waker.wake();
     }
+    for w in probes {
+        w.waker.wake();
+    }
     if let Some(w) = inbox {
         w.wake();
     }
+}
+
+/// Wake (and forget) every reader of shared memory whose probe says yes; how many.
+fn poll_probes(b: &mut Busy) -> usize {
+    let before = b.probes.len();
+    b.probes.retain(|w| {
+        let ready = (w.probe)();
+        if ready {
+            w.waker.wake_by_ref();
+        }
+        !ready
+    });
+    let woke = before - b.probes.len();
+    b.wakes += woke as u64;
+    woke
 }
 
 /// Wake (and forget) every waiter, and every runtime-armed one, whose socket is ready or
@@ -509,5 +568,47 @@ mod tests {
         SHORT_SLEEPS.with(|n| n.set(1));
         assert_eq!(round_trip_bounds(), (ROUND_TRIP_QUIET, ROUND_TRIP_MAX));
         SHORT_SLEEPS.with(|n| n.set(0));
+    }
+
+    /// A reader of shared memory waits on its probe only while the shard is busy, is woken
+    /// once when the probe says yes, and is handed back when the shard goes idle.
+    #[test]
+    fn probe_waiters_are_woken_by_their_probe() {
+        enable(Duration::from_millis(50), Box::new(|| false));
+        let flag = std::rc::Rc::new(std::cell::Cell::new(false));
+        let f = flag.clone();
+        let probe: Probe = std::rc::Rc::new(move || f.get());
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let cx = Context::from_waker(&waker);
+        assert!(
+            !wait_probe(&probe, &cx),
+            "idle: the reader arms its own wake-up"
+        );
+        note_activity();
+        assert!(wait_probe(&probe, &cx));
+        assert!(
+            wait_probe(&probe, &cx),
+            "registering twice keeps one waiter"
+        );
+        assert!(matches!(turn(false), Turn::Quiet));
+        flag.set(true);
+        assert!(matches!(turn(false), Turn::Woke));
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        assert!(
+            matches!(turn(false), Turn::Quiet),
+            "woken once, then forgotten"
+        );
+        flag.set(false);
+        assert!(wait_probe(&probe, &cx));
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(matches!(turn(false), Turn::GoIdle));
+        hand_back();
+        assert_eq!(
+            count.0.load(Ordering::SeqCst),
+            2,
+            "handed back on going idle"
+        );
+        assert!(!wait_probe(&probe, &cx));
     }
 }

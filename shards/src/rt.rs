@@ -33,6 +33,22 @@ pub fn note_runnable() {
     crate::busy::note_runnable()
 }
 
+pub use crate::busy::Probe;
+
+/// A reader of shared memory (a same-host ring) found it empty. On a busy-polling shard that
+/// is busy, its poller checks `probe` every turn (no system call) and `fd` (the connection's
+/// socket, which says when the peer rings or closes) with its other sockets, and wakes the
+/// caller when either has something: `true`, return `Pending`. Otherwise `false`: the caller
+/// arranges its own wake-up (a doorbell on `fd`, through the runtime).
+pub fn busy_wait_probe(probe: &Probe, fd: std::os::fd::RawFd, cx: &Context<'_>) -> bool {
+    crate::busy::wait_probe(probe, cx) && crate::busy::wait_readable(fd, cx)
+}
+
+/// Bytes arrived through shared memory: the calling shard is (still) busy.
+pub fn note_activity() {
+    crate::busy::note_activity()
+}
+
 /// Wrap an already-listening socket (built with socket2 so options precede `listen`).
 pub fn listener_from_socket(sock: socket2::Socket) -> TcpListener {
     // SAFETY: we own the fd and hand its ownership to the glommio listener.
@@ -133,7 +149,19 @@ impl WriteHalf {
     }
 }
 
+impl ReadHalf {
+    /// The socket's descriptor (valid while the connection lives).
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&*self.0.borrow())
+    }
+}
+
 impl WriteHalf {
+    /// The socket's descriptor (valid while the connection lives).
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&*self.0.borrow())
+    }
+
     /// Send every byte of `parts`, in order, gathering them into as few `sendmsg` calls as
     /// the socket takes (one, usually): a frame header and its payload slices leave together
     /// without being copied into one buffer first. Waits for writability through the runtime

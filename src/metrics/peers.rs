@@ -155,8 +155,8 @@ mod tests {
         a.count_inbound_write(aw, 100);
         b.count_inbound_read(bp, 30);
         b.count_inbound_transfer(bp, false);
-        a.count_lane_connect(aw, 0, false);
-        b.count_lane_connect(bw, 1, true);
+        a.count_lane_connect(aw, 0, false, false);
+        b.count_lane_connect(bw, 1, true, true);
         b.count_lane_failure(bw, 1);
         let text = EngineStats { shards: vec![a, b] }.metrics_text();
         let w = r#"peer="we\"ird\\key\nx""#;

@@ -3,7 +3,7 @@
 
 /// The newest protocol version this build speaks, offered in HELLO; the acceptor answers with
 /// the version the connection then speaks (PROTOCOL.md, "Versions").
-pub const VERSION: u32 = 8;
+pub const VERSION: u32 = 9;
 /// The oldest protocol version this build speaks (HELLO's and HELLO_ACK's layouts are fixed
 /// from this version on; later versions only append fields to them).
 pub const MIN_VERSION: u32 = 6;
@@ -13,6 +13,9 @@ pub const SAME_HOST_VERSION: u32 = 7;
 /// The first version whose same-host connections carry device parts (GPU memory reached
 /// through IPC handles; PROTOCOL.md "Same-host transport").
 pub const DEVICE_PARTS_VERSION: u32 = 8;
+/// The first version whose same-host connections carry their record streams in
+/// shared-memory rings (PROTOCOL.md "Same-host transport", "Rings").
+pub const RING_VERSION: u32 = 9;
 /// Random bytes each side of a handshake contributes ([`super::handshake`]).
 pub const NONCE_BYTES: usize = 16;
 /// An HMAC-SHA-256 proof in the handshake.

@@ -69,7 +69,10 @@ pub(crate) async fn dial(
     hello: &Hello,
     ack: &HelloAck,
 ) -> Result<Conn, DialFailure> {
-    let offer = Offer::new(&handshake::local_proof(Role::Dialer, hello, &ack.nonce));
+    let offer = Offer::new(
+        &handshake::local_proof(Role::Dialer, hello, &ack.nonce),
+        ack.version,
+    );
     let me = LocalOffer {
         pid: std::process::id(),
         slot: offer.addr(),
@@ -102,16 +105,16 @@ pub(crate) async fn dial(
     }
     let answered = t0.elapsed();
     let expect = handshake::local_proof(Role::Acceptor, hello, &ack.nonce);
-    let checked = local::check_peer(theirs.pid, theirs.slot, &expect);
+    let checked = local::check_peer(theirs.pid, theirs.slot, &expect, ack.version);
     log::debug!(
         "same-host step with {:?}: peer's LOCAL after {answered:?}, its proof checked after {:?}",
         hello.dst_key,
         t0.elapsed()
     );
     match checked {
-        Ok(peer_wake) => Ok(conn.into_local(offer.upgrade(
+        Ok(taken) => Ok(conn.into_local(offer.upgrade(
             theirs.pid,
-            peer_wake,
+            taken,
             shared.cfg.op_timeout,
             ack.version,
         ))),
@@ -149,26 +152,24 @@ pub(crate) async fn accept(
     };
     let expect = handshake::local_proof(Role::Dialer, hello, nonce);
     let t0 = std::time::Instant::now();
-    let checked = local::check_peer(theirs.pid, theirs.slot, &expect);
+    let checked = local::check_peer(theirs.pid, theirs.slot, &expect, version);
     log::debug!(
         "same-host step of {:?}: its proof checked in {:?}",
         hello.src_key,
         t0.elapsed()
     );
     match checked {
-        Ok(peer_wake) => {
-            let offer = Offer::new(&handshake::local_proof(Role::Acceptor, hello, nonce));
+        Ok(taken) => {
+            let offer = Offer::new(
+                &handshake::local_proof(Role::Acceptor, hello, nonce),
+                version,
+            );
             let me = LocalOffer {
                 pid: std::process::id(),
                 slot: offer.addr(),
             };
             send(&mut conn, Frame::Local(me)).await.ok()?;
-            Some(conn.into_local(offer.upgrade(
-                theirs.pid,
-                peer_wake,
-                shared.cfg.op_timeout,
-                version,
-            )))
+            Some(conn.into_local(offer.upgrade(theirs.pid, taken, shared.cfg.op_timeout, version)))
         }
         Err(why) if shared.same_host() == SameHost::Require => {
             log::warn!(

@@ -71,8 +71,8 @@ pub(crate) enum Handoff {
 pub(crate) enum Rx {
     /// TCP.
     Tcp(rt::ReadHalf),
-    /// Same host.
-    Local(local::LocalRx),
+    /// Same host (boxed: it carries its buffer's bookkeeping and ring).
+    Local(Box<local::LocalRx>),
     /// In-process.
     #[cfg(any(test, feature = "testing"))]
     Mem(mem::MemRx),
@@ -83,8 +83,8 @@ pub(crate) enum Rx {
 pub(crate) enum Tx {
     /// TCP.
     Tcp(rt::WriteHalf),
-    /// Same host.
-    Local(local::LocalTx),
+    /// Same host (boxed, as its receiving half).
+    Local(Box<local::LocalTx>),
     /// In-process.
     #[cfg(any(test, feature = "testing"))]
     Mem(mem::MemTx),
@@ -255,7 +255,7 @@ impl Conn {
             }
             Conn::Local(c) => {
                 let (r, w) = c.split();
-                (Rx::Local(r), Tx::Local(w), closer)
+                (Rx::Local(Box::new(r)), Tx::Local(Box::new(w)), closer)
             }
             #[cfg(any(test, feature = "testing"))]
             Conn::Mem(c) => {
@@ -293,6 +293,11 @@ impl Closer {
 }
 
 impl Tx {
+    /// Whether its bytes travel through a shared-memory ring (same host, version 9).
+    pub(crate) fn rides_ring(&self) -> bool {
+        matches!(self, Tx::Local(w) if w.rides_ring())
+    }
+
     /// Whether GPU memory may be offered as device parts (a same-host connection whose peer
     /// takes them).
     pub(crate) fn offers_device(&self) -> bool {

@@ -227,11 +227,12 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
         return;
     }
     let cfg = &shard.shared.cfg;
+    let local = conn.is_local();
+    let (r, w, closer) = conn.split();
     shard
         .stats
         .borrow_mut()
-        .count_lane_connect(lane.counters, lane.lane, conn.is_local());
-    let (r, w, closer) = conn.split();
+        .count_lane_connect(lane.counters, lane.lane, local, w.rides_ring());
     lane.closer.set(Some(closer));
     let reader = FrameReader::new(r, cfg.op_timeout);
     rt::spawn_local(read_loop(shard.clone(), lane.clone(), reader)).detach();

@@ -7,6 +7,7 @@
 //! (frames, checks, statuses, joins) is the same as over TCP.
 
 mod records;
+mod ring;
 mod rx;
 mod tx;
 
@@ -123,6 +124,8 @@ pub(crate) struct Slot {
     /// 1 + the descriptor (in this process) of the socket the peer may take to wake this
     /// side's sender after an acknowledgement (0: none).
     wake: AtomicU64,
+    /// 1 + the descriptor of the ring this side offers to receive on (version 9; 0: none).
+    ring: AtomicU64,
 }
 
 static SLOTS: Mutex<Vec<&'static Slot>> = Mutex::new(Vec::new());
@@ -141,6 +144,7 @@ impl SlotRef {
                 acked: AtomicU64::new(0),
                 proof: [AtomicU64::new(0), AtomicU64::new(0)],
                 wake: AtomicU64::new(0),
+                ring: AtomicU64::new(0),
             }))
         });
         s.live.store(0, Ordering::SeqCst);
@@ -163,6 +167,11 @@ impl SlotRef {
         self.0.wake.store(fd as u64 + 1, Ordering::SeqCst);
     }
 
+    /// Publish `fd` as the ring the peer may take to write this side's inbound bytes.
+    pub(crate) fn set_ring(&self, fd: RawFd) {
+        self.0.ring.store(fd as u64 + 1, Ordering::SeqCst);
+    }
+
     /// Its address, for the peer.
     pub(crate) fn addr(&self) -> u64 {
         self.0 as *const Slot as u64
@@ -179,52 +188,91 @@ impl Drop for SlotRef {
         self.0.proof[0].store(0, Ordering::SeqCst);
         self.0.proof[1].store(0, Ordering::SeqCst);
         self.0.wake.store(0, Ordering::SeqCst);
+        self.0.ring.store(0, Ordering::SeqCst);
         if let Ok(mut v) = SLOTS.lock() {
             v.push(self.0);
         }
     }
 }
 
-/// Offset of the proof within a slot (followed by the wake descriptor's word).
+/// Offset of the proof within a slot (followed by the wake descriptor's word and, from
+/// version 9, the ring's).
 const PROOF_OFFSET: u64 = 16;
 /// Offset of `acked` within a slot.
 pub(crate) const ACKED_OFFSET: u64 = 8;
 
+/// What a side takes from its proven peer: the socket that wakes the peer's sender, and the
+/// ring to write its bytes into (each `None` where the peer offers none, or the kernel, a
+/// security policy or a check refuses it: then acknowledgements are checked on a timer, and
+/// bytes go through the socket).
+#[derive(Debug, Default)]
+pub(crate) struct Taken {
+    pub(crate) wake: Option<OwnedFd>,
+    pub(crate) ring: Option<ring::Outbound>,
+}
+
 /// Check that process `pid` holds `expect` in the probe slot at `slot`: that it is the peer of
-/// this handshake, and that this process may read its memory. Then take the socket it offers
-/// to be woken through (`None` where the kernel or a security policy refuses: its sender then
-/// checks for acknowledgements on a timer).
+/// this handshake, and that this process may read its memory. Then take what it offers
+/// (connections of `version` 9 and later: its ring too).
 pub(crate) fn check_peer(
     pid: u32,
     slot: u64,
     expect: &[u8; 16],
-) -> Result<Option<OwnedFd>, String> {
+    version: u32,
+) -> Result<Taken, String> {
     if pid == 0 || pid > i32::MAX as u32 {
         return Err(format!("no such process {pid}"));
     }
-    let mut got = [0u8; 24];
+    let want = if version >= crate::proto::limits::RING_VERSION {
+        32
+    } else {
+        24
+    };
+    let mut got = [0u8; 32];
     let n = read_peer(
         pid as libc::pid_t,
         &mut [libc::iovec {
             iov_base: got.as_mut_ptr().cast(),
-            iov_len: got.len(),
+            iov_len: want,
         }],
         &[libc::iovec {
             iov_base: slot.wrapping_add(PROOF_OFFSET) as *mut libc::c_void,
-            iov_len: 24,
+            iov_len: want,
         }],
     )
     .map_err(|e| format!("cannot read the memory of process {pid}: {e}"))?;
-    if n != 24 || &got[..16] != expect {
+    if n != want || &got[..16] != expect {
         return Err(format!(
             "process {pid} does not hold this connection's proof (not the peer, or another \
              pid namespace)"
         ));
     }
-    let wake = u64::from_ne_bytes(got[16..24].try_into().unwrap_or_default());
-    Ok(wake
-        .checked_sub(1)
-        .and_then(|fd| take_fd(pid as libc::pid_t, fd as RawFd)))
+    let word = |i: usize| u64::from_ne_bytes(got[i..i + 8].try_into().unwrap_or_default());
+    let fd_of = |w: u64| w.checked_sub(1).and_then(|fd| RawFd::try_from(fd).ok());
+    let wake = fd_of(word(16)).and_then(|fd| take_fd(pid as libc::pid_t, fd));
+    let ring = fd_of(word(24))
+        .filter(|_| want == 32 && rings_enabled())
+        .and_then(|fd| take_fd(pid as libc::pid_t, fd))
+        .and_then(|fd| {
+            ring::Outbound::adopt(fd)
+                .map_err(|e| {
+                    log::info!("same-host peer process {pid}: {e}; its bytes go through the socket")
+                })
+                .ok()
+        });
+    Ok(Taken { wake, ring })
+}
+
+/// Whether this process offers and takes shared-memory rings (`MORIO_SAME_HOST_RING=off`
+/// keeps same-host record streams in the socket, as version 8 does; for A/B runs).
+pub(crate) fn rings_enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        !matches!(
+            std::env::var("MORIO_SAME_HOST_RING").as_deref(),
+            Ok("off" | "0" | "false")
+        )
+    })
 }
 
 /// A duplicate of descriptor `fd` of process `pid` (`pidfd_getfd`, which asks for the same
@@ -345,6 +393,10 @@ pub(crate) struct Upgrade {
     pub(crate) wake: Option<Wake>,
     /// The peer's wake socket, taken from it, if it offered one and the kernel allowed it.
     pub(crate) peer_wake: Option<OwnedFd>,
+    /// The ring this side offered to receive on (version 9).
+    pub(crate) ring: Option<ring::Inbound>,
+    /// The peer's ring, taken from it: this side's bytes go there.
+    pub(crate) peer_ring: Option<ring::Outbound>,
     /// How long a send may wait for the peer to take its parts (`op_timeout`).
     pub(crate) stall: Duration,
     /// Whether the connection carries device parts (its version has them).
@@ -357,18 +409,30 @@ pub(crate) struct Upgrade {
 pub(crate) struct Offer {
     slot: SlotRef,
     wake: Option<Wake>,
+    ring: Option<ring::Inbound>,
 }
 
 impl Offer {
-    /// A slot holding `proof`, with a wake channel when one can be made.
-    pub(crate) fn new(proof: &[u8; 16]) -> Self {
+    /// A slot holding `proof`, with a wake channel when one can be made and, on a connection
+    /// of `version` 9 or later, a ring to receive on.
+    pub(crate) fn new(proof: &[u8; 16], version: u32) -> Self {
         let slot = SlotRef::take();
         slot.set_proof(proof);
         let wake = Wake::new();
         if let Some(w) = &wake {
             slot.set_wake(w.tx.as_raw_fd());
         }
-        Self { slot, wake }
+        let ring = (version >= crate::proto::limits::RING_VERSION && rings_enabled())
+            .then(|| {
+                ring::Inbound::new()
+                    .map_err(|e| log::info!("{e}: same-host bytes go through the socket"))
+                    .ok()
+            })
+            .flatten();
+        if let Some(fd) = ring.as_ref().and_then(ring::Inbound::fd) {
+            slot.set_ring(fd);
+        }
+        Self { slot, wake, ring }
     }
 
     /// The slot's address, for the peer.
@@ -379,18 +443,14 @@ impl Offer {
     /// What upgrades the connection once the peer (process `peer`, whose wake socket we
     /// may have taken) is proven.
     /// `version` is the one the connection speaks.
-    pub(crate) fn upgrade(
-        self,
-        peer: u32,
-        peer_wake: Option<OwnedFd>,
-        stall: Duration,
-        version: u32,
-    ) -> Upgrade {
+    pub(crate) fn upgrade(self, peer: u32, taken: Taken, stall: Duration, version: u32) -> Upgrade {
         Upgrade {
             peer,
             slot: self.slot,
             wake: self.wake,
-            peer_wake,
+            peer_wake: taken.wake,
+            ring: self.ring,
+            peer_ring: taken.ring,
             stall,
             device_parts: version >= crate::proto::limits::DEVICE_PARTS_VERSION,
         }
@@ -412,14 +472,40 @@ pub(crate) struct LocalHandoff {
 }
 
 impl LocalConn {
-    /// Its receiving and sending halves.
+    /// Its receiving and sending halves. With the peer's ring taken, the sending half's first
+    /// record (RING, into the socket) moves its stream there.
     pub(crate) fn split(self) -> (LocalRx, LocalTx) {
         let (r, w) = rt::split(self.stream);
         let up = self.up;
         let pid = up.peer as libc::pid_t;
+        let peer_ring = up.peer_ring.filter(|_| announce_ring(w.raw_fd()));
         (
-            LocalRx::new(r, pid, up.peer_wake, up.device_parts),
-            LocalTx::new(w, pid, up.slot, up.wake, up.stall, up.device_parts),
+            LocalRx::new(r, pid, up.peer_wake, up.device_parts, up.ring),
+            LocalTx::new(
+                w,
+                pid,
+                up.slot,
+                up.wake,
+                up.stall,
+                up.device_parts,
+                peer_ring,
+            ),
         )
     }
+}
+
+/// Send the RING record on a fresh connection's socket `fd` (its first byte of records;
+/// non-blocking, so `false` only if the socket cannot take one byte: the stream then stays
+/// in the socket).
+fn announce_ring(fd: RawFd) -> bool {
+    // SAFETY: a non-blocking send of one byte from a live buffer on the connection's socket.
+    let r = unsafe {
+        libc::send(
+            fd,
+            [records::RING].as_ptr().cast(),
+            1,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    r == 1
 }

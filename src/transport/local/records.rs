@@ -12,7 +12,9 @@
 //! `u64 offset`, `u64 len` within the allocation, in payload order): the receiver either takes
 //! it (opens the handle, copies on its GPU, checks the token, writes 1 into the cell's second
 //! word) or declines it (writes [`DECLINED`] or [`DECLINED_FOR_GOOD`]); after a decline the
-//! same bytes follow as ordinary records. All little-endian.
+//! same bytes follow as ordinary records. A `RING` record (`u8 4`, version 9) says the rest
+//! of the sender's stream is in the shared-memory ring the receiver offered ([`super::ring`]).
+//! All little-endian.
 
 use std::fmt;
 
@@ -24,6 +26,9 @@ pub(crate) const INLINE: u8 = 1;
 pub(crate) const PULL: u8 = 2;
 /// Tag of a DEVICE record.
 pub(crate) const DEVICE: u8 = 3;
+/// Tag of the RING record (version 9): the sender's next bytes are in the ring the receiver
+/// offered, and the socket carries only doorbells from here on.
+pub(crate) const RING: u8 = 4;
 /// Bytes of a DEVICE record before its pairs.
 pub(crate) const DEVICE_HEAD: usize = 1 + IPC_HANDLE_BYTES + 8 + 8 + 8 + 4;
 /// Most pairs a DEVICE record carries (a chunk of more pieces is staged).
@@ -91,6 +96,8 @@ pub(crate) enum Record {
     Pull(Pull),
     /// Parts of GPU memory offered.
     Device(Device),
+    /// The rest of the stream is in the receiver's ring.
+    Ring,
 }
 
 /// A record head that cannot be.
@@ -175,6 +182,7 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Option<(Record, usize)>, BadRecord> {
             };
             Ok(Some((Record::Device(d), used)))
         }
+        RING => Ok(Some((Record::Ring, 1))),
         t => Err(BadRecord(t)),
     }
 }
@@ -297,5 +305,7 @@ mod tests {
             assert_eq!(parse(&b), Err(BadRecord(DEVICE)), "{:?}", &bad.parts[..1]);
         }
         assert_eq!(parse(&[9]), Err(BadRecord(9)));
+        assert_eq!(parse(&[5]), Err(BadRecord(5)));
+        assert_eq!(parse(&[RING, 1]), Ok(Some((Record::Ring, 1))));
     }
 }

@@ -1,4 +1,5 @@
-//! The receiving half of a same-host connection: inline bytes from the socket, pulled parts
+//! The receiving half of a same-host connection: inline bytes from this side's ring (or the
+//! socket, until the peer's RING record and on connections before version 9), pulled parts
 //! copied out of the peer's memory straight into the caller's buffers.
 
 use std::io::{self, IoSliceMut};
@@ -8,7 +9,10 @@ use std::task::{Context, Poll};
 use futures_lite::AsyncRead;
 use morio_shards::rt;
 
-use super::records::{parse, BadRecord, Device, Pull, Record, DECLINED, DECLINED_FOR_GOOD, DEVICE};
+use super::records::{
+    parse, BadRecord, Device, Pull, Record, DECLINED, DECLINED_FOR_GOOD, DEVICE, RING,
+};
+use super::ring::Inbound;
 use super::{read_peer, wake, write_peer_word, ACKED_OFFSET};
 
 /// Socket bytes buffered at most (record heads and inline bytes).
@@ -44,10 +48,38 @@ pub(crate) enum Verdict {
     DeclinedForGood,
 }
 
+/// Where the record stream's bytes come from.
+enum Src {
+    /// The socket.
+    Socket,
+    /// This side's ring (the socket brings doorbells, and says when the peer is gone).
+    Ring {
+        ring: Inbound,
+        probe: rt::Probe,
+        /// The last poll found the ring empty on a busy shard and left the socket to the
+        /// busy poller: drain what it may hold (doorbells, its end) before waiting again.
+        watched: bool,
+        /// The peer closed its end: end of stream once the ring is empty.
+        eof: bool,
+    },
+}
+
+impl std::fmt::Debug for Src {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Src::Socket => "Socket",
+            Src::Ring { .. } => "Ring",
+        })
+    }
+}
+
 /// The receiving half.
 #[derive(Debug)]
 pub(crate) struct LocalRx {
     r: rt::ReadHalf,
+    src: Src,
+    /// The ring offered to the peer, until its RING record switches the stream to it.
+    offered: Option<Inbound>,
     peer: libc::pid_t,
     /// The peer's wake socket, written after each acknowledgement.
     wake: Option<std::os::fd::OwnedFd>,
@@ -65,6 +97,7 @@ impl LocalRx {
         peer: libc::pid_t,
         wake: Option<std::os::fd::OwnedFd>,
         device_parts: bool,
+        offered: Option<Inbound>,
     ) -> Self {
         // The first byte tells the peer's sender we took its wake socket.
         if let Some(w) = &wake {
@@ -72,6 +105,8 @@ impl LocalRx {
         }
         Self {
             r,
+            src: Src::Socket,
+            offered,
             peer,
             wake,
             buf: vec![0u8; BUF_BYTES].into_boxed_slice(),
@@ -83,23 +118,96 @@ impl LocalRx {
     }
 
     /// The record head at the start of the buffer (see [`parse`]); a DEVICE record on a
-    /// connection whose version has none is refused.
-    fn next_record(&self) -> Result<Option<(Record, usize)>, BadRecord> {
+    /// connection whose version has none is refused. A RING record switches the stream to
+    /// this side's ring (whatever follows it in the socket is doorbells) and reads on there.
+    fn next_record(&mut self) -> Result<Option<(Record, usize)>, BadRecord> {
         match parse(&self.buf[self.start..self.end])? {
             Some((Record::Device(_), _)) if !self.device_parts => Err(BadRecord(DEVICE)),
+            Some((Record::Ring, _)) => {
+                let mut ring = self.offered.take().ok_or(BadRecord(RING))?;
+                ring.taken();
+                let probe: rt::Probe = std::rc::Rc::new(ring.probe());
+                self.src = Src::Ring {
+                    ring,
+                    probe,
+                    watched: false,
+                    eof: false,
+                };
+                self.start = 0;
+                self.end = 0;
+                Ok(None)
+            }
             r => Ok(r),
         }
     }
 
-    /// Read more socket bytes into the buffer (after what it holds).
+    /// Read stream bytes into `out`: from the socket, or from the ring once the peer moved
+    /// there. `Ok(0)`: the stream ended.
+    fn poll_src(&mut self, cx: &mut Context<'_>, out: &mut [u8]) -> Poll<io::Result<usize>> {
+        let Src::Ring {
+            ring,
+            probe,
+            watched,
+            eof,
+        } = &mut self.src
+        else {
+            return Pin::new(&mut self.r).poll_read(cx, out);
+        };
+        let fd = self.r.raw_fd();
+        loop {
+            let n = ring.read(out)?;
+            if n > 0 {
+                ring.unpark();
+                *watched = false;
+                rt::note_activity();
+                if ring.producer_waits() {
+                    if let Some(w) = &self.wake {
+                        wake(w);
+                    }
+                }
+                return Poll::Ready(Ok(n));
+            }
+            if *eof {
+                return Poll::Ready(Ok(0));
+            }
+            if *watched {
+                // Woken with the ring empty: the socket may hold doorbells or its end.
+                *watched = false;
+                match drain(fd) {
+                    Ok(true) => {}
+                    Ok(false) => *eof = true,
+                    Err(e) => return Poll::Ready(Err(e)),
+                }
+                continue;
+            }
+            if rt::busy_wait_probe(probe, fd, cx) {
+                *watched = true;
+                return Poll::Pending;
+            }
+            // Ask for a doorbell, unless bytes came meanwhile.
+            if ring.park() {
+                continue;
+            }
+            let mut bell = [0u8; 64];
+            match Pin::new(&mut self.r).poll_read(cx, &mut bell) {
+                Poll::Ready(Ok(0)) => *eof = true,
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+
+    /// Read more stream bytes into the buffer (after what it holds).
     fn fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         if self.start > 0 {
             self.buf.copy_within(self.start..self.end, 0);
             self.end -= self.start;
             self.start = 0;
         }
-        let Self { r, buf, end, .. } = self;
-        let p = Pin::new(r).poll_read(cx, &mut buf[*end..]);
+        let mut buf = std::mem::take(&mut self.buf);
+        let p = self.poll_src(cx, &mut buf[self.end..]);
+        self.buf = buf;
         if let Poll::Ready(Ok(n)) = p {
             self.end += n;
         }
@@ -252,6 +360,27 @@ impl LocalRx {
     }
 }
 
+/// Read and drop what the socket `fd` holds (doorbells): `Ok(false)` if the peer closed it.
+fn drain(fd: std::os::fd::RawFd) -> io::Result<bool> {
+    let mut bell = [0u8; 64];
+    loop {
+        // SAFETY: a non-blocking receive into a live local buffer on the connection's socket.
+        let r = unsafe { libc::recv(fd, bell.as_mut_ptr().cast(), bell.len(), libc::MSG_DONTWAIT) };
+        match r {
+            0 => return Ok(false),
+            1.. => continue,
+            _ => {
+                let e = io::Error::last_os_error();
+                return match e.kind() {
+                    io::ErrorKind::WouldBlock => Ok(true),
+                    io::ErrorKind::Interrupted => continue,
+                    _ => Err(e),
+                };
+            }
+        }
+    }
+}
+
 /// Copy `src` into `bufs`, in order; the bytes copied.
 fn scatter(src: &[u8], bufs: &mut [IoSliceMut<'_>]) -> usize {
     let mut done = 0;
@@ -301,7 +430,7 @@ impl AsyncRead for LocalRx {
                         if let Some(b) = bufs.iter_mut().find(|b| !b.is_empty()) {
                             if b.len() >= DIRECT_READ_BYTES {
                                 let k = b.len().min(left);
-                                let n = match Pin::new(&mut this.r).poll_read(cx, &mut b[..k]) {
+                                let n = match this.poll_src(cx, &mut b[..k]) {
                                     Poll::Ready(Ok(n)) => n,
                                     other => return other,
                                 };
@@ -338,6 +467,8 @@ impl AsyncRead for LocalRx {
                             Record::Inline(n) => Cur::Inline(n as usize),
                             Record::Pull(p) => Cur::Pull(p, 0),
                             Record::Device(d) => Cur::Device(d),
+                            // Handled by `next_record`, which never returns it.
+                            Record::Ring => Cur::Idle,
                         };
                     }
                     Ok(None) => match this.fill(cx) {

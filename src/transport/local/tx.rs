@@ -1,5 +1,6 @@
-//! The sending half of a same-host connection: small parts into the socket, large ones
-//! described there and pulled by the peer, the send complete once every one is acknowledged.
+//! The sending half of a same-host connection: small parts into the peer's ring (or the
+//! socket, before version 9), large ones described there and pulled by the peer, the send
+//! complete once every one is acknowledged.
 
 use std::io;
 use std::sync::atomic::Ordering;
@@ -13,6 +14,7 @@ use super::records::{
     put_device, put_inline, put_pull, Device, Pull, DECLINED, DECLINED_FOR_GOOD, MAX_INLINE,
     PULL_MIN_BYTES,
 };
+use super::ring::{ring_doorbell, Outbound};
 use super::{SlotRef, Wake};
 use crate::gpu::IpcExport;
 
@@ -33,6 +35,8 @@ pub(crate) struct LocalTx {
     /// Whether GPU memory may be offered as DEVICE records (the connection's version has
     /// them, and the peer has not declined them for good).
     device_parts: bool,
+    /// The peer's ring, where the record stream goes (announced); `None`: the socket.
+    ring: Option<Outbound>,
 }
 
 /// Clears the cell's token when the send ends however it ends (completed, failed, or its
@@ -59,6 +63,7 @@ impl LocalTx {
         wake: Option<Wake>,
         stall: Duration,
         device_parts: bool,
+        ring: Option<Outbound>,
     ) -> Self {
         let (waker, wake_tx) = match wake {
             Some(Wake { rx, tx }) => (Some((rt::unix_stream_from_fd(rx), false)), Some(tx)),
@@ -73,7 +78,13 @@ impl LocalTx {
             waker,
             _wake_tx: wake_tx,
             device_parts,
+            ring,
         }
+    }
+
+    /// Whether the record stream goes through the peer's shared-memory ring.
+    pub(crate) fn rides_ring(&self) -> bool {
+        self.ring.is_some()
     }
 
     /// Whether GPU memory may be offered to the peer as device parts.
@@ -114,7 +125,14 @@ impl LocalTx {
         cell.live.store(token, Ordering::SeqCst);
         let withdraw = Withdraw(&self.cell);
         let gather: [&[u8]; 3] = [&self.heads[..at], head, &self.heads[at..]];
-        self.w.send_all(&gather).await?;
+        put(
+            &mut self.w,
+            &mut self.ring,
+            &mut self.waker,
+            self.stall,
+            &gather,
+        )
+        .await?;
         wait_acked(cell, 1, self.stall, self.peer, &mut self.waker).await?;
         drop(withdraw);
         match cell.acked.load(Ordering::SeqCst) {
@@ -204,12 +222,57 @@ impl LocalTx {
                 Piece::Part(k) => parts[k],
             })
             .collect();
-        self.w.send_all(&gather).await?;
+        put(
+            &mut self.w,
+            &mut self.ring,
+            &mut self.waker,
+            self.stall,
+            &gather,
+        )
+        .await?;
         if pulls > 0 {
             wait_acked(cell, pulls, self.stall, self.peer, &mut self.waker).await?;
         }
         drop(withdraw);
         Ok(())
+    }
+}
+
+/// Put the record bytes `gather` into the stream: into the peer's ring when there is one
+/// (ringing its doorbell if it waits for one; waiting, woken by the peer, while the ring is
+/// full, for `stall` at most), else into the socket.
+async fn put(
+    w: &mut rt::WriteHalf,
+    ring: &mut Option<Outbound>,
+    waker: &mut Option<(rt::UnixStream, bool)>,
+    stall: Duration,
+    gather: &[&[u8]],
+) -> io::Result<()> {
+    let Some(ring) = ring else {
+        return w.send_all(gather).await;
+    };
+    let (mut idx, mut off) = (0usize, 0usize);
+    let mut deadline = None;
+    let mut nap = Duration::from_micros(2);
+    loop {
+        if ring.write(gather, &mut idx, &mut off)? > 0 && ring.doorbell_wanted() {
+            ring_doorbell(w.raw_fd());
+        }
+        if idx == gather.len() {
+            return Ok(());
+        }
+        if ring.wait_room() {
+            continue;
+        }
+        let deadline = *deadline.get_or_insert_with(|| Instant::now() + stall);
+        if Instant::now() >= deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the same-host peer took no bytes out of its ring within {stall:?}"),
+            ));
+        }
+        nap_or_wake(waker, nap).await;
+        nap = (nap * 2).min(Duration::from_micros(200));
     }
 }
 
@@ -231,7 +294,6 @@ async fn wait_acked(
 ) -> io::Result<()> {
     let deadline = Instant::now() + stall;
     let mut nap = Duration::from_micros(2);
-    let mut scratch = [0u8; 64];
     loop {
         if cell.acked.load(Ordering::SeqCst) >= n as u64 {
             return Ok(());
@@ -242,18 +304,25 @@ async fn wait_acked(
                 format!("process {peer} did not take a same-host send within {stall:?}"),
             ));
         }
-        match waker {
-            Some((s, woken)) => {
-                let wait = if *woken { WOKEN_NAP } else { nap };
-                match rt::timeout(wait, s.read(&mut scratch)).await {
-                    Some(Ok(k)) if k > 0 => *woken = true,
-                    // The channel broke: timers from now on.
-                    Some(_) => *waker = None,
-                    None => {}
-                }
-            }
-            None => rt::sleep(nap).await,
-        }
+        nap_or_wake(waker, nap).await;
         nap = (nap * 2).min(Duration::from_micros(200));
+    }
+}
+
+/// Wait for the peer's wake (a byte on `waker`, once it has shown it sends them) or `nap`,
+/// whichever comes first; the caller checks what it waits for again either way.
+async fn nap_or_wake(waker: &mut Option<(rt::UnixStream, bool)>, nap: Duration) {
+    let mut scratch = [0u8; 64];
+    match waker {
+        Some((s, woken)) => {
+            let wait = if *woken { WOKEN_NAP } else { nap };
+            match rt::timeout(wait, s.read(&mut scratch)).await {
+                Some(Ok(k)) if k > 0 => *woken = true,
+                // The channel broke: timers from now on.
+                Some(_) => *waker = None,
+                None => {}
+            }
+        }
+        None => rt::sleep(nap).await,
     }
 }

@@ -271,6 +271,7 @@ fn stats_json(e: &IoEngine) -> serde_json::Value {
             "inbound_transfers": st.inbound_transfers,
             "lane_connects": st.lane_connects,
             "lane_connects_same_host": st.lane_connects_same_host,
+            "lane_connects_ring": st.lane_connects_ring,
             "gpu_staged_bytes": st.gpu_staged_bytes,
             "gpu_ipc_bytes": st.gpu_ipc_bytes,
             "gpu_ipc_declined": st.gpu_ipc_declined,

@@ -1,0 +1,482 @@
+//! The shared-memory rings of a same-host connection (protocol v9): each side makes a ring
+//! for the bytes it receives (a sealed memfd), the peer takes it in the handshake
+//! (`pidfd_getfd`) and writes its record stream there instead of into the socket, so a small
+//! transfer crosses between the processes without a system call. The socket stays for
+//! doorbells (one byte, only while the reader is parked) and to say the peer is gone.
+//!
+//! Layout of the file: a 4 KiB header of four words on their own cache lines — `head` (bytes
+//! the producer has written, ever), `tail` (bytes the consumer has taken), `parked` (1 while
+//! the consumer waits for a doorbell), `full` (1 while the producer waits for room) — then
+//! [`RING_BYTES`] of data, byte `i` of the stream at `i mod RING_BYTES`.
+//!
+//! Either side may be hostile: each keeps its own index privately and only publishes it, so
+//! a peer that scribbles over the header can at worst make this side see an impossible
+//! distance between the indices, which fails the connection. Bytes are copied out of the
+//! ring before anything looks at them (the frame decoder never reads shared memory), and the
+//! file is sealed against shrinking before it is offered, so a peer cannot make a mapping
+//! fault.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Data bytes of a ring: a few hundred small frames, a few 64 KiB inline payloads.
+pub(crate) const RING_BYTES: usize = 256 << 10;
+/// Bytes before the data.
+const HEADER: usize = 4096;
+/// Size of a ring's file.
+pub(crate) const FILE_BYTES: usize = HEADER + RING_BYTES;
+
+const HEAD: usize = 0;
+const TAIL: usize = 64;
+const PARKED: usize = 128;
+const FULL: usize = 192;
+
+/// A mapping of a ring's file, unmapped on drop.
+#[derive(Debug)]
+struct Map(NonNull<u8>);
+
+// SAFETY: the mapping is plain shared memory; every access goes through atomics or raw
+// copies, never through references that assume exclusive access.
+unsafe impl Send for Map {}
+// SAFETY: as above.
+unsafe impl Sync for Map {}
+
+impl Map {
+    /// Map `fd` (shared, read-write).
+    fn new(fd: RawFd) -> io::Result<Self> {
+        // SAFETY: a fresh mapping of a file we hold; the kernel picks the address.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                FILE_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        NonNull::new(p.cast())
+            .map(Self)
+            .ok_or_else(|| io::Error::other("mmap returned null"))
+    }
+
+    fn word(&self, off: usize) -> &AtomicU64 {
+        // SAFETY: `off` is one of the header's word offsets, 8-byte aligned inside the
+        // mapping, which lives as long as `self`; AtomicU64 may alias memory others write.
+        unsafe { &*self.0.as_ptr().add(off).cast::<AtomicU64>() }
+    }
+
+    fn data(&self) -> *mut u8 {
+        // SAFETY: the data follows the header inside the mapping.
+        unsafe { self.0.as_ptr().add(HEADER) }
+    }
+}
+
+impl Drop for Map {
+    fn drop(&mut self) {
+        // SAFETY: we mapped exactly this range and nothing refers to it any more.
+        unsafe {
+            libc::munmap(self.0.as_ptr().cast(), FILE_BYTES);
+        }
+    }
+}
+
+/// The ring this side receives on: made here, offered to the peer.
+#[derive(Debug)]
+pub(crate) struct Inbound {
+    map: Arc<Map>,
+    /// The file, open until the peer has surely taken it (its first record says so).
+    fd: Option<OwnedFd>,
+    /// Bytes taken so far (the published `tail` is only a copy of this).
+    tail: u64,
+}
+
+/// Why a ring could not be made or taken.
+fn err(what: &str) -> io::Error {
+    io::Error::other(format!(
+        "same-host ring: {what}: {}",
+        io::Error::last_os_error()
+    ))
+}
+
+impl Inbound {
+    /// A fresh ring: a memfd of [`FILE_BYTES`], sealed against resizing, mapped.
+    pub(crate) fn new() -> io::Result<Self> {
+        // SAFETY: memfd_create with a NUL-terminated name; the descriptor is owned below.
+        let fd = unsafe {
+            libc::memfd_create(
+                c"morio-ring".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
+        if fd < 0 {
+            return Err(err("memfd_create"));
+        }
+        // SAFETY: a descriptor we just created.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: plain calls on our descriptor.
+        unsafe {
+            if libc::ftruncate(fd.as_raw_fd(), FILE_BYTES as libc::off_t) != 0 {
+                return Err(err("ftruncate"));
+            }
+            let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+            if libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) != 0 {
+                return Err(err("seal"));
+            }
+        }
+        let map = Arc::new(Map::new(fd.as_raw_fd())?);
+        Ok(Self {
+            map,
+            fd: Some(fd),
+            tail: 0,
+        })
+    }
+
+    /// The file's descriptor in this process, for the peer to take (`None` once closed).
+    pub(crate) fn fd(&self) -> Option<RawFd> {
+        self.fd.as_ref().map(AsRawFd::as_raw_fd)
+    }
+
+    /// The peer has switched to the ring, so it holds the file: close ours.
+    pub(crate) fn taken(&mut self) {
+        self.fd = None;
+    }
+
+    /// Copy up to `out.len()` waiting bytes into `out`; how many (0: empty). Fails if the
+    /// producer's index is impossible.
+    pub(crate) fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        let head = self.map.word(HEAD).load(Ordering::Acquire);
+        let avail = head.wrapping_sub(self.tail);
+        if avail > RING_BYTES as u64 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "same-host ring: the peer's write index {head} is {avail} bytes past the \
+                     read index {}",
+                    self.tail
+                ),
+            ));
+        }
+        let n = out.len().min(avail as usize);
+        if n == 0 {
+            return Ok(0);
+        }
+        let at = (self.tail % RING_BYTES as u64) as usize;
+        let first = n.min(RING_BYTES - at);
+        // SAFETY: both ranges lie inside the data area, which lives with `self.map`; `out`
+        // is ours. The peer may write the source concurrently only if it is hostile, and then
+        // the bytes copied are just untrusted input, like a socket's.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.map.data().add(at), out.as_mut_ptr(), first);
+            std::ptr::copy_nonoverlapping(self.map.data(), out.as_mut_ptr().add(first), n - first);
+        }
+        self.tail += n as u64;
+        self.map.word(TAIL).store(self.tail, Ordering::Release);
+        Ok(n)
+    }
+
+    /// Whether bytes are waiting (as [`Self::read`] would find them).
+    pub(crate) fn has_bytes(&self) -> bool {
+        self.map.word(HEAD).load(Ordering::Acquire) != self.tail
+    }
+
+    /// After taking bytes: whether the producer waits for room (then wake it). Clears its
+    /// flag.
+    pub(crate) fn producer_waits(&self) -> bool {
+        fence(Ordering::SeqCst);
+        let full = self.map.word(FULL);
+        full.load(Ordering::Relaxed) != 0 && full.swap(0, Ordering::SeqCst) != 0
+    }
+
+    /// Ask for a doorbell: from now on the producer rings after writing. `true` if bytes
+    /// arrived meanwhile (the flag is cleared again: read them instead of waiting).
+    pub(crate) fn park(&self) -> bool {
+        self.map.word(PARKED).store(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if self.has_bytes() {
+            self.unpark();
+            return true;
+        }
+        false
+    }
+
+    /// No doorbell wanted (the consumer is reading).
+    pub(crate) fn unpark(&self) {
+        self.map.word(PARKED).store(0, Ordering::Relaxed);
+    }
+
+    /// A probe for the busy poller: whether the producer has written past the published
+    /// read index (a hostile peer can only make it say yes for nothing).
+    pub(crate) fn probe(&self) -> impl Fn() -> bool + 'static {
+        let map = self.map.clone();
+        move || map.word(HEAD).load(Ordering::Relaxed) != map.word(TAIL).load(Ordering::Relaxed)
+    }
+}
+
+/// The peer's ring, which this side writes.
+#[derive(Debug)]
+pub(crate) struct Outbound {
+    map: Arc<Map>,
+    /// Bytes written so far (the published `head` is only a copy of this).
+    head: u64,
+}
+
+impl Outbound {
+    /// Take the ring the peer offers as `fd` (duplicated into this process): refused unless
+    /// it is a sealed memory file of the right size, so the mapping can never fault.
+    pub(crate) fn adopt(fd: OwnedFd) -> io::Result<Self> {
+        let raw = fd.as_raw_fd();
+        // SAFETY: fcntl and fstat on a descriptor we own, into a zeroed stat.
+        let (seals, st) = unsafe {
+            let seals = libc::fcntl(raw, libc::F_GET_SEALS);
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::fstat(raw, &mut st) != 0 {
+                return Err(err("fstat"));
+            }
+            (seals, st)
+        };
+        let need = libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
+        if seals < 0 || seals & need != need {
+            return Err(io::Error::other(
+                "same-host ring: the peer's file is not a memory file sealed against shrinking",
+            ));
+        }
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_size != FILE_BYTES as libc::off_t {
+            return Err(io::Error::other(format!(
+                "same-host ring: the peer's file has {} bytes, not {FILE_BYTES}",
+                st.st_size
+            )));
+        }
+        let map = Arc::new(Map::new(raw)?);
+        Ok(Self { map, head: 0 })
+    }
+
+    /// Write as much of `parts` from (`idx`, `off`) as fits, moving the position on, and
+    /// publish it; the bytes written. Fails if the consumer's index is impossible.
+    pub(crate) fn write(
+        &mut self,
+        parts: &[&[u8]],
+        idx: &mut usize,
+        off: &mut usize,
+    ) -> io::Result<usize> {
+        let tail = self.map.word(TAIL).load(Ordering::Acquire);
+        let used = self.head.wrapping_sub(tail);
+        if used > RING_BYTES as u64 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "same-host ring: the peer's read index {tail} is {used} bytes behind the \
+                     write index {}",
+                    self.head
+                ),
+            ));
+        }
+        let mut room = RING_BYTES - used as usize;
+        let mut wrote = 0usize;
+        while room > 0 && *idx < parts.len() {
+            let src = &parts[*idx][*off..];
+            let n = src.len().min(room);
+            let at = ((self.head + wrote as u64) % RING_BYTES as u64) as usize;
+            let first = n.min(RING_BYTES - at);
+            // SAFETY: the destination ranges lie inside the data area, in the free part the
+            // consumer does not read until `head` is published below.
+            unsafe {
+                std::ptr::copy_nonoverlapping(src.as_ptr(), self.map.data().add(at), first);
+                std::ptr::copy_nonoverlapping(src.as_ptr().add(first), self.map.data(), n - first);
+            }
+            wrote += n;
+            room -= n;
+            if n == src.len() {
+                *idx += 1;
+                *off = 0;
+            } else {
+                *off += n;
+            }
+        }
+        if wrote > 0 {
+            self.head += wrote as u64;
+            self.map.word(HEAD).store(self.head, Ordering::Release);
+        }
+        Ok(wrote)
+    }
+
+    /// After writing: whether the consumer waits for a doorbell (ring it then). Clears its
+    /// flag, so one doorbell answers one park.
+    pub(crate) fn doorbell_wanted(&self) -> bool {
+        fence(Ordering::SeqCst);
+        let parked = self.map.word(PARKED);
+        parked.load(Ordering::Relaxed) != 0 && parked.swap(0, Ordering::SeqCst) != 0
+    }
+
+    /// The ring is full: ask the consumer to wake this side when it takes bytes. `true` if
+    /// there is room already (no need to wait).
+    pub(crate) fn wait_room(&self) -> bool {
+        let full = self.map.word(FULL);
+        full.store(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        let tail = self.map.word(TAIL).load(Ordering::Acquire);
+        if self.head.wrapping_sub(tail) < RING_BYTES as u64 {
+            full.store(0, Ordering::Relaxed);
+            return true;
+        }
+        false
+    }
+}
+
+/// Ring the doorbell: one byte into the connection's socket `fd` (non-blocking; a full socket
+/// holds doorbells already, and a broken one is the reader's to report).
+pub(crate) fn ring_doorbell(fd: RawFd) {
+    // SAFETY: a non-blocking send of one byte from a live buffer on the connection's socket.
+    unsafe {
+        libc::send(
+            fd,
+            [0u8].as_ptr().cast(),
+            1,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both ends of one ring in this process (the descriptor duplicated as the peer would).
+    fn pair() -> (Inbound, Outbound) {
+        let inb = Inbound::new().unwrap();
+        // SAFETY: dup of a descriptor we hold; the copy is owned by the OwnedFd.
+        let dup = unsafe { OwnedFd::from_raw_fd(libc::dup(inb.fd().unwrap())) };
+        (inb, Outbound::adopt(dup).unwrap())
+    }
+
+    /// Bytes of every size, gathered from several parts, come out in order across many
+    /// wrap-arounds, whatever the sizes of the reads.
+    #[test]
+    fn bytes_come_out_in_order_across_wraps() {
+        let (mut rx, mut tx) = pair();
+        let mut rng = 0x1234_5678_9abc_def0_u64;
+        let mut next = |m: usize| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng % m as u64) as usize
+        };
+        let stream: Vec<u8> = (0..(3 * RING_BYTES + 12345))
+            .map(|i| (i * 7 + i / 251) as u8)
+            .collect();
+        let mut sent = 0usize;
+        let mut got = Vec::with_capacity(stream.len());
+        while got.len() < stream.len() {
+            if sent < stream.len() {
+                let a = (sent + next(70_000)).min(stream.len());
+                let b = (a + next(5_000)).min(stream.len());
+                let parts = [&stream[sent..a], &stream[a..b]];
+                let (mut idx, mut off) = (0, 0);
+                let n = tx.write(&parts, &mut idx, &mut off).unwrap();
+                sent += n;
+            }
+            let mut buf = vec![0u8; 1 + next(90_000)];
+            let n = rx.read(&mut buf).unwrap();
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert!(got == stream, "the stream came out changed");
+        assert!(!rx.has_bytes());
+    }
+
+    /// A full ring takes nothing more until the consumer reads; the producer is told there is
+    /// room only then, and the consumer is told the producer waits.
+    #[test]
+    fn a_full_ring_waits_for_room() {
+        let (mut rx, mut tx) = pair();
+        let big = vec![9u8; RING_BYTES + 100];
+        let (mut idx, mut off) = (0, 0);
+        assert_eq!(tx.write(&[&big], &mut idx, &mut off).unwrap(), RING_BYTES);
+        assert_eq!((idx, off), (0, RING_BYTES));
+        assert_eq!(tx.write(&[&big], &mut idx, &mut off).unwrap(), 0);
+        assert!(!tx.wait_room(), "full: wait");
+        let mut buf = [0u8; 10];
+        assert_eq!(rx.read(&mut buf).unwrap(), 10);
+        assert!(
+            rx.producer_waits(),
+            "the consumer wakes the waiting producer"
+        );
+        assert!(!rx.producer_waits(), "once");
+        assert!(tx.wait_room());
+        assert_eq!(tx.write(&[&big], &mut idx, &mut off).unwrap(), 10);
+    }
+
+    /// The doorbell protocol: a parked consumer gets exactly one doorbell for the bytes
+    /// written after it parked; one that parks with bytes waiting is told to read instead.
+    #[test]
+    fn doorbells_only_for_parked_consumers() {
+        let (mut rx, mut tx) = pair();
+        let (mut i, mut o) = (0, 0);
+        tx.write(&[b"ab"], &mut i, &mut o).unwrap();
+        assert!(!tx.doorbell_wanted(), "nobody parked");
+        assert!(rx.park(), "bytes wait: read them");
+        let mut buf = [0u8; 8];
+        assert_eq!(rx.read(&mut buf).unwrap(), 2);
+        assert!(!rx.park(), "empty: wait for the doorbell");
+        let (mut i, mut o) = (0, 0);
+        tx.write(&[b"c"], &mut i, &mut o).unwrap();
+        assert!(tx.doorbell_wanted());
+        assert!(!tx.doorbell_wanted(), "one doorbell per park");
+        assert!(rx.has_bytes());
+        let probe = rx.probe();
+        assert!(probe());
+        rx.read(&mut buf).unwrap();
+        assert!(!probe());
+    }
+
+    /// A peer that scribbles over the indices fails the connection on either side.
+    #[test]
+    fn impossible_indices_are_refused() {
+        let (mut rx, mut tx) = pair();
+        rx.map
+            .word(HEAD)
+            .store(RING_BYTES as u64 + 1, Ordering::SeqCst);
+        assert!(rx.read(&mut [0u8; 4]).is_err());
+        rx.map.word(HEAD).store(u64::MAX, Ordering::SeqCst);
+        assert!(rx.read(&mut [0u8; 4]).is_err());
+        tx.map.word(TAIL).store(7, Ordering::SeqCst);
+        let (mut i, mut o) = (0, 0);
+        assert!(
+            tx.write(&[b"x"], &mut i, &mut o).is_err(),
+            "tail ahead of head"
+        );
+    }
+
+    /// Only a sealed memory file of the ring's size is taken.
+    #[test]
+    fn only_sealed_ring_files_are_adopted() {
+        // SAFETY: plain descriptor calls; every descriptor is owned by an OwnedFd.
+        unsafe {
+            let unsealed = libc::memfd_create(c"t".as_ptr(), libc::MFD_CLOEXEC);
+            assert!(unsealed >= 0);
+            assert_eq!(libc::ftruncate(unsealed, FILE_BYTES as libc::off_t), 0);
+            assert!(Outbound::adopt(OwnedFd::from_raw_fd(unsealed)).is_err());
+            let small =
+                libc::memfd_create(c"t".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING);
+            assert_eq!(libc::ftruncate(small, 4096), 0);
+            let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+            assert_eq!(libc::fcntl(small, libc::F_ADD_SEALS, seals), 0);
+            assert!(
+                Outbound::adopt(OwnedFd::from_raw_fd(small)).is_err(),
+                "too small"
+            );
+            let mut fds = [0; 2];
+            assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+            libc::close(fds[1]);
+            assert!(
+                Outbound::adopt(OwnedFd::from_raw_fd(fds[0])).is_err(),
+                "a pipe"
+            );
+        }
+    }
+}
