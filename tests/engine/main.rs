@@ -15,5 +15,6 @@ mod mori_cases;
 mod peer_stats;
 mod same_host;
 mod same_host_hostile;
+mod same_host_ring;
 mod sizes;
 mod spin;

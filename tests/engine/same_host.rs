@@ -1,5 +1,6 @@
 //! The same-host transport between engines of one process: chosen by itself, carrying every
-//! size and shape verified, off when configured off, and version 6 and 7 engines together.
+//! size and shape verified (through shared-memory rings from protocol v9), off when
+//! configured off, and engines of older versions together with this one.
 
 use morio::{SameHost, StatusCode};
 
@@ -75,6 +76,10 @@ fn same_host_carries_every_shape_verified() {
         t.lane_connects_same_host, t.lane_connects,
         "every lane on the same-host transport: {t:?}"
     );
+    assert_eq!(
+        t.lane_connects_ring, t.lane_connects,
+        "every lane's records in a shared-memory ring: {t:?}"
+    );
     assert_eq!(t.lane_failures, 0, "{t:?}");
     // The target learns of every transfer as over TCP.
     assert!(b.stats().unwrap().total().bytes_received > 0);
@@ -132,6 +137,77 @@ fn protocol_versions_6_and_7_work_together() {
             .unwrap();
         assert!(e.create_backend(bad).is_err(), "version {v} accepted");
     }
+}
+
+/// A version 8 engine (same-host records in the socket) and this one agree on version 8:
+/// same-host lanes without rings, verified bytes both ways; and the stream of a version 9
+/// lane may fill its ring many times over (the 24 MiB rounds above move far more than a
+/// ring's 256 KiB of small frames).
+#[test]
+fn protocol_versions_8_and_9_work_together() {
+    let old = engine(
+        "sh_v8",
+        cfg_with(|c| {
+            c.max_protocol_version = 8;
+            c.same_host = Some(SameHost::Require);
+        }),
+    );
+    let new = engine("sh_v9", cfg(SameHost::Require));
+    old.register_remote_engine(&new.engine_desc()).unwrap();
+    new.register_remote_engine(&old.engine_desc()).unwrap();
+    round_trips(&old, &new, 8);
+    round_trips(&new, &old, 9);
+    for x in [&old, &new] {
+        let t = x.stats().unwrap().total();
+        assert!(t.lane_connects >= 1, "{t:?}");
+        assert_eq!(t.lane_connects_same_host, t.lane_connects, "{t:?}");
+        assert_eq!(t.lane_connects_ring, 0, "v8 has no rings: {t:?}");
+        assert_eq!(t.lane_failures, 0, "{t:?}");
+    }
+}
+
+/// Many small transfers in flight at once through rings: batches of 4 KiB pieces (inline
+/// records, more than a ring holds per lane) written and read back, verified.
+#[test]
+fn rings_carry_many_small_transfers_verified() {
+    let (a, b) = pair(
+        "sh_ring_small",
+        cfg_with(|c| {
+            c.same_host = Some(SameHost::Require);
+            c.num_data_conns = 2;
+        }),
+    );
+    let n = 8 << 20;
+    let src = random_buffer(&a, n, 77);
+    let dst = b.alloc_buffer(n).unwrap();
+    let back = a.alloc_buffer(n).unwrap();
+    // 2048 transfers of one 4 KiB piece each, all in flight at once, then read back.
+    let piece = 4096usize;
+    let k = n / piece;
+    let offs: Vec<Vec<usize>> = (0..k).map(|i| vec![i * piece]).collect();
+    let sizes = vec![vec![piece]; k];
+    for op in ["write", "read"] {
+        let (l, r) = if op == "write" {
+            (&src, &dst)
+        } else {
+            (&back, &dst)
+        };
+        let locals = vec![l.desc().clone(); k];
+        let remotes = vec![r.desc().clone(); k];
+        let uids: Vec<u64> = (0..k).map(|_| a.allocate_transfer_uid()).collect();
+        let sts = if op == "write" {
+            a.batch_write(&locals, &offs, &remotes, &offs, &sizes, &uids)
+        } else {
+            a.batch_read(&locals, &offs, &remotes, &offs, &sizes, &uids)
+        };
+        for st in &sts {
+            assert_ok(st, &format!("{op} of 4 KiB among {k}"));
+        }
+    }
+    assert_bytes_eq(&dst.to_vec(), &src.to_vec(), "writes landed");
+    assert_bytes_eq(&back.to_vec(), &src.to_vec(), "reads came back");
+    let t = a.stats().unwrap().total();
+    assert!(t.lane_connects_ring >= 1, "{t:?}");
 }
 
 /// A transfer that fails over the same-host transport fails as over TCP: regions

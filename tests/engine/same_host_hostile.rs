@@ -17,13 +17,26 @@ use morio::{MemoryDesc, SameHost, StatusCode};
 use crate::common::*;
 
 /// A probe slot / pull cell laid out as PROTOCOL.md says: `live`, `acked`, the proof, the
-/// wake descriptor's word (0: none).
+/// wake descriptor's word, the ring descriptor's word (0: none).
 #[repr(C, align(64))]
-struct Slot {
-    live: AtomicU64,
-    acked: AtomicU64,
-    proof: [u8; 16],
-    wake: u64,
+pub(crate) struct Slot {
+    pub(crate) live: AtomicU64,
+    pub(crate) acked: AtomicU64,
+    pub(crate) proof: [u8; 16],
+    pub(crate) wake: u64,
+    pub(crate) ring: u64,
+}
+
+impl Slot {
+    pub(crate) fn new() -> Self {
+        Slot {
+            live: AtomicU64::new(0),
+            acked: AtomicU64::new(0),
+            proof: [0; 16],
+            wake: 0,
+            ring: 0,
+        }
+    }
 }
 
 fn boot_id() -> [u8; 16] {
@@ -39,16 +52,16 @@ fn boot_id() -> [u8; 16] {
 /// Connect to `target` as engine `me`, pass the same-host step with `slot`: the stream now
 /// carries records.
 fn same_host_session(target: &morio::IoEngine, me: &str, slot: &mut Slot) -> TcpStream {
-    same_host_session_v(target, me, slot, VERSION)
+    same_host_session_v(target, me, slot, VERSION).0
 }
 
-/// [`same_host_session`] speaking protocol `version`.
-fn same_host_session_v(
+/// [`same_host_session`] speaking protocol `version`; also the target's LOCAL offer.
+pub(crate) fn same_host_session_v(
     target: &morio::IoEngine,
     me: &str,
     slot: &mut Slot,
     version: u32,
-) -> TcpStream {
+) -> (TcpStream, LocalOffer) {
     let mut s = raw_connect(target.engine_desc().port);
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let nonce: [u8; 16] = rand::random();
@@ -81,10 +94,10 @@ fn same_host_session_v(
         panic!("expected LOCAL");
     };
     assert_eq!(theirs.pid, std::process::id(), "the target proved itself");
-    s
+    (s, theirs)
 }
 
-fn inline(bytes: &[u8]) -> Vec<u8> {
+pub(crate) fn inline(bytes: &[u8]) -> Vec<u8> {
     let mut v = vec![1u8];
     v.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
     v.extend_from_slice(bytes);
@@ -101,7 +114,7 @@ fn pull(addr: u64, len: u64, cell: &Slot, token: u64, index: u32) -> Vec<u8> {
 }
 
 /// The head of a whole-transfer WRITE of `len` bytes at `off` of `d` (its payload follows).
-fn write_head(uid: u64, d: &MemoryDesc, off: u64, len: u64) -> Vec<u8> {
+pub(crate) fn write_head(uid: u64, d: &MemoryDesc, off: u64, len: u64) -> Vec<u8> {
     let chunk = Chunk {
         tag: uid,
         uid,
@@ -123,7 +136,7 @@ fn write_head(uid: u64, d: &MemoryDesc, off: u64, len: u64) -> Vec<u8> {
 }
 
 /// The next frame in the record stream (inside an INLINE record), or `None` once closed.
-fn next_answer(s: &mut TcpStream) -> Option<Frame> {
+pub(crate) fn next_answer(s: &mut TcpStream) -> Option<Frame> {
     let mut head = [0u8; 5];
     s.read_exact(&mut head).ok()?;
     assert_eq!(head[0], 1, "answers travel inline");
@@ -135,14 +148,21 @@ fn next_answer(s: &mut TcpStream) -> Option<Frame> {
     }
 }
 
-fn closed(s: &mut TcpStream) -> bool {
+pub(crate) fn closed(s: &mut TcpStream) -> bool {
     let mut b = [0u8; 64];
     matches!(s.read(&mut b), Ok(0) | Err(_))
 }
 
 /// The target answered transfer `uid` of engine `peer` with nothing but the close (a
 /// GOAWAY may come first), acknowledged nothing into `slot` and recorded no success.
-fn refused(s: &mut TcpStream, slot: &Slot, b: &morio::IoEngine, peer: &str, uid: u64, what: &str) {
+pub(crate) fn refused(
+    s: &mut TcpStream,
+    slot: &Slot,
+    b: &morio::IoEngine,
+    peer: &str,
+    uid: u64,
+    what: &str,
+) {
     loop {
         match next_answer(s) {
             None => break,
@@ -172,12 +192,7 @@ fn hostile_same_host_records_close_the_connection_and_land_nothing() {
     let payload = random_bytes(n, 2);
 
     // A correct PULL: the bytes land, COMPLETE answers, the cell says index 1.
-    let mut slot = Slot {
-        live: AtomicU64::new(0),
-        acked: AtomicU64::new(0),
-        proof: [0; 16],
-        wake: 0,
-    };
+    let mut slot = Slot::new();
     let mut s = same_host_session(&b, "sh_hostile_a", &mut slot);
     slot.live.store(41, Ordering::SeqCst);
     let mut rec = inline(&write_head(1, &d, 0, n as u64));
@@ -202,12 +217,7 @@ fn hostile_same_host_records_close_the_connection_and_land_nothing() {
         (4, "unknown record"),
     ] {
         let landed = dst.to_vec();
-        let mut slot = Slot {
-            live: AtomicU64::new(0),
-            acked: AtomicU64::new(0),
-            proof: [0; 16],
-            wake: 0,
-        };
+        let mut slot = Slot::new();
         let mut s = same_host_session(&b, &format!("sh_hostile_{uid}"), &mut slot);
         let mut rec = inline(&write_head(uid, &d, 0, n as u64));
         match uid {
@@ -286,12 +296,7 @@ fn hostile_device_parts_close_the_connection_and_land_nothing() {
     src.write_at(0, &payload).unwrap();
     let ex = fake_a.ipc_export(0, src.ptr()).unwrap();
 
-    let new_slot = || Slot {
-        live: AtomicU64::new(0),
-        acked: AtomicU64::new(0),
-        proof: [0; 16],
-        wake: 0,
-    };
+    let new_slot = || Slot::new();
     // A correct record: the bytes at offset n of the peer's allocation land.
     let mut slot = new_slot();
     let mut s = same_host_session(&b, "sh_dev_a", &mut slot);
@@ -316,7 +321,7 @@ fn hostile_device_parts_close_the_connection_and_land_nothing() {
         let landed = dst.to_vec();
         let mut slot = new_slot();
         let version = if uid == 5 { 7 } else { VERSION };
-        let mut s = same_host_session_v(&b, &format!("sh_dev_{uid}"), &mut slot, version);
+        let mut s = same_host_session_v(&b, &format!("sh_dev_{uid}"), &mut slot, version).0;
         slot.live.store(11, Ordering::SeqCst);
         let mut rec = inline(&write_head(uid, &d, 0, n as u64));
         rec.extend(match uid {
