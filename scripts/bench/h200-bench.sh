@@ -46,6 +46,9 @@
 #   scripts/bench/h200-bench.sh latdefault # there: issue 23's small rows with default settings,
 #                                       # from each binary of BINS, interleaved
 #   scripts/bench/h200-bench.sh pending # there: what stop 27 built without a GPU host, one call
+#   scripts/bench/h200-bench.sh ringab  # there (or here): same-host small rows over TCP, over
+#                                       # the socket's records (MORIO_SAME_HOST_RING=off) and
+#                                       # through rings, with default settings and spinning shards
 #
 # BIN (default ./.dev/morio) picks the binary, so two builds can be compared in one call;
 # LAT_VARIANTS / TRACE_VARIANTS are ';'-separated "SHARDS SPIN_US WAIT_SPIN_US [CONNS]".
@@ -63,7 +66,7 @@ OUT_DIR="${OUT:-/tmp/morio-bench}"
 ITERS="${ITERS:-128}"
 
 usage() {
-	echo "usage: $0 build|run|tp|gpu|gpuipc|gpustage|latdefault|pending|lat|trace|cpus|ab|archab|authab|hostab|scrapeab|stripes|ftrace" >&2
+	echo "usage: $0 build|run|tp|gpu|gpuipc|gpustage|latdefault|pending|ringab|lat|trace|cpus|ab|archab|authab|hostab|scrapeab|stripes|ftrace" >&2
 	exit 2
 }
 
@@ -397,6 +400,42 @@ pending() {
 	OUT_DIR=${out}/gpustage ROUNDS=1 SLOTS="1048576 262144" gpustage
 }
 
+# ringab: what shared-memory rings give small same-host transfers: the issue's small rows
+# over TCP (same-host off), same-host with records in the socket (version 8's way) and
+# through rings, default settings and with spinning shards, interleaved ROUNDS times.
+ringab() {
+	begin
+	local spin=(--spin-us 2000 --wait-spin-us 1000)
+	local r mode tag s
+	for ((r = 1; r <= ${ROUNDS:-2}; r++)); do
+		for mode in tcp sock ring; do
+			local sh=require ring=on
+			case ${mode} in
+			tcp) sh=off ;;
+			sock) ring=off ;;
+			esac
+			for s in dflt spin; do
+				local extra=(--no-ceiling --same-host "${sh}")
+				if [[ ${s} == spin ]]; then
+					extra+=("${spin[@]}")
+				fi
+				tag="r${r}-${mode}-${s}"
+				export MORIO_SAME_HOST_RING=${ring}
+				add "w8b1-${tag}" --op-type write --buffer-size 8 --transfer-batch-size 1 \
+					"${extra[@]}"
+				add "w8b256-${tag}" --op-type write --buffer-size 8 --transfer-batch-size 256 \
+					--enable-batch-transfer --enable-sess "${extra[@]}"
+				add "w4k256-${tag}" --op-type write --buffer-size 4096 --transfer-batch-size 256 \
+					--enable-batch-transfer --enable-sess "${extra[@]}"
+				add "w16k256-${tag}" --op-type write --buffer-size 16384 --transfer-batch-size 256 \
+					--enable-batch-transfer --enable-sess "${extra[@]}"
+				unset MORIO_SAME_HOST_RING
+			done
+		done
+	done
+	finish
+}
+
 # authab: authentication's cost, every row without and with a deployment secret in turn.
 authab() {
 	begin
@@ -566,6 +605,7 @@ gpuipc) gpuipc ;;
 gpustage) gpustage ;;
 latdefault) latdefault ;;
 pending) pending ;;
+ringab) ringab ;;
 trace) trace ;;
 run) run ;;
 tp) tp ;;

@@ -77,6 +77,11 @@ struct Busy {
     armed: Vec<Waiter>,
     /// Readers of shared memory, checked every turn before the sockets.
     probes: Vec<ProbeWaiter>,
+    /// Their sockets, which matter only when the peer goes away (its doorbells come only to
+    /// parked readers, never to these): polled every [`WATCH_EVERY`] polls.
+    watched: Vec<Waiter>,
+    /// Polls of the sockets so far.
+    polls: u32,
     /// The poller task, parked while the shard is idle.
     poller: Option<Waker>,
     pollfds: Vec<libc::pollfd>,
@@ -139,6 +144,8 @@ pub(crate) fn enable(window: Duration, inbox_probe: Box<dyn Fn() -> bool>) {
             waiters: Vec::new(),
             armed: Vec::new(),
             probes: Vec::new(),
+            watched: Vec::new(),
+            polls: 0,
             poller: None,
             pollfds: Vec::new(),
             wakes: 0,
@@ -203,6 +210,23 @@ fn register(fd: RawFd, events: i16, cx: &Context<'_>) -> bool {
             return false;
         };
         add(&mut b.waiters, fd, events, cx);
+        true
+    })
+}
+
+/// Sockets of shared-memory readers are polled once every this many polls of the others.
+const WATCH_EVERY: u32 = 64;
+
+/// A shared-memory reader waiting on the busy poller also wants to hear when its
+/// connection's socket `fd` becomes readable (the peer closed it), which is rare: it is
+/// polled now and then, not every turn.
+pub(crate) fn watch_readable(fd: RawFd, cx: &Context<'_>) -> bool {
+    BUSY.with(|b| {
+        let mut b = b.borrow_mut();
+        let Some(b) = b.as_mut().filter(|b| b.busy_since_event.is_some()) else {
+            return false;
+        };
+        add(&mut b.watched, fd, libc::POLLIN, cx);
         true
     })
 }
@@ -379,21 +403,22 @@ pub(crate) async fn poller() {
 /// The shard went idle: every waiter re-polls, finds it idle, and waits on the runtime (the
 /// message loop too: it registers with the inbox's own wake-up again).
 fn hand_back() {
-    let (waiters, probes, inbox) = BUSY.with(|b| {
+    let (waiters, watched, probes, inbox) = BUSY.with(|b| {
         let mut b = b.borrow_mut();
         b.as_mut().map_or_else(
-            || (Vec::new(), Vec::new(), None),
+            || (Vec::new(), Vec::new(), Vec::new(), None),
             |b| {
                 b.busy_since_event = None;
                 (
                     std::mem::take(&mut b.waiters),
+                    std::mem::take(&mut b.watched),
                     std::mem::take(&mut b.probes),
                     b.inbox_waiter.take(),
                 )
             },
         )
     });
-    for w in waiters {
+    for w in waiters.into_iter().chain(watched) {
         w.waker.wake();
     }
     for w in probes {
@@ -423,24 +448,40 @@ fn poll_probes(b: &mut Busy) -> usize {
 /// failed; how many.
 fn poll_waiters(b: &mut Busy) -> usize {
     let parked = b.waiters.len();
-    if parked + b.armed.len() == 0 {
+    let armed = b.armed.len();
+    b.polls = b.polls.wrapping_add(1);
+    let watched = if b.polls % WATCH_EVERY == 0 {
+        b.watched.len()
+    } else {
+        0
+    };
+    if parked + armed + watched == 0 {
         return 0;
     }
     b.pollfds.clear();
-    b.pollfds
-        .extend(b.waiters.iter().chain(&b.armed).map(|w| libc::pollfd {
-            fd: w.fd,
-            events: w.events,
-            revents: 0,
-        }));
+    b.pollfds.extend(
+        b.waiters
+            .iter()
+            .chain(&b.armed)
+            .chain(&b.watched[..watched])
+            .map(|w| libc::pollfd {
+                fd: w.fd,
+                events: w.events,
+                revents: 0,
+            }),
+    );
     // SAFETY: pollfds is a valid array of `len` entries that poll(2) may write revents into;
     // a zero timeout never blocks. A closed fd reports POLLNVAL, which wakes its reader.
     let n = unsafe { libc::poll(b.pollfds.as_mut_ptr(), b.pollfds.len() as _, 0) };
     if n <= 0 {
         return 0;
     }
-    let (parked_fds, armed_fds) = b.pollfds.split_at(parked);
-    let woke = wake_ready(&mut b.waiters, parked_fds) + wake_ready(&mut b.armed, armed_fds);
+    let (parked_fds, rest) = b.pollfds.split_at(parked);
+    let (armed_fds, watched_fds) = rest.split_at(armed);
+    let mut woke = wake_ready(&mut b.waiters, parked_fds) + wake_ready(&mut b.armed, armed_fds);
+    if watched > 0 {
+        woke += wake_ready(&mut b.watched, watched_fds);
+    }
     b.wakes += woke as u64;
     woke
 }
@@ -610,5 +651,26 @@ mod tests {
             "handed back on going idle"
         );
         assert!(!wait_probe(&probe, &cx));
+    }
+
+    /// A shared-memory reader's socket is polled now and then, not every turn, and still
+    /// wakes its reader when the peer closes it.
+    #[test]
+    fn watched_sockets_are_polled_now_and_then() {
+        enable(Duration::from_secs(60), Box::new(|| false));
+        let (tx, rx) = UnixStream::pair().unwrap();
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let cx = Context::from_waker(&waker);
+        note_activity();
+        assert!(watch_readable(rx.as_raw_fd(), &cx));
+        drop(tx);
+        let mut turns = 0;
+        while count.0.load(Ordering::SeqCst) == 0 {
+            turn(false);
+            turns += 1;
+            assert!(turns <= WATCH_EVERY as usize, "never polled");
+        }
+        assert!(turns > 1, "polled every turn");
     }
 }

@@ -36,12 +36,12 @@ pub fn note_runnable() {
 pub use crate::busy::Probe;
 
 /// A reader of shared memory (a same-host ring) found it empty. On a busy-polling shard that
-/// is busy, its poller checks `probe` every turn (no system call) and `fd` (the connection's
-/// socket, which says when the peer rings or closes) with its other sockets, and wakes the
-/// caller when either has something: `true`, return `Pending`. Otherwise `false`: the caller
-/// arranges its own wake-up (a doorbell on `fd`, through the runtime).
+/// is busy, its poller checks `probe` every turn (no system call) and, now and then, `fd`
+/// (the connection's socket, which says when the peer is gone), and wakes the caller when
+/// either has something: `true`, return `Pending`. Otherwise `false`: the caller arranges
+/// its own wake-up (a doorbell on `fd`, through the runtime).
 pub fn busy_wait_probe(probe: &Probe, fd: std::os::fd::RawFd, cx: &Context<'_>) -> bool {
-    crate::busy::wait_probe(probe, cx) && crate::busy::wait_readable(fd, cx)
+    crate::busy::wait_probe(probe, cx) && crate::busy::watch_readable(fd, cx)
 }
 
 /// Bytes arrived through shared memory: the calling shard is (still) busy.
