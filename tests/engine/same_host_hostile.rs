@@ -17,7 +17,7 @@ use morio::{MemoryDesc, SameHost, StatusCode};
 use crate::common::*;
 
 /// A probe slot / pull cell laid out as PROTOCOL.md says: `live`, `acked`, the proof, the
-/// wake descriptor's word, the ring descriptor's word (0: none).
+/// wake descriptor's word, the ring's and the doorbell's descriptor words (0: none).
 #[repr(C, align(64))]
 pub(crate) struct Slot {
     pub(crate) live: AtomicU64,
@@ -25,6 +25,7 @@ pub(crate) struct Slot {
     pub(crate) proof: [u8; 16],
     pub(crate) wake: u64,
     pub(crate) ring: u64,
+    pub(crate) bell: u64,
 }
 
 impl Slot {
@@ -35,6 +36,7 @@ impl Slot {
             proof: [0; 16],
             wake: 0,
             ring: 0,
+            bell: 0,
         }
     }
 }

@@ -126,6 +126,9 @@ pub(crate) struct Slot {
     wake: AtomicU64,
     /// 1 + the descriptor of the ring this side offers to receive on (version 9; 0: none).
     ring: AtomicU64,
+    /// 1 + the descriptor of the socket the peer may take to ring this side's doorbell
+    /// (version 9; 0: none, then doorbells come through the connection's socket).
+    bell: AtomicU64,
 }
 
 static SLOTS: Mutex<Vec<&'static Slot>> = Mutex::new(Vec::new());
@@ -145,6 +148,7 @@ impl SlotRef {
                 proof: [AtomicU64::new(0), AtomicU64::new(0)],
                 wake: AtomicU64::new(0),
                 ring: AtomicU64::new(0),
+                bell: AtomicU64::new(0),
             }))
         });
         s.live.store(0, Ordering::SeqCst);
@@ -172,6 +176,11 @@ impl SlotRef {
         self.0.ring.store(fd as u64 + 1, Ordering::SeqCst);
     }
 
+    /// Publish `fd` as the socket the peer may take to ring this side's doorbell.
+    pub(crate) fn set_bell(&self, fd: RawFd) {
+        self.0.bell.store(fd as u64 + 1, Ordering::SeqCst);
+    }
+
     /// Its address, for the peer.
     pub(crate) fn addr(&self) -> u64 {
         self.0 as *const Slot as u64
@@ -189,6 +198,7 @@ impl Drop for SlotRef {
         self.0.proof[1].store(0, Ordering::SeqCst);
         self.0.wake.store(0, Ordering::SeqCst);
         self.0.ring.store(0, Ordering::SeqCst);
+        self.0.bell.store(0, Ordering::SeqCst);
         if let Ok(mut v) = SLOTS.lock() {
             v.push(self.0);
         }
@@ -201,14 +211,16 @@ const PROOF_OFFSET: u64 = 16;
 /// Offset of `acked` within a slot.
 pub(crate) const ACKED_OFFSET: u64 = 8;
 
-/// What a side takes from its proven peer: the socket that wakes the peer's sender, and the
-/// ring to write its bytes into (each `None` where the peer offers none, or the kernel, a
+/// What a side takes from its proven peer: the socket that wakes the peer's sender, the
+/// ring to write its bytes into and the socket that rings its doorbell (each `None` where the peer offers none, or the kernel, a
 /// security policy or a check refuses it: then acknowledgements are checked on a timer, and
 /// bytes go through the socket).
 #[derive(Debug, Default)]
 pub(crate) struct Taken {
     pub(crate) wake: Option<OwnedFd>,
     pub(crate) ring: Option<ring::Outbound>,
+    /// The socket that rings the peer's doorbell (with the ring only).
+    pub(crate) bell: Option<OwnedFd>,
 }
 
 /// Check that process `pid` holds `expect` in the probe slot at `slot`: that it is the peer of
@@ -224,11 +236,11 @@ pub(crate) fn check_peer(
         return Err(format!("no such process {pid}"));
     }
     let want = if version >= crate::proto::limits::RING_VERSION {
-        32
+        40
     } else {
         24
     };
-    let mut got = [0u8; 32];
+    let mut got = [0u8; 40];
     let n = read_peer(
         pid as libc::pid_t,
         &mut [libc::iovec {
@@ -251,7 +263,7 @@ pub(crate) fn check_peer(
     let fd_of = |w: u64| w.checked_sub(1).and_then(|fd| RawFd::try_from(fd).ok());
     let wake = fd_of(word(16)).and_then(|fd| take_fd(pid as libc::pid_t, fd));
     let ring = fd_of(word(24))
-        .filter(|_| want == 32 && rings_enabled())
+        .filter(|_| want == 40 && rings_enabled())
         .and_then(|fd| take_fd(pid as libc::pid_t, fd))
         .and_then(|fd| {
             ring::Outbound::adopt(fd)
@@ -260,7 +272,11 @@ pub(crate) fn check_peer(
                 })
                 .ok()
         });
-    Ok(Taken { wake, ring })
+    // The doorbell socket matters only with the ring.
+    let bell = fd_of(word(32))
+        .filter(|_| ring.is_some())
+        .and_then(|fd| take_fd(pid as libc::pid_t, fd));
+    Ok(Taken { wake, ring, bell })
 }
 
 /// Whether this process offers and takes shared-memory rings (`MORIO_SAME_HOST_RING=off`
@@ -397,6 +413,10 @@ pub(crate) struct Upgrade {
     pub(crate) ring: Option<ring::Inbound>,
     /// The peer's ring, taken from it: this side's bytes go there.
     pub(crate) peer_ring: Option<ring::Outbound>,
+    /// This side's doorbell (with its ring): its receiver waits on `rx`, the peer took `tx`.
+    pub(crate) bell: Option<Wake>,
+    /// The peer's doorbell, taken from it.
+    pub(crate) peer_bell: Option<OwnedFd>,
     /// How long a send may wait for the peer to take its parts (`op_timeout`).
     pub(crate) stall: Duration,
     /// Whether the connection carries device parts (its version has them).
@@ -410,6 +430,7 @@ pub(crate) struct Offer {
     slot: SlotRef,
     wake: Option<Wake>,
     ring: Option<ring::Inbound>,
+    bell: Option<Wake>,
 }
 
 impl Offer {
@@ -432,7 +453,17 @@ impl Offer {
         if let Some(fd) = ring.as_ref().and_then(ring::Inbound::fd) {
             slot.set_ring(fd);
         }
-        Self { slot, wake, ring }
+        // A socket pair rings the doorbell for less than the TCP socket does (no TCP stack).
+        let bell = ring.as_ref().and_then(|_| Wake::new());
+        if let Some(b) = &bell {
+            slot.set_bell(b.tx.as_raw_fd());
+        }
+        Self {
+            slot,
+            wake,
+            ring,
+            bell,
+        }
     }
 
     /// The slot's address, for the peer.
@@ -451,6 +482,8 @@ impl Offer {
             peer_wake: taken.wake,
             ring: self.ring,
             peer_ring: taken.ring,
+            bell: self.bell,
+            peer_bell: taken.bell,
             stall,
             device_parts: version >= crate::proto::limits::DEVICE_PARTS_VERSION,
         }
@@ -479,8 +512,10 @@ impl LocalConn {
         let up = self.up;
         let pid = up.peer as libc::pid_t;
         let peer_ring = up.peer_ring.filter(|_| announce_ring(w.raw_fd()));
+        let peer_bell = up.peer_bell.filter(|_| peer_ring.is_some());
+        let offered = up.ring.map(|ring| (ring, up.bell));
         (
-            LocalRx::new(r, pid, up.peer_wake, up.device_parts, up.ring),
+            LocalRx::new(r, pid, up.peer_wake, up.device_parts, offered),
             LocalTx::new(
                 w,
                 pid,
@@ -488,7 +523,7 @@ impl LocalConn {
                 up.wake,
                 up.stall,
                 up.device_parts,
-                peer_ring,
+                peer_ring.map(|ring| (ring, peer_bell)),
             ),
         )
     }

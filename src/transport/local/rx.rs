@@ -56,6 +56,8 @@ enum Src {
     Ring {
         ring: Inbound,
         probe: rt::Probe,
+        /// This side's doorbell socket (the peer took its other end), if one was made.
+        bell: Option<rt::UnixStream>,
         /// The last poll found the ring empty on a busy shard and left the socket to the
         /// busy poller: drain what it may hold (doorbells, its end) before waiting again.
         watched: bool,
@@ -78,8 +80,9 @@ impl std::fmt::Debug for Src {
 pub(crate) struct LocalRx {
     r: rt::ReadHalf,
     src: Src,
-    /// The ring offered to the peer, until its RING record switches the stream to it.
-    offered: Option<Inbound>,
+    /// The ring offered to the peer (and its doorbell), until the peer's RING record switches
+    /// the stream to it.
+    offered: Option<(Inbound, Option<super::Wake>)>,
     peer: libc::pid_t,
     /// The peer's wake socket, written after each acknowledgement.
     wake: Option<std::os::fd::OwnedFd>,
@@ -97,7 +100,7 @@ impl LocalRx {
         peer: libc::pid_t,
         wake: Option<std::os::fd::OwnedFd>,
         device_parts: bool,
-        offered: Option<Inbound>,
+        offered: Option<(Inbound, Option<super::Wake>)>,
     ) -> Self {
         // The first byte tells the peer's sender we took its wake socket.
         if let Some(w) = &wake {
@@ -124,12 +127,16 @@ impl LocalRx {
         match parse(&self.buf[self.start..self.end])? {
             Some((Record::Device(_), _)) if !self.device_parts => Err(BadRecord(DEVICE)),
             Some((Record::Ring, _)) => {
-                let mut ring = self.offered.take().ok_or(BadRecord(RING))?;
+                let (mut ring, bell) = self.offered.take().ok_or(BadRecord(RING))?;
+                // The peer took the files in the handshake, before sending anything: close
+                // this side's copies of what it took.
                 ring.taken();
+                let bell = bell.map(|b| rt::unix_stream_from_fd(b.rx));
                 let probe: rt::Probe = std::rc::Rc::new(ring.probe());
                 self.src = Src::Ring {
                     ring,
                     probe,
+                    bell,
                     watched: false,
                     eof: false,
                 };
@@ -147,6 +154,7 @@ impl LocalRx {
         let Src::Ring {
             ring,
             probe,
+            bell,
             watched,
             eof,
         } = &mut self.src
@@ -188,8 +196,21 @@ impl LocalRx {
             if ring.park() {
                 continue;
             }
-            let mut bell = [0u8; 64];
-            match Pin::new(&mut self.r).poll_read(cx, &mut bell) {
+            let mut scratch = [0u8; 64];
+            if let Some(b) = bell {
+                match Pin::new(b).poll_read(cx, &mut scratch) {
+                    Poll::Ready(Ok(n)) if n > 0 => continue,
+                    // The peer's end closed (it is going away; the socket says so) or broke:
+                    // its doorbells come through the socket from now on.
+                    Poll::Ready(_) => {
+                        *bell = None;
+                        continue;
+                    }
+                    Poll::Pending => {}
+                }
+            }
+            // The socket: the peer's end, or doorbells from a peer without the socket pair.
+            match Pin::new(&mut self.r).poll_read(cx, &mut scratch) {
                 Poll::Ready(Ok(0)) => *eof = true,
                 Poll::Ready(Ok(_)) => {}
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),

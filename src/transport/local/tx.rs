@@ -14,6 +14,8 @@ use super::records::{
     put_device, put_inline, put_pull, Device, Pull, DECLINED, DECLINED_FOR_GOOD, MAX_INLINE,
     PULL_MIN_BYTES,
 };
+use std::os::fd::{AsRawFd, OwnedFd};
+
 use super::ring::{ring_doorbell, Outbound};
 use super::{SlotRef, Wake};
 use crate::gpu::IpcExport;
@@ -35,8 +37,10 @@ pub(crate) struct LocalTx {
     /// Whether GPU memory may be offered as DEVICE records (the connection's version has
     /// them, and the peer has not declined them for good).
     device_parts: bool,
-    /// The peer's ring, where the record stream goes (announced); `None`: the socket.
-    ring: Option<Outbound>,
+    /// The peer's ring, where the record stream goes (announced), and the socket that rings
+    /// its doorbell (`None`: the connection's socket does); `None`: the stream goes into the
+    /// socket.
+    ring: Option<(Outbound, Option<OwnedFd>)>,
 }
 
 /// Clears the cell's token when the send ends however it ends (completed, failed, or its
@@ -63,7 +67,7 @@ impl LocalTx {
         wake: Option<Wake>,
         stall: Duration,
         device_parts: bool,
-        ring: Option<Outbound>,
+        ring: Option<(Outbound, Option<OwnedFd>)>,
     ) -> Self {
         let (waker, wake_tx) = match wake {
             Some(Wake { rx, tx }) => (Some((rt::unix_stream_from_fd(rx), false)), Some(tx)),
@@ -243,12 +247,12 @@ impl LocalTx {
 /// full, for `stall` at most), else into the socket.
 async fn put(
     w: &mut rt::WriteHalf,
-    ring: &mut Option<Outbound>,
+    ring: &mut Option<(Outbound, Option<OwnedFd>)>,
     waker: &mut Option<(rt::UnixStream, bool)>,
     stall: Duration,
     gather: &[&[u8]],
 ) -> io::Result<()> {
-    let Some(ring) = ring else {
+    let Some((ring, bell)) = ring else {
         return w.send_all(gather).await;
     };
     let (mut idx, mut off) = (0usize, 0usize);
@@ -256,7 +260,7 @@ async fn put(
     let mut nap = Duration::from_micros(2);
     loop {
         if ring.write(gather, &mut idx, &mut off)? > 0 && ring.doorbell_wanted() {
-            ring_doorbell(w.raw_fd());
+            ring_doorbell(bell.as_ref().map_or(w.raw_fd(), AsRawFd::as_raw_fd));
         }
         if idx == gather.len() {
             return Ok(());

@@ -58,7 +58,7 @@ spin_us = 0
 # gpu_ipc = true
 # The newest protocol version this node offers. For rolling upgrades: keep the fleet on the
 # version its oldest node speaks until every node runs the new build, then raise it.
-# max_protocol_version = 8
+# max_protocol_version = 9
 
 [auth]
 # A file holding the deployment secret (at least 16 bytes; a trailing newline is ignored)
@@ -462,7 +462,7 @@ mod tests {
                 c.tcp_config().same_host,
                 c.tcp_config().max_protocol_version
             ),
-            (None, 8)
+            (None, morio::proto::limits::VERSION)
         );
         assert_eq!(c.tcp_config().gpu_ipc, None);
         let off = DEFAULT_TOML.replace("# gpu_ipc = true", "gpu_ipc = false");
@@ -472,7 +472,7 @@ mod tests {
         );
         let sh = DEFAULT_TOML
             .replace("# same_host = \"auto\"", "same_host = \"off\"")
-            .replace("# max_protocol_version = 8", "max_protocol_version = 6");
+            .replace("# max_protocol_version = 9", "max_protocol_version = 6");
         let t = ServeConfig::parse(&sh).unwrap().tcp_config();
         assert_eq!(
             (t.same_host, t.max_protocol_version),
@@ -480,7 +480,7 @@ mod tests {
         );
         for bad in [
             DEFAULT_TOML.replace("# same_host = \"auto\"", "same_host = \"sideways\""),
-            DEFAULT_TOML.replace("# max_protocol_version = 8", "max_protocol_version = 99"),
+            DEFAULT_TOML.replace("# max_protocol_version = 9", "max_protocol_version = 99"),
         ] {
             assert!(ServeConfig::parse(&bad).is_err());
         }
