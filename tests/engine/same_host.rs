@@ -140,9 +140,7 @@ fn protocol_versions_6_and_7_work_together() {
 }
 
 /// A version 8 engine (same-host records in the socket) and this one agree on version 8:
-/// same-host lanes without rings, verified bytes both ways; and the stream of a version 9
-/// lane may fill its ring many times over (the 24 MiB rounds above move far more than a
-/// ring's 256 KiB of small frames).
+/// same-host lanes without rings, verified bytes both ways.
 #[test]
 fn protocol_versions_8_and_9_work_together() {
     let old = engine(
@@ -166,8 +164,9 @@ fn protocol_versions_8_and_9_work_together() {
     }
 }
 
-/// Many small transfers in flight at once through rings: batches of 4 KiB pieces (inline
-/// records, more than a ring holds per lane) written and read back, verified.
+/// Many small transfers in flight at once through rings: 2048 transfers of 4 KiB (inline
+/// records: 4 MiB per lane, its ring of 1 MiB filled and drained many times over) written and
+/// read back, verified.
 #[test]
 fn rings_carry_many_small_transfers_verified() {
     let (a, b) = pair(

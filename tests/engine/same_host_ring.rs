@@ -16,13 +16,13 @@ use crate::same_host_hostile::{
 };
 
 /// The ring's layout (PROTOCOL.md): a 4 KiB header (`head` at 0, `tail` at 64, `parked` at
-/// 128, `full` at 192), then 256 KiB of data.
+/// 128, `full` at 192), then the data (the file's size tells how much).
 const HEADER: usize = 4096;
-const DATA: usize = 256 << 10;
 
 /// The target's ring, mapped as its peer maps it.
 struct PeerRing {
     base: *mut u8,
+    data: usize,
     head: u64,
 }
 
@@ -36,9 +36,13 @@ impl PeerRing {
         // SAFETY: duplicating and mapping a descriptor of this process; owned below.
         unsafe {
             let fd = OwnedFd::from_raw_fd(libc::dup((word - 1) as i32));
+            let mut st: libc::stat = std::mem::zeroed();
+            assert_eq!(libc::fstat(fd.as_raw_fd(), &mut st), 0);
+            let data = st.st_size as usize - HEADER;
+            assert!(data.is_power_of_two() && data >= 64 << 10, "{data}");
             let p = libc::mmap(
                 std::ptr::null_mut(),
-                HEADER + DATA,
+                HEADER + data,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 fd.as_raw_fd(),
@@ -47,6 +51,7 @@ impl PeerRing {
             assert_ne!(p, libc::MAP_FAILED);
             Self {
                 base: p.cast(),
+                data,
                 head: 0,
             }
         }
@@ -59,8 +64,8 @@ impl PeerRing {
 
     /// Append `bytes` to the stream and publish them (no wrap needed in these tests).
     fn put(&mut self, bytes: &[u8]) {
-        let at = self.head as usize % DATA;
-        assert!(at + bytes.len() <= DATA);
+        let at = self.head as usize % self.data;
+        assert!(at + bytes.len() <= self.data);
         // SAFETY: inside the data area of the live mapping.
         unsafe {
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.add(HEADER + at), bytes.len())
@@ -78,7 +83,7 @@ impl PeerRing {
 impl Drop for PeerRing {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `take`.
-        unsafe { libc::munmap(self.base.cast(), HEADER + DATA) };
+        unsafe { libc::munmap(self.base.cast(), HEADER + self.data) };
     }
 }
 
@@ -148,7 +153,7 @@ fn frames_through_the_ring_land_and_hostile_rings_close_the_connection() {
             match uid {
                 2 => {
                     ring.put(&rec[..5]);
-                    ring.set_head(DATA as u64 + 6);
+                    ring.set_head(ring.data as u64 + 6);
                 }
                 3 => {
                     ring.put(&rec[..1]);

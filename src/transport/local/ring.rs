@@ -7,7 +7,8 @@
 //! Layout of the file: a 4 KiB header of four words on their own cache lines — `head` (bytes
 //! the producer has written, ever), `tail` (bytes the consumer has taken), `parked` (1 while
 //! the consumer waits for a doorbell), `full` (1 while the producer waits for room) — then
-//! [`RING_BYTES`] of data, byte `i` of the stream at `i mod RING_BYTES`.
+//! the data (a power of two from [`MIN_RING_BYTES`] to [`MAX_RING_BYTES`], [`RING_BYTES`] by
+//! default; the file's size says which), byte `i` of the stream at `i mod` its size.
 //!
 //! Either side may be hostile: each keeps its own index privately and only publishes it, so
 //! a peer that scribbles over the header can at worst make this side see an impossible
@@ -22,21 +23,39 @@ use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Data bytes of a ring: a few hundred small frames, a few 64 KiB inline payloads.
-pub(crate) const RING_BYTES: usize = 256 << 10;
+/// Data bytes of the rings this side offers by default: a few hundred small frames, a few
+/// 64 KiB inline payloads (`MORIO_SAME_HOST_RING_BYTES` sets another, for A/B runs).
+pub(crate) const RING_BYTES: usize = 1 << 20;
+/// Smallest data area a peer's ring may have.
+pub(crate) const MIN_RING_BYTES: usize = 64 << 10;
+/// Largest data area a peer's ring may have.
+pub(crate) const MAX_RING_BYTES: usize = 16 << 20;
 /// Bytes before the data.
 const HEADER: usize = 4096;
-/// Size of a ring's file.
-pub(crate) const FILE_BYTES: usize = HEADER + RING_BYTES;
+
+/// The data size of the rings this process offers.
+fn offered_bytes() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("MORIO_SAME_HOST_RING_BYTES")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|n| n.is_power_of_two() && (MIN_RING_BYTES..=MAX_RING_BYTES).contains(n))
+            .unwrap_or(RING_BYTES)
+    })
+}
 
 const HEAD: usize = 0;
 const TAIL: usize = 64;
 const PARKED: usize = 128;
 const FULL: usize = 192;
 
-/// A mapping of a ring's file, unmapped on drop.
+/// A mapping of a ring's file (its data area `cap` bytes), unmapped on drop.
 #[derive(Debug)]
-struct Map(NonNull<u8>);
+struct Map {
+    base: NonNull<u8>,
+    cap: usize,
+}
 
 // SAFETY: the mapping is plain shared memory; every access goes through atomics or raw
 // copies, never through references that assume exclusive access.
@@ -45,13 +64,13 @@ unsafe impl Send for Map {}
 unsafe impl Sync for Map {}
 
 impl Map {
-    /// Map `fd` (shared, read-write).
-    fn new(fd: RawFd) -> io::Result<Self> {
+    /// Map `fd`, a ring of `cap` data bytes (shared, read-write).
+    fn new(fd: RawFd, cap: usize) -> io::Result<Self> {
         // SAFETY: a fresh mapping of a file we hold; the kernel picks the address.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                FILE_BYTES,
+                HEADER + cap,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 fd,
@@ -62,19 +81,19 @@ impl Map {
             return Err(io::Error::last_os_error());
         }
         NonNull::new(p.cast())
-            .map(Self)
+            .map(|base| Self { base, cap })
             .ok_or_else(|| io::Error::other("mmap returned null"))
     }
 
     fn word(&self, off: usize) -> &AtomicU64 {
         // SAFETY: `off` is one of the header's word offsets, 8-byte aligned inside the
         // mapping, which lives as long as `self`; AtomicU64 may alias memory others write.
-        unsafe { &*self.0.as_ptr().add(off).cast::<AtomicU64>() }
+        unsafe { &*self.base.as_ptr().add(off).cast::<AtomicU64>() }
     }
 
     fn data(&self) -> *mut u8 {
         // SAFETY: the data follows the header inside the mapping.
-        unsafe { self.0.as_ptr().add(HEADER) }
+        unsafe { self.base.as_ptr().add(HEADER) }
     }
 }
 
@@ -82,7 +101,7 @@ impl Drop for Map {
     fn drop(&mut self) {
         // SAFETY: we mapped exactly this range and nothing refers to it any more.
         unsafe {
-            libc::munmap(self.0.as_ptr().cast(), FILE_BYTES);
+            libc::munmap(self.base.as_ptr().cast(), HEADER + self.cap);
         }
     }
 }
@@ -106,8 +125,13 @@ fn err(what: &str) -> io::Error {
 }
 
 impl Inbound {
-    /// A fresh ring: a memfd of [`FILE_BYTES`], sealed against resizing, mapped.
+    /// A fresh ring of this process's size: a memfd, sealed against resizing, mapped.
     pub(crate) fn new() -> io::Result<Self> {
+        Self::with_bytes(offered_bytes())
+    }
+
+    /// A fresh ring of `cap` data bytes (a power of two in the allowed range).
+    pub(crate) fn with_bytes(cap: usize) -> io::Result<Self> {
         // SAFETY: memfd_create with a NUL-terminated name; the descriptor is owned below.
         let fd = unsafe {
             libc::memfd_create(
@@ -122,7 +146,7 @@ impl Inbound {
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         // SAFETY: plain calls on our descriptor.
         unsafe {
-            if libc::ftruncate(fd.as_raw_fd(), FILE_BYTES as libc::off_t) != 0 {
+            if libc::ftruncate(fd.as_raw_fd(), (HEADER + cap) as libc::off_t) != 0 {
                 return Err(err("ftruncate"));
             }
             let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
@@ -130,7 +154,7 @@ impl Inbound {
                 return Err(err("seal"));
             }
         }
-        let map = Arc::new(Map::new(fd.as_raw_fd())?);
+        let map = Arc::new(Map::new(fd.as_raw_fd(), cap)?);
         Ok(Self {
             map,
             fd: Some(fd),
@@ -151,9 +175,10 @@ impl Inbound {
     /// Copy up to `out.len()` waiting bytes into `out`; how many (0: empty). Fails if the
     /// producer's index is impossible.
     pub(crate) fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        let cap = self.map.cap;
         let head = self.map.word(HEAD).load(Ordering::Acquire);
         let avail = head.wrapping_sub(self.tail);
-        if avail > RING_BYTES as u64 {
+        if avail > cap as u64 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!(
@@ -167,8 +192,8 @@ impl Inbound {
         if n == 0 {
             return Ok(0);
         }
-        let at = (self.tail % RING_BYTES as u64) as usize;
-        let first = n.min(RING_BYTES - at);
+        let at = (self.tail % cap as u64) as usize;
+        let first = n.min(cap - at);
         // SAFETY: both ranges lie inside the data area, which lives with `self.map`; `out`
         // is ours. The peer may write the source concurrently only if it is hostile, and then
         // the bytes copied are just untrusted input, like a socket's.
@@ -229,7 +254,8 @@ pub(crate) struct Outbound {
 
 impl Outbound {
     /// Take the ring the peer offers as `fd` (duplicated into this process): refused unless
-    /// it is a sealed memory file of the right size, so the mapping can never fault.
+    /// it is a memory file sealed against shrinking whose data area is a power of two in the
+    /// allowed range, so the mapping can never fault.
     pub(crate) fn adopt(fd: OwnedFd) -> io::Result<Self> {
         let raw = fd.as_raw_fd();
         // SAFETY: fcntl and fstat on a descriptor we own, into a zeroed stat.
@@ -247,13 +273,18 @@ impl Outbound {
                 "same-host ring: the peer's file is not a memory file sealed against shrinking",
             ));
         }
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_size != FILE_BYTES as libc::off_t {
+        let cap = usize::try_from(st.st_size)
+            .ok()
+            .and_then(|n| n.checked_sub(HEADER))
+            .filter(|n| n.is_power_of_two() && (MIN_RING_BYTES..=MAX_RING_BYTES).contains(n));
+        let Some(cap) = cap.filter(|_| st.st_mode & libc::S_IFMT == libc::S_IFREG) else {
             return Err(io::Error::other(format!(
-                "same-host ring: the peer's file has {} bytes, not {FILE_BYTES}",
+                "same-host ring: the peer's file has {} bytes, not 4 KiB and a power of two \
+                 from {MIN_RING_BYTES} to {MAX_RING_BYTES}",
                 st.st_size
             )));
-        }
-        let map = Arc::new(Map::new(raw)?);
+        };
+        let map = Arc::new(Map::new(raw, cap)?);
         Ok(Self { map, head: 0 })
     }
 
@@ -265,9 +296,10 @@ impl Outbound {
         idx: &mut usize,
         off: &mut usize,
     ) -> io::Result<usize> {
+        let cap = self.map.cap;
         let tail = self.map.word(TAIL).load(Ordering::Acquire);
         let used = self.head.wrapping_sub(tail);
-        if used > RING_BYTES as u64 {
+        if used > cap as u64 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!(
@@ -277,13 +309,13 @@ impl Outbound {
                 ),
             ));
         }
-        let mut room = RING_BYTES - used as usize;
+        let mut room = cap - used as usize;
         let mut wrote = 0usize;
         while room > 0 && *idx < parts.len() {
             let src = &parts[*idx][*off..];
             let n = src.len().min(room);
-            let at = ((self.head + wrote as u64) % RING_BYTES as u64) as usize;
-            let first = n.min(RING_BYTES - at);
+            let at = ((self.head + wrote as u64) % cap as u64) as usize;
+            let first = n.min(cap - at);
             // SAFETY: the destination ranges lie inside the data area, in the free part the
             // consumer does not read until `head` is published below.
             unsafe {
@@ -321,7 +353,7 @@ impl Outbound {
         full.store(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         let tail = self.map.word(TAIL).load(Ordering::Acquire);
-        if self.head.wrapping_sub(tail) < RING_BYTES as u64 {
+        if self.head.wrapping_sub(tail) < self.map.cap as u64 {
             full.store(0, Ordering::Relaxed);
             return true;
         }
@@ -356,10 +388,18 @@ mod tests {
     }
 
     /// Bytes of every size, gathered from several parts, come out in order across many
-    /// wrap-arounds, whatever the sizes of the reads.
+    /// wrap-arounds, whatever the sizes of the reads and of the ring.
     #[test]
     fn bytes_come_out_in_order_across_wraps() {
-        let (mut rx, mut tx) = pair();
+        for cap in [MIN_RING_BYTES, RING_BYTES, 1 << 20] {
+            let rx = Inbound::with_bytes(cap).unwrap();
+            // SAFETY: dup of a descriptor we hold; the copy is owned by the OwnedFd.
+            let dup = unsafe { OwnedFd::from_raw_fd(libc::dup(rx.fd().unwrap())) };
+            stream_through(rx, Outbound::adopt(dup).unwrap(), cap);
+        }
+    }
+
+    fn stream_through(mut rx: Inbound, mut tx: Outbound, cap: usize) {
         let mut rng = 0x1234_5678_9abc_def0_u64;
         let mut next = |m: usize| {
             rng ^= rng << 13;
@@ -367,7 +407,7 @@ mod tests {
             rng ^= rng << 17;
             (rng % m as u64) as usize
         };
-        let stream: Vec<u8> = (0..(3 * RING_BYTES + 12345))
+        let stream: Vec<u8> = (0..(3 * cap + 12345))
             .map(|i| (i * 7 + i / 251) as u8)
             .collect();
         let mut sent = 0usize;
@@ -459,7 +499,10 @@ mod tests {
         unsafe {
             let unsealed = libc::memfd_create(c"t".as_ptr(), libc::MFD_CLOEXEC);
             assert!(unsealed >= 0);
-            assert_eq!(libc::ftruncate(unsealed, FILE_BYTES as libc::off_t), 0);
+            assert_eq!(
+                libc::ftruncate(unsealed, (HEADER + RING_BYTES) as libc::off_t),
+                0
+            );
             assert!(Outbound::adopt(OwnedFd::from_raw_fd(unsealed)).is_err());
             let small =
                 libc::memfd_create(c"t".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING);
@@ -469,6 +512,17 @@ mod tests {
             assert!(
                 Outbound::adopt(OwnedFd::from_raw_fd(small)).is_err(),
                 "too small"
+            );
+            let odd =
+                libc::memfd_create(c"t".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING);
+            assert_eq!(
+                libc::ftruncate(odd, (HEADER + RING_BYTES + 4096) as libc::off_t),
+                0
+            );
+            assert_eq!(libc::fcntl(odd, libc::F_ADD_SEALS, seals), 0);
+            assert!(
+                Outbound::adopt(OwnedFd::from_raw_fd(odd)).is_err(),
+                "not a power of two"
             );
             let mut fds = [0; 2];
             assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
