@@ -288,6 +288,11 @@ impl Outbound {
         Ok(Self { map, head: 0 })
     }
 
+    /// Data bytes of the ring.
+    pub(crate) fn cap(&self) -> usize {
+        self.map.cap
+    }
+
     /// Write as much of `parts` from (`idx`, `off`) as fits, moving the position on, and
     /// publish it; the bytes written. Fails if the consumer's index is impossible.
     pub(crate) fn write(

@@ -41,6 +41,8 @@ pub(crate) struct LocalTx {
     /// its doorbell (`None`: the connection's socket does); `None`: the stream goes into the
     /// socket.
     ring: Option<(Outbound, Option<OwnedFd>)>,
+    /// Parts of at least this many bytes are pulled by the peer, smaller ones sent inline.
+    pull_min: usize,
 }
 
 /// Clears the cell's token when the send ends however it ends (completed, failed, or its
@@ -82,6 +84,9 @@ impl LocalTx {
             waker,
             _wake_tx: wake_tx,
             device_parts,
+            pull_min: ring
+                .as_ref()
+                .map_or(PULL_MIN_BYTES, |(r, _)| ring_pull_min(r.cap())),
             ring,
         }
     }
@@ -174,7 +179,7 @@ impl LocalTx {
         let mut pulls = 0u32;
         let mut i = 0;
         while i < parts.len() {
-            if parts[i].len() >= PULL_MIN_BYTES {
+            if parts[i].len() >= self.pull_min {
                 pulls += 1;
                 let at = self.heads.len();
                 let p = Pull {
@@ -193,7 +198,7 @@ impl LocalTx {
             let start = i;
             let mut len = 0usize;
             while i < parts.len()
-                && parts[i].len() < PULL_MIN_BYTES
+                && parts[i].len() < self.pull_min
                 && len + parts[i].len() <= MAX_INLINE
             {
                 len += parts[i].len();
@@ -240,6 +245,23 @@ impl LocalTx {
         drop(withdraw);
         Ok(())
     }
+}
+
+/// The pull threshold of a connection whose records go through a ring of `cap` bytes: a
+/// quarter of the ring, at most 256 KiB (`MORIO_SAME_HOST_PULL_MIN` sets another, for A/B
+/// runs). Through a ring an inline part costs two memory copies and no system call, while a
+/// pulled one costs a cross-memory copy, an acknowledgement and a wake, and its lane has one
+/// send in flight: on the dev VM parts of 64 KiB and 128 KiB × 256 moved 15–30 % faster
+/// inline (docs/perf/same-host-rings-dev-vm.md). Larger parts keep the single copy.
+fn ring_pull_min(cap: usize) -> usize {
+    static ENV: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let env = *ENV.get_or_init(|| {
+        std::env::var("MORIO_SAME_HOST_PULL_MIN")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| n >= PULL_MIN_BYTES)
+    });
+    env.unwrap_or((cap / 4).min(256 << 10))
 }
 
 /// Put the record bytes `gather` into the stream: into the peer's ring when there is one
