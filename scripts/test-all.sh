@@ -13,6 +13,10 @@ HIP_PATH="${HIP_PATH:-/usr}" cargo test --workspace --all-targets --all-features
 # two transports (tests that need a given transport set it themselves).
 MORIO_SAME_HOST=off HIP_PATH="${HIP_PATH:-/usr}" \
   cargo test --workspace --all-features --locked --test engine
+# And once with same-host records in the socket instead of shared-memory rings (how a
+# version 8 peer is served), so all three paths run every engine test.
+MORIO_SAME_HOST_RING=off HIP_PATH="${HIP_PATH:-/usr}" \
+  cargo test --workspace --all-features --locked --test engine
 
 venv="${MORIO_VENV:-.venv}"
 if [ ! -x "$venv/bin/python" ]; then

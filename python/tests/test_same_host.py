@@ -31,12 +31,18 @@ def test_two_processes_pick_their_transport(engines, mode):
         wait_ok(a.read(a.register_array(back), 0, md, 0, _peer.BIG, a.allocate_transfer_uid()))
         assert np.array_equal(back, src)
         shards = a.stats()
-        total = {k: sum(s[k] for s in shards) for k in ("lane_connects", "lane_connects_same_host")}
+        keys = ("lane_connects", "lane_connects_same_host", "lane_connects_ring")
+        total = {k: sum(s[k] for s in shards) for k in keys}
         assert total["lane_connects"] >= 1
         if mode == "off":
-            assert total["lane_connects_same_host"] == 0, total
+            assert total["lane_connects_same_host"] == total["lane_connects_ring"] == 0, total
         else:
-            assert total["lane_connects_same_host"] == total["lane_connects"], total
+            # Between two processes: same host, small frames through shared-memory rings.
+            assert (
+                total["lane_connects_same_host"]
+                == total["lane_connects_ring"]
+                == total["lane_connects"]
+            ), total
         finish_peer(parent, proc)
 
 

@@ -46,7 +46,7 @@
 #   scripts/bench/h200-bench.sh latdefault # there: issue 23's small rows with default settings,
 #                                       # from each binary of BINS, interleaved
 #   scripts/bench/h200-bench.sh pending # there: what stop 27 built without a GPU host, one call
-#   scripts/bench/h200-bench.sh ringab  # there (or here): same-host small rows over TCP, over
+#   scripts/bench/h200-bench.sh ringab  # there (or here): same-host small rows (8 B to 128 KiB) over TCP, over
 #                                       # the socket's records (MORIO_SAME_HOST_RING=off) and
 #                                       # through rings, with default settings and spinning shards
 #
@@ -428,6 +428,8 @@ ringab() {
 				add "w4k256-${tag}" --op-type write --buffer-size 4096 --transfer-batch-size 256 \
 					--enable-batch-transfer --enable-sess "${extra[@]}"
 				add "w16k256-${tag}" --op-type write --buffer-size 16384 --transfer-batch-size 256 \
+					--enable-batch-transfer --enable-sess "${extra[@]}"
+				add "w128k256-${tag}" --op-type write --buffer-size 131072 --transfer-batch-size 256 \
 					--enable-batch-transfer --enable-sess "${extra[@]}"
 				unset MORIO_SAME_HOST_RING
 			done

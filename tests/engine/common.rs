@@ -467,3 +467,12 @@ pub fn run_alone(case: &str) {
     );
     assert!(text.contains("1 passed"), "the case did not run: {text}");
 }
+
+/// Whether this run's engines use same-host rings (`MORIO_SAME_HOST_RING=off` runs the suite
+/// with same-host records in the socket instead).
+pub fn rings_on() -> bool {
+    !matches!(
+        std::env::var("MORIO_SAME_HOST_RING").as_deref(),
+        Ok("off" | "0" | "false")
+    )
+}
