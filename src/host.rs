@@ -17,6 +17,13 @@ pub fn check_same_host() -> Result<(), String> {
     crate::transport::local::readiness()
 }
 
+/// Whether same-host connections of this process carry their small frames through
+/// shared-memory rings (protocol v9; a sealed memfd per direction): `Err` says why not (a
+/// seccomp profile without `memfd_create`, say), and they then keep them in the socket.
+pub fn check_same_host_rings() -> Result<(), String> {
+    crate::transport::local::ring_readiness()
+}
+
 /// Grow this process's descriptor table to hold at least `n` descriptors (up to its
 /// `RLIMIT_NOFILE`), now rather than in the middle of traffic: growing it in a multi-threaded
 /// process waits for an RCU grace period (tens of ms on the H200 host), which a connection's

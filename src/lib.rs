@@ -62,7 +62,7 @@ pub use desc::{
 };
 pub use engine::{IoEngine, RegisterOptions, RegisteredBuffer};
 pub use error::EngineError;
-pub use host::{check_host, check_same_host};
+pub use host::{check_host, check_same_host, check_same_host_rings};
 pub use metrics::METRICS_CONTENT_TYPE;
 pub use session::IoEngineSession;
 pub use stats::{EngineStats, LaneStats, PeerMap, PeerStats, ShardStats};

@@ -6,12 +6,18 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 fn morio(args: &[&str]) -> (Output, Duration) {
+    morio_env(args, &[])
+}
+
+/// [`morio`] with these environment variables set.
+fn morio_env(args: &[&str], env: &[(&str, &str)]) -> (Output, Duration) {
     let t = Instant::now();
     let out = Command::new(env!("CARGO_BIN_EXE_morio"))
         .args(args)
         .env("RUST_BACKTRACE", "1")
         .env_remove("RUST_LOG")
         .env_remove("MORIO_LOG")
+        .envs(env.iter().copied())
         .output()
         .expect("run morio");
     (out, t.elapsed())
@@ -29,6 +35,20 @@ fn check_reports_the_same_host_transport() {
             "{text}"
         ),
         Err(why) => assert!(text.contains(&why), "{text}"),
+    }
+    // Whether small transfers go through shared-memory rings, and with the switch off, why not.
+    if morio::check_same_host().is_ok() {
+        assert!(
+            text.contains("ok: small same-host transfers go through shared-memory rings")
+                == morio::check_same_host_rings().is_ok(),
+            "{text}"
+        );
+        let (out, _) = morio_env(&["check"], &[("MORIO_SAME_HOST_RING", "off")]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("note: no same-host rings here (turned off"),
+            "{text}"
+        );
     }
     // And whether GPU memory moves device to device (never here without a GPU runtime).
     match morio::gpu::check_ipc() {

@@ -52,6 +52,13 @@ fn same_host_unavailable() -> Option<String> {
     morio::check_same_host().err()
 }
 
+/// morio: whether same-host connections of this process carry small frames through
+/// shared-memory rings: None when they do, else the reason (the socket carries them then).
+#[pyfunction]
+fn same_host_rings_unavailable() -> Option<String> {
+    morio::check_same_host_rings().err()
+}
+
 /// morio: whether GPU memory moves device to device between engines of this host (the GPU
 /// runtime exports memory for IPC): None when it does, else the reason (it is staged then).
 #[pyfunction]
@@ -107,6 +114,7 @@ fn _morio(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gpu_ipc_unavailable, m)?)?;
     m.add_function(wrap_pyfunction!(check_host, m)?)?;
     m.add_function(wrap_pyfunction!(same_host_unavailable, m)?)?;
+    m.add_function(wrap_pyfunction!(same_host_rings_unavailable, m)?)?;
     m.add_function(wrap_pyfunction!(fabric_alloc, m)?)?;
     m.add_function(wrap_pyfunction!(fabric_free, m)?)?;
     m.add_function(wrap_pyfunction!(engine::_shutdown_all, m)?)?;

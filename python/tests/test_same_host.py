@@ -5,7 +5,13 @@ request, required, and its configuration checked."""
 import numpy as np
 import pytest
 
-from morio import EngineDesc, MemoryDesc, TcpBackendConfig, same_host_unavailable
+from morio import (
+    EngineDesc,
+    MemoryDesc,
+    TcpBackendConfig,
+    same_host_rings_unavailable,
+    same_host_unavailable,
+)
 
 import _peer
 from _util import finish_peer, peer_process, small_config, wait_ok
@@ -73,8 +79,11 @@ def test_same_host_readiness_matches_what_engines_do(engines):
     wait_ok(a.write(a.register_array(src), 0, b.register_array(dst), 0, 1 << 20, a.allocate_transfer_uid()))
     assert np.array_equal(src, dst)
     used = sum(s["lane_connects_same_host"] for s in a.stats())
+    rings = sum(s["lane_connects_ring"] for s in a.stats())
     if why is None:
         assert used >= 1
+        # same_host_rings_unavailable() is None exactly when those lanes ride rings.
+        assert (rings == used) == (same_host_rings_unavailable() is None), rings
     else:
         assert used == 0, why
 

@@ -71,7 +71,18 @@ fn main() -> ExitCode {
                 println!("ok: io_uring is available and the locked-memory limit is enough");
                 match morio::check_same_host() {
                     Ok(()) => {
-                        println!("ok: the same-host transport is available to engines of this user")
+                        println!(
+                            "ok: the same-host transport is available to engines of this user"
+                        );
+                        match morio::check_same_host_rings() {
+                            Ok(()) => println!(
+                                "ok: small same-host transfers go through shared-memory rings"
+                            ),
+                            Err(why) => println!(
+                                "note: no same-host rings here ({why}); small same-host \
+                                 transfers go through the socket"
+                            ),
+                        }
                     }
                     Err(why) => println!(
                         "note: no same-host transport here ({why}); engines of this host use TCP"

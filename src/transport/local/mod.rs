@@ -108,6 +108,28 @@ pub(crate) fn readiness() -> Result<(), String> {
     Ok(())
 }
 
+/// Whether this process can offer and take same-host rings: `Err` says why not (its
+/// same-host connections then keep their records in the socket). Makes a ring and takes a
+/// copy of it as a peer would.
+pub(crate) fn ring_readiness() -> Result<(), String> {
+    if !rings_enabled() {
+        return Err("turned off (MORIO_SAME_HOST_RING=off)".into());
+    }
+    let ring = ring::Inbound::new().map_err(|e| e.to_string())?;
+    let fd = ring.fd().ok_or("the ring has no descriptor")?;
+    // SAFETY: duplicating a descriptor this process holds; the copy is owned below.
+    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if dup < 0 {
+        return Err(format!(
+            "cannot duplicate the ring's descriptor: {}",
+            io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: a fresh descriptor of ours.
+    ring::Outbound::adopt(unsafe { OwnedFd::from_raw_fd(dup) }).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
 /// A word pair of this process that peers read and write through the kernel: the probe of a
 /// handshake (its proof in `proof`) and then the pull cell of the connection's sending half
 /// (`live`, `acked`). Slots are never freed, only reused (a peer that reads one late reads a
