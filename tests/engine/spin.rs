@@ -99,6 +99,12 @@ fn spinning_shards_busy_poll_and_fall_back_when_idle() {
     let woke = |e: &morio::IoEngine| e.stats().unwrap().total().busy_poll_wakes;
     assert!(woke(&a) > 0, "the initiator's poller never woke a reader");
     assert!(woke(&b) > 0, "the target's poller never woke a reader");
+    // Between engines of one host (unless the run turned it off) the pollers watched rings:
+    // the large transfers' 64 KiB chunks streamed through them, filling them many times.
+    let t = a.stats().unwrap().total();
+    if t.lane_connects_same_host > 0 {
+        assert_eq!(t.lane_connects_ring > 0, rings_on(), "{t:?}");
+    }
 }
 
 #[test]
