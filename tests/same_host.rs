@@ -181,8 +181,8 @@ fn descriptors(addr: SocketAddr) -> (EngineDesc, MemoryDesc) {
     )
 }
 
-/// A `morio serve` node on this host, killed while same-host copies into and out of it are
-/// in flight: every one of its transfers ends within seconds (op_timeout is 30 s), says the
+/// A `morio serve` node on this host, killed while same-host copies into and out of it (and
+/// small transfers through its rings) are in flight: every one of its transfers ends within seconds (op_timeout is 30 s), says the
 /// connection was lost, and transfers to another peer go on.
 #[test]
 fn a_same_host_peer_killed_mid_copy_fails_only_its_transfers() {
@@ -237,6 +237,7 @@ fn a_same_host_peer_killed_mid_copy_fails_only_its_transfers() {
     assert_eq!(wait(&st, 30), StatusCode::Success, "{}", st.message());
     let t = me.stats().unwrap().total();
     assert!(t.lane_connects_same_host >= 1, "{t:?}");
+    assert!(t.lane_connects_ring >= 1, "{t:?}");
 
     // Keep the node busy both ways, then kill it.
     let back = me.alloc_buffer(n).unwrap();
@@ -261,6 +262,17 @@ fn a_same_host_peer_killed_mid_copy_fails_only_its_transfers() {
                 me.allocate_transfer_uid(),
             )
         });
+    }
+    // And small ones, which travel inline through the shared-memory rings.
+    for k in 0..1024 {
+        sts.push(me.write(
+            src.desc(),
+            k * 4096,
+            &kv,
+            k * 4096,
+            4096,
+            me.allocate_transfer_uid(),
+        ));
     }
     std::thread::sleep(Duration::from_millis(20));
     node.kill().unwrap();
