@@ -137,6 +137,31 @@ pub(crate) fn write_head(uid: u64, d: &MemoryDesc, off: u64, len: u64) -> Vec<u8
     )
 }
 
+/// After hostile peers, `b` still serves a well-behaved engine `key` (same host required):
+/// its write of `payload` into `d` succeeds. The engine, for more checks.
+pub(crate) fn serves_a_well_behaved_peer(
+    b: &morio::IoEngine,
+    key: &str,
+    payload: &[u8],
+    d: &MemoryDesc,
+) -> morio::IoEngine {
+    let a = engine(key, cfg_with(|c| c.same_host = Some(SameHost::Require)));
+    a.register_remote_engine(&b.engine_desc()).unwrap();
+    let src = a.register_buffer(payload.to_vec()).unwrap();
+    assert_ok(
+        &a.write(
+            src.desc(),
+            0,
+            d,
+            0,
+            payload.len(),
+            a.allocate_transfer_uid(),
+        ),
+        "a well-behaved peer after the hostile ones",
+    );
+    a
+}
+
 /// The next frame in the record stream (inside an INLINE record), or `None` once closed.
 pub(crate) fn next_answer(s: &mut TcpStream) -> Option<Frame> {
     let mut head = [0u8; 5];
@@ -244,16 +269,7 @@ fn hostile_same_host_records_close_the_connection_and_land_nothing() {
     }
 
     // The engine still serves a well-behaved peer.
-    let a = engine(
-        "sh_hostile_ok",
-        cfg_with(|c| c.same_host = Some(SameHost::Require)),
-    );
-    a.register_remote_engine(&b.engine_desc()).unwrap();
-    let src = a.register_buffer(payload.clone()).unwrap();
-    assert_ok(
-        &a.write(src.desc(), 0, &d, 0, n, a.allocate_transfer_uid()),
-        "a well-behaved peer after the hostile ones",
-    );
+    serves_a_well_behaved_peer(&b, "sh_hostile_ok", &payload, &d);
     drop(init);
 }
 

@@ -12,7 +12,7 @@ use morio::SameHost;
 
 use crate::common::*;
 use crate::same_host_hostile::{
-    inline, next_answer, refused, same_host_session_v, write_head, Slot,
+    inline, next_answer, refused, same_host_session_v, serves_a_well_behaved_peer, write_head, Slot,
 };
 
 /// The ring's layout (PROTOCOL.md): a 4 KiB header (`head` at 0, `tail` at 64, `parked` at
@@ -175,16 +175,7 @@ fn frames_through_the_ring_land_and_hostile_rings_close_the_connection() {
     }
 
     // The engine still serves a well-behaved peer, through rings.
-    let a = engine(
-        "sh_ring_ok",
-        cfg_with(|c| c.same_host = Some(SameHost::Require)),
-    );
-    a.register_remote_engine(&b.engine_desc()).unwrap();
-    let src = a.register_buffer(payload.clone()).unwrap();
-    assert_ok(
-        &a.write(src.desc(), 0, &d, 0, n, a.allocate_transfer_uid()),
-        "a well-behaved peer after the hostile ones",
-    );
+    let a = serves_a_well_behaved_peer(&b, "sh_ring_ok", &payload, &d);
     assert!(a.stats().unwrap().total().lane_connects_ring >= 1);
     drop(init);
 }

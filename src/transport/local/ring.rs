@@ -106,6 +106,22 @@ impl Drop for Map {
     }
 }
 
+/// Bytes from `tail` to `head` (what the ring holds), refused when more than the ring's `cap`:
+/// the peer wrote an impossible index (its `which` one), and the connection fails.
+fn distance(head: u64, tail: u64, cap: usize, which: &str) -> io::Result<usize> {
+    let d = head.wrapping_sub(tail);
+    if d > cap as u64 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "same-host ring: the peer's {which} index is impossible (write {head}, read \
+                 {tail}, ring {cap} bytes)"
+            ),
+        ));
+    }
+    Ok(d as usize)
+}
+
 /// The ring this side receives on: made here, offered to the peer.
 #[derive(Debug)]
 pub(crate) struct Inbound {
@@ -177,18 +193,8 @@ impl Inbound {
     pub(crate) fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
         let cap = self.map.cap;
         let head = self.map.word(HEAD).load(Ordering::Acquire);
-        let avail = head.wrapping_sub(self.tail);
-        if avail > cap as u64 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "same-host ring: the peer's write index {head} is {avail} bytes past the \
-                     read index {}",
-                    self.tail
-                ),
-            ));
-        }
-        let n = out.len().min(avail as usize);
+        let avail = distance(head, self.tail, cap, "write")?;
+        let n = out.len().min(avail);
         if n == 0 {
             return Ok(0);
         }
@@ -303,18 +309,7 @@ impl Outbound {
     ) -> io::Result<usize> {
         let cap = self.map.cap;
         let tail = self.map.word(TAIL).load(Ordering::Acquire);
-        let used = self.head.wrapping_sub(tail);
-        if used > cap as u64 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "same-host ring: the peer's read index {tail} is {used} bytes behind the \
-                     write index {}",
-                    self.head
-                ),
-            ));
-        }
-        let mut room = cap - used as usize;
+        let mut room = cap - distance(self.head, tail, cap, "read")?;
         let mut wrote = 0usize;
         while room > 0 && *idx < parts.len() {
             let src = &parts[*idx][*off..];

@@ -23,26 +23,33 @@ use crate::gpu::IpcExport;
 /// The sending half.
 #[derive(Debug)]
 pub(crate) struct LocalTx {
-    w: rt::WriteHalf,
-    /// The peer process (for the log only: the peer does all the cross-process work).
-    peer: libc::pid_t,
+    out: Out,
     cell: SlotRef,
-    stall: Duration,
     heads: Vec<u8>,
-    /// Where the peer wakes this sender after an acknowledgement, and whether it has shown it
-    /// does (its first byte comes when it took the socket).
-    waker: Option<(rt::UnixStream, bool)>,
     /// The end the peer took; open while the connection lives.
     _wake_tx: Option<std::os::fd::OwnedFd>,
     /// Whether GPU memory may be offered as DEVICE records (the connection's version has
     /// them, and the peer has not declined them for good).
     device_parts: bool,
+    /// Parts of at least this many bytes are pulled by the peer, smaller ones sent inline.
+    pull_min: usize,
+}
+
+/// Where the record stream goes, and how this side waits on the peer.
+#[derive(Debug)]
+struct Out {
+    w: rt::WriteHalf,
     /// The peer's ring, where the record stream goes (announced), and the socket that rings
     /// its doorbell (`None`: the connection's socket does); `None`: the stream goes into the
     /// socket.
     ring: Option<(Outbound, Option<OwnedFd>)>,
-    /// Parts of at least this many bytes are pulled by the peer, smaller ones sent inline.
-    pull_min: usize,
+    /// Where the peer wakes this sender after an acknowledgement (or when its ring has room),
+    /// and whether it has shown it does (its first byte comes when it took the socket).
+    waker: Option<(rt::UnixStream, bool)>,
+    /// The peer process (for the log only: the peer does all the cross-process work).
+    peer: libc::pid_t,
+    /// How long a send may wait for the peer (`op_timeout`).
+    stall: Duration,
 }
 
 /// Clears the cell's token when the send ends however it ends (completed, failed, or its
@@ -76,24 +83,26 @@ impl LocalTx {
             None => (None, None),
         };
         Self {
-            w,
-            peer,
             cell,
-            stall,
             heads: Vec::with_capacity(256),
-            waker,
             _wake_tx: wake_tx,
             device_parts,
             pull_min: ring
                 .as_ref()
                 .map_or(PULL_MIN_BYTES, |(r, _)| ring_pull_min(r.cap())),
-            ring,
+            out: Out {
+                w,
+                ring,
+                waker,
+                peer,
+                stall,
+            },
         }
     }
 
     /// Whether the record stream goes through the peer's shared-memory ring.
     pub(crate) fn rides_ring(&self) -> bool {
-        self.ring.is_some()
+        self.out.ring.is_some()
     }
 
     /// Whether GPU memory may be offered to the peer as device parts.
@@ -134,15 +143,8 @@ impl LocalTx {
         cell.live.store(token, Ordering::SeqCst);
         let withdraw = Withdraw(&self.cell);
         let gather: [&[u8]; 3] = [&self.heads[..at], head, &self.heads[at..]];
-        put(
-            &mut self.w,
-            &mut self.ring,
-            &mut self.waker,
-            self.stall,
-            &gather,
-        )
-        .await?;
-        wait_acked(cell, 1, self.stall, self.peer, &mut self.waker).await?;
+        self.out.put(&gather).await?;
+        self.out.wait_acked(cell, 1).await?;
         drop(withdraw);
         match cell.acked.load(Ordering::SeqCst) {
             1 => Ok(true),
@@ -151,14 +153,14 @@ impl LocalTx {
                 log::info!(
                     "same-host peer process {} cannot open this process's GPU memory: staging \
                      it through host memory on this connection",
-                    self.peer
+                    self.out.peer
                 );
                 self.device_parts = false;
                 Ok(false)
             }
             v => Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("process {} answered a device part with {v}", self.peer),
+                format!("process {} answered a device part with {v}", self.out.peer),
             )),
         }
     }
@@ -231,16 +233,9 @@ impl LocalTx {
                 Piece::Part(k) => parts[k],
             })
             .collect();
-        put(
-            &mut self.w,
-            &mut self.ring,
-            &mut self.waker,
-            self.stall,
-            &gather,
-        )
-        .await?;
+        self.out.put(&gather).await?;
         if pulls > 0 {
-            wait_acked(cell, pulls, self.stall, self.peer, &mut self.waker).await?;
+            self.out.wait_acked(cell, pulls).await?;
         }
         drop(withdraw);
         Ok(())
@@ -264,41 +259,44 @@ fn ring_pull_min(cap: usize) -> usize {
     env.unwrap_or((cap / 4).min(256 << 10))
 }
 
-/// Put the record bytes `gather` into the stream: into the peer's ring when there is one
-/// (ringing its doorbell if it waits for one; waiting, woken by the peer, while the ring is
-/// full, for `stall` at most), else into the socket.
-async fn put(
-    w: &mut rt::WriteHalf,
-    ring: &mut Option<(Outbound, Option<OwnedFd>)>,
-    waker: &mut Option<(rt::UnixStream, bool)>,
-    stall: Duration,
-    gather: &[&[u8]],
-) -> io::Result<()> {
-    let Some((ring, bell)) = ring else {
-        return w.send_all(gather).await;
-    };
-    let (mut idx, mut off) = (0usize, 0usize);
-    let mut deadline = None;
-    let mut nap = Duration::from_micros(2);
-    loop {
-        if ring.write(gather, &mut idx, &mut off)? > 0 && ring.doorbell_wanted() {
-            ring_doorbell(bell.as_ref().map_or(w.raw_fd(), AsRawFd::as_raw_fd));
+impl Out {
+    /// Put the record bytes `gather` into the stream: into the peer's ring when there is one
+    /// (ringing its doorbell if it waits for one; waiting, woken by the peer, while the ring
+    /// is full, for `stall` at most), else into the socket.
+    async fn put(&mut self, gather: &[&[u8]]) -> io::Result<()> {
+        let Some((ring, bell)) = &mut self.ring else {
+            return self.w.send_all(gather).await;
+        };
+        let (mut idx, mut off) = (0usize, 0usize);
+        loop {
+            if ring.write(gather, &mut idx, &mut off)? > 0 && ring.doorbell_wanted() {
+                ring_doorbell(bell.as_ref().map_or(self.w.raw_fd(), AsRawFd::as_raw_fd));
+            }
+            if idx == gather.len() {
+                return Ok(());
+            }
+            let stall = self.stall;
+            wait_for(
+                &mut self.waker,
+                stall,
+                || ring.wait_room(),
+                || format!("the same-host peer took no bytes out of its ring within {stall:?}"),
+            )
+            .await?;
         }
-        if idx == gather.len() {
-            return Ok(());
-        }
-        if ring.wait_room() {
-            continue;
-        }
-        let deadline = *deadline.get_or_insert_with(|| Instant::now() + stall);
-        if Instant::now() >= deadline {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("the same-host peer took no bytes out of its ring within {stall:?}"),
-            ));
-        }
-        nap_or_wake(waker, nap).await;
-        nap = (nap * 2).min(Duration::from_micros(200));
+    }
+
+    /// Wait until the peer acknowledged `n` pulled parts. The peer writes the cell from its
+    /// own process, then sends a byte on the wake socket it took from this one.
+    async fn wait_acked(&mut self, cell: &super::Slot, n: u32) -> io::Result<()> {
+        let (peer, stall) = (self.peer, self.stall);
+        wait_for(
+            &mut self.waker,
+            stall,
+            || cell.acked.load(Ordering::SeqCst) >= n as u64,
+            || format!("process {peer} did not take a same-host send within {stall:?}"),
+        )
+        .await
     }
 }
 
@@ -306,29 +304,25 @@ async fn put(
 /// this, never a transfer).
 const WOKEN_NAP: Duration = Duration::from_millis(2);
 
-/// Wait until the peer acknowledged `n` pulled parts. The peer writes the cell from its own
-/// process, then sends a byte on the wake socket it took from this one: the sender waits on
-/// that socket. A peer that could not take it (an old kernel, a security policy) is checked
-/// on a timer instead, the naps growing from a few µs (a part of a megabyte is pulled in tens
-/// of µs) to a fraction of a millisecond.
-async fn wait_acked(
-    cell: &super::Slot,
-    n: u32,
-    stall: Duration,
-    peer: libc::pid_t,
+/// Wait until `done()` holds, for `stall` at most (then a timeout error saying `what`). The
+/// peer wakes this side through `waker` after it changed what `done` looks at; a peer that
+/// could not take the wake socket (an old kernel, a security policy) is checked on a timer
+/// instead, the naps growing from a few µs (a part of a megabyte is pulled in tens of µs) to
+/// a fraction of a millisecond.
+async fn wait_for(
     waker: &mut Option<(rt::UnixStream, bool)>,
+    stall: Duration,
+    mut done: impl FnMut() -> bool,
+    what: impl FnOnce() -> String,
 ) -> io::Result<()> {
     let deadline = Instant::now() + stall;
     let mut nap = Duration::from_micros(2);
     loop {
-        if cell.acked.load(Ordering::SeqCst) >= n as u64 {
+        if done() {
             return Ok(());
         }
         if Instant::now() >= deadline {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("process {peer} did not take a same-host send within {stall:?}"),
-            ));
+            return Err(io::Error::new(io::ErrorKind::TimedOut, what()));
         }
         nap_or_wake(waker, nap).await;
         nap = (nap * 2).min(Duration::from_micros(200));
