@@ -536,13 +536,14 @@ impl LocalConn {
         let peer_ring = up.peer_ring.filter(|_| announce_ring(w.raw_fd()));
         let peer_bell = up.peer_bell.filter(|_| peer_ring.is_some());
         let offered = up.ring.map(|ring| (ring, up.bell));
+        let (wake_rx, wake_tx) = up.wake.map(|w| (w.rx, w.tx)).unzip();
         (
-            LocalRx::new(r, pid, up.peer_wake, up.device_parts, offered),
+            LocalRx::new(r, pid, up.peer_wake, up.device_parts, offered, wake_tx),
             LocalTx::new(
                 w,
                 pid,
                 up.slot,
-                up.wake,
+                wake_rx,
                 up.stall,
                 up.device_parts,
                 peer_ring.map(|ring| (ring, peer_bell)),

@@ -88,6 +88,9 @@ pub(crate) struct LocalRx {
     /// The ring offered to the peer (and its doorbell), until the peer's RING record switches
     /// the stream to it.
     offered: Option<(Inbound, Option<super::Wake>)>,
+    /// The end of this side's wake socket that the peer takes in the handshake: closed once
+    /// the peer's first record shows it has (it takes what it takes before it sends).
+    handed: Option<std::os::fd::OwnedFd>,
     peer: libc::pid_t,
     /// The peer's wake socket, written after each acknowledgement.
     wake: Option<std::os::fd::OwnedFd>,
@@ -106,6 +109,7 @@ impl LocalRx {
         wake: Option<std::os::fd::OwnedFd>,
         device_parts: bool,
         offered: Option<(Inbound, Option<super::Wake>)>,
+        handed: Option<std::os::fd::OwnedFd>,
     ) -> Self {
         // The first byte tells the peer's sender we took its wake socket.
         if let Some(w) = &wake {
@@ -115,6 +119,7 @@ impl LocalRx {
             r,
             src: Src::Socket,
             offered,
+            handed,
             peer,
             wake,
             buf: vec![0u8; BUF_BYTES].into_boxed_slice(),
@@ -129,7 +134,11 @@ impl LocalRx {
     /// connection whose version has none is refused. A RING record switches the stream to
     /// this side's ring (whatever follows it in the socket is doorbells) and reads on there.
     fn next_record(&mut self) -> Result<Option<(Record, usize)>, BadRecord> {
-        match parse(&self.buf[self.start..self.end])? {
+        let rec = parse(&self.buf[self.start..self.end])?;
+        if rec.is_some() {
+            self.handed = None;
+        }
+        match rec {
             Some((Record::Device(_), _)) if !self.device_parts => Err(BadRecord(DEVICE)),
             Some((Record::Ring, _)) => {
                 let (mut ring, bell) = self.offered.take().ok_or(BadRecord(RING))?;

@@ -17,7 +17,7 @@ use super::records::{
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use super::ring::{ring_doorbell, Outbound};
-use super::{SlotRef, Wake};
+use super::SlotRef;
 use crate::gpu::IpcExport;
 
 /// The sending half.
@@ -26,8 +26,6 @@ pub(crate) struct LocalTx {
     out: Out,
     cell: SlotRef,
     heads: Vec<u8>,
-    /// The end the peer took; open while the connection lives.
-    _wake_tx: Option<std::os::fd::OwnedFd>,
     /// Whether GPU memory may be offered as DEVICE records (the connection's version has
     /// them, and the peer has not declined them for good).
     device_parts: bool,
@@ -73,19 +71,15 @@ impl LocalTx {
         w: rt::WriteHalf,
         peer: libc::pid_t,
         cell: SlotRef,
-        wake: Option<Wake>,
+        wake: Option<OwnedFd>,
         stall: Duration,
         device_parts: bool,
         ring: Option<(Outbound, Option<OwnedFd>)>,
     ) -> Self {
-        let (waker, wake_tx) = match wake {
-            Some(Wake { rx, tx }) => (Some((rt::unix_stream_from_fd(rx), false)), Some(tx)),
-            None => (None, None),
-        };
+        let waker = wake.map(|rx| (rt::unix_stream_from_fd(rx), false));
         Self {
             cell,
             heads: Vec::with_capacity(256),
-            _wake_tx: wake_tx,
             device_parts,
             pull_min: ring
                 .as_ref()
