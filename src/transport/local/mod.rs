@@ -13,7 +13,7 @@ mod tx;
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
@@ -290,7 +290,12 @@ pub(crate) fn check_peer(
         .and_then(|fd| {
             ring::Outbound::adopt(fd)
                 .map_err(|e| {
-                    log::info!("same-host peer process {pid}: {e}; its bytes go through the socket")
+                    log_once(
+                        RingLog::Peer,
+                        format!(
+                            "same-host peer process {pid}: {e}; its bytes go through the socket"
+                        ),
+                    )
                 })
                 .ok()
         });
@@ -299,6 +304,26 @@ pub(crate) fn check_peer(
         .filter(|_| ring.is_some())
         .and_then(|fd| take_fd(pid as libc::pid_t, fd));
     Ok(Taken { wake, ring, bell })
+}
+
+/// Which ring failure a log line is about.
+#[derive(Clone, Copy)]
+enum RingLog {
+    /// This process could not make a ring.
+    Make = 0,
+    /// A peer's ring was refused.
+    Peer = 1,
+}
+
+/// Log a ring failure at info level the first time of its kind in this process (rings fail
+/// for every connection alike, a seccomp profile say: one line says it), at debug after.
+fn log_once(kind: RingLog, msg: String) {
+    static SAID: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
+    if SAID[kind as usize].swap(true, Ordering::Relaxed) {
+        log::debug!("{msg}");
+    } else {
+        log::info!("{msg} (said once)");
+    }
 }
 
 /// Whether this process offers and takes shared-memory rings (`MORIO_SAME_HOST_RING=off`
@@ -468,7 +493,12 @@ impl Offer {
         let ring = (version >= crate::proto::limits::RING_VERSION && rings_enabled())
             .then(|| {
                 ring::Inbound::new()
-                    .map_err(|e| log::info!("{e}: same-host bytes go through the socket"))
+                    .map_err(|e| {
+                        log_once(
+                            RingLog::Make,
+                            format!("{e}: same-host bytes go through the socket"),
+                        )
+                    })
                     .ok()
             })
             .flatten();
