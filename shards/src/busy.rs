@@ -49,9 +49,18 @@ const ROUND_TRIP_MAX_UNTIMED: Duration = Duration::from_millis(5);
 pub(crate) const SHORT_TIMER: Duration = Duration::from_millis(1);
 
 /// A reader of shared memory (a same-host ring) waiting until `probe` says it has bytes.
+/// Held weakly: a reader that goes away (its connection closed) is forgotten, and whatever
+/// its probe keeps alive (the ring's mapping) goes with it.
 struct ProbeWaiter {
-    probe: Probe,
+    probe: std::rc::Weak<dyn Fn() -> bool>,
     waker: Waker,
+}
+
+impl ProbeWaiter {
+    /// Whether the probe says yes (`Some(true)`), no, or its reader is gone (`None`).
+    fn ready(&self) -> Option<bool> {
+        self.probe.upgrade().map(|p| p())
+    }
 }
 
 /// Says whether a shared-memory source a reader waits on has something for it (cheap: a
@@ -77,6 +86,10 @@ struct Busy {
     armed: Vec<Waiter>,
     /// Readers of shared memory, checked every turn before the sockets.
     probes: Vec<ProbeWaiter>,
+    /// Readers of shared memory that wait on the runtime (for a doorbell: the shard was idle
+    /// when they found their ring empty); while busy, the poller checks them too, since the
+    /// doorbell's completion would wait for the executor's next round trip.
+    armed_probes: Vec<ProbeWaiter>,
     /// Their sockets, which matter only when the peer goes away (its doorbells come only to
     /// parked readers, never to these): polled every [`WATCH_EVERY`] polls.
     watched: Vec<Waiter>,
@@ -144,6 +157,7 @@ pub(crate) fn enable(window: Duration, inbox_probe: Box<dyn Fn() -> bool>) {
             waiters: Vec::new(),
             armed: Vec::new(),
             probes: Vec::new(),
+            armed_probes: Vec::new(),
             watched: Vec::new(),
             polls: 0,
             poller: None,
@@ -240,19 +254,32 @@ pub(crate) fn wait_probe(probe: &Probe, cx: &Context<'_>) -> bool {
         let Some(b) = b.as_mut().filter(|b| b.busy_since_event.is_some()) else {
             return false;
         };
-        match b
-            .probes
-            .iter_mut()
-            .find(|w| std::rc::Rc::ptr_eq(&w.probe, probe))
-        {
-            Some(w) => w.waker.clone_from(cx.waker()),
-            None => b.probes.push(ProbeWaiter {
-                probe: probe.clone(),
-                waker: cx.waker().clone(),
-            }),
-        }
+        add_probe(&mut b.probes, probe, cx);
         true
     })
+}
+
+/// A reader of shared memory now waits on the runtime (a doorbell): should the shard turn
+/// busy before that completes, the poller checks `probe` and wakes the reader as soon as it
+/// says yes.
+pub(crate) fn note_armed_probe(probe: &Probe, cx: &Context<'_>) {
+    BUSY.with(|b| {
+        if let Some(b) = b.borrow_mut().as_mut() {
+            add_probe(&mut b.armed_probes, probe, cx);
+        }
+    })
+}
+
+/// Add a waiter on `probe` to `list`, or give the existing one this waker.
+fn add_probe(list: &mut Vec<ProbeWaiter>, probe: &Probe, cx: &Context<'_>) {
+    let weak = std::rc::Rc::downgrade(probe);
+    match list.iter_mut().find(|w| w.probe.ptr_eq(&weak)) {
+        Some(w) => w.waker.clone_from(cx.waker()),
+        None => list.push(ProbeWaiter {
+            probe: weak,
+            waker: cx.waker().clone(),
+        }),
+    }
 }
 
 /// A reader (`POLLIN`) or writer (`POLLOUT`) of `fd` now waits on a readiness poll armed in
@@ -429,18 +456,25 @@ fn hand_back() {
     }
 }
 
-/// Wake (and forget) every reader of shared memory whose probe says yes; how many.
+/// Wake (and forget) every reader of shared memory, waiting on the poller or on the runtime,
+/// whose probe says yes (forget those whose reader is gone); how many were woken.
 fn poll_probes(b: &mut Busy) -> usize {
-    let before = b.probes.len();
-    b.probes.retain(|w| {
-        let ready = (w.probe)();
-        if ready {
-            w.waker.wake_by_ref();
-        }
-        !ready
-    });
-    let woke = before - b.probes.len();
+    let woke = wake_probes(&mut b.probes) + wake_probes(&mut b.armed_probes);
     b.wakes += woke as u64;
+    woke
+}
+
+fn wake_probes(list: &mut Vec<ProbeWaiter>) -> usize {
+    let mut woke = 0;
+    list.retain(|w| match w.ready() {
+        Some(true) => {
+            w.waker.wake_by_ref();
+            woke += 1;
+            false
+        }
+        Some(false) => true,
+        None => false,
+    });
     woke
 }
 
@@ -651,6 +685,39 @@ mod tests {
             "handed back on going idle"
         );
         assert!(!wait_probe(&probe, &cx));
+    }
+
+    /// A reader that waits on the runtime for a doorbell is woken by the busy poller once the
+    /// shard is busy and its probe says yes; a reader that went away is forgotten, and what
+    /// its probe held is freed.
+    #[test]
+    fn armed_probes_are_checked_while_busy_and_forgotten_when_gone() {
+        enable(Duration::from_secs(60), Box::new(|| false));
+        let flag = std::rc::Rc::new(std::cell::Cell::new(false));
+        let f = flag.clone();
+        let probe: Probe = std::rc::Rc::new(move || f.get());
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let cx = Context::from_waker(&waker);
+        note_armed_probe(&probe, &cx);
+        flag.set(true);
+        assert!(matches!(turn(false), Turn::Idle), "idle: the runtime's doorbell wakes it");
+        note_activity();
+        assert!(matches!(turn(false), Turn::Woke));
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        assert!(matches!(turn(false), Turn::Quiet), "woken once, then forgotten");
+        // A reader that is dropped while waiting: its probe (and what it holds) is freed.
+        let held = std::rc::Rc::new(());
+        let h = held.clone();
+        let gone: Probe = std::rc::Rc::new(move || {
+            let _ = &h;
+            false
+        });
+        note_armed_probe(&gone, &cx);
+        drop(gone);
+        assert!(matches!(turn(false), Turn::Quiet));
+        assert_eq!(std::rc::Rc::strong_count(&held), 1, "the probe was freed");
+        BUSY.with(|b| assert!(b.borrow().as_ref().unwrap().armed_probes.is_empty()));
     }
 
     /// A shared-memory reader's socket is polled now and then, not every turn, and still

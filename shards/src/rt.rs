@@ -44,6 +44,13 @@ pub fn busy_wait_probe(probe: &Probe, fd: std::os::fd::RawFd, cx: &Context<'_>) 
     crate::busy::wait_probe(probe, cx) && crate::busy::watch_readable(fd, cx)
 }
 
+/// A reader of shared memory now waits on the runtime for a doorbell (the shard is idle): if
+/// the shard turns busy first, its poller checks `probe` every turn and wakes the reader
+/// once it says yes, without waiting for the doorbell's completion.
+pub fn note_armed_probe(probe: &Probe, cx: &Context<'_>) {
+    crate::busy::note_armed_probe(probe, cx)
+}
+
 /// Bytes arrived through shared memory: the calling shard is (still) busy.
 pub fn note_activity() {
     crate::busy::note_activity()
@@ -153,6 +160,28 @@ impl ReadHalf {
     /// The socket's descriptor (valid while the connection lives).
     pub fn raw_fd(&self) -> std::os::fd::RawFd {
         std::os::fd::AsRawFd::as_raw_fd(&*self.0.borrow())
+    }
+
+    /// Read like [`AsyncRead::poll_read`], but an empty socket is left to the runtime alone:
+    /// the busy poller does not watch it (for a socket whose bytes are rare and never
+    /// urgent, such as a same-host connection's, whose data comes through shared memory; a
+    /// busy poller would otherwise poll it on every turn until it closes).
+    pub fn poll_read_quiet(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        use std::os::fd::AsRawFd;
+        if buf.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        let fd = self.0.borrow().as_raw_fd();
+        // SAFETY: fd is our open socket; buf is a valid writable slice.
+        let r = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if let Some(p) = received(r, fd, cx) {
+            return p;
+        }
+        Pin::new(&mut *self.0.borrow_mut()).poll_read(cx, buf)
     }
 }
 

@@ -210,6 +210,9 @@ impl LocalRx {
             if ring.park() {
                 continue;
             }
+            // Should the shard turn busy while this reader waits for the doorbell, its poller
+            // looks at the ring itself.
+            rt::note_armed_probe(probe, cx);
             let mut scratch = [0u8; 64];
             if let Some(b) = bell {
                 match Pin::new(b).poll_read(cx, &mut scratch) {
@@ -224,7 +227,7 @@ impl LocalRx {
                 }
             }
             // The socket: the peer's end, or doorbells from a peer without the socket pair.
-            match Pin::new(&mut self.r).poll_read(cx, &mut scratch) {
+            match self.r.poll_read_quiet(cx, &mut scratch) {
                 Poll::Ready(Ok(0)) => *eof = true,
                 Poll::Ready(Ok(_)) => {}
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
