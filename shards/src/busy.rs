@@ -701,11 +701,17 @@ mod tests {
         let cx = Context::from_waker(&waker);
         note_armed_probe(&probe, &cx);
         flag.set(true);
-        assert!(matches!(turn(false), Turn::Idle), "idle: the runtime's doorbell wakes it");
+        assert!(
+            matches!(turn(false), Turn::Idle),
+            "idle: the runtime's doorbell wakes it"
+        );
         note_activity();
         assert!(matches!(turn(false), Turn::Woke));
         assert_eq!(count.0.load(Ordering::SeqCst), 1);
-        assert!(matches!(turn(false), Turn::Quiet), "woken once, then forgotten");
+        assert!(
+            matches!(turn(false), Turn::Quiet),
+            "woken once, then forgotten"
+        );
         // A reader that is dropped while waiting: its probe (and what it holds) is freed.
         let held = std::rc::Rc::new(());
         let h = held.clone();

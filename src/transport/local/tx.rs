@@ -273,6 +273,7 @@ impl Out {
             wait_for(
                 &mut self.waker,
                 stall,
+                self.w.raw_fd(),
                 || ring.wait_room(),
                 || format!("the same-host peer took no bytes out of its ring within {stall:?}"),
             )
@@ -287,6 +288,7 @@ impl Out {
         wait_for(
             &mut self.waker,
             stall,
+            self.w.raw_fd(),
             || cell.acked.load(Ordering::SeqCst) >= n as u64,
             || format!("process {peer} did not take a same-host send within {stall:?}"),
         )
@@ -298,14 +300,18 @@ impl Out {
 /// this, never a transfer).
 const WOKEN_NAP: Duration = Duration::from_millis(2);
 
-/// Wait until `done()` holds, for `stall` at most (then a timeout error saying `what`). The
-/// peer wakes this side through `waker` after it changed what `done` looks at; a peer that
-/// could not take the wake socket (an old kernel, a security policy) is checked on a timer
-/// instead, the naps growing from a few µs (a part of a megabyte is pulled in tens of µs) to
-/// a fraction of a millisecond.
+/// Wait until `done()` holds, for `stall` at most (then a timeout error saying `what`), or
+/// until the connection (socket `fd`) is closed: the peer went away (it will never answer) or
+/// this side closed it. The peer wakes this side through `waker` after it changed what
+/// `done` looks at (and its end closes when the peer dies); a peer that could not take the
+/// wake socket (an old kernel, a security policy) is checked on a timer instead, the naps
+/// growing from a few µs (a part of a megabyte is pulled in tens of µs) to a fraction of a
+/// millisecond. Giving up is safe: the caller withdraws its token, so a late copy by the
+/// peer fails its check.
 async fn wait_for(
     waker: &mut Option<(rt::UnixStream, bool)>,
     stall: Duration,
+    fd: std::os::fd::RawFd,
     mut done: impl FnMut() -> bool,
     what: impl FnOnce() -> String,
 ) -> io::Result<()> {
@@ -315,12 +321,31 @@ async fn wait_for(
         if done() {
             return Ok(());
         }
+        if closed(fd) {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "the same-host connection closed while a send waited for the peer",
+            ));
+        }
         if Instant::now() >= deadline {
             return Err(io::Error::new(io::ErrorKind::TimedOut, what()));
         }
         nap_or_wake(waker, nap).await;
         nap = (nap * 2).min(Duration::from_micros(200));
     }
+}
+
+/// Whether the connection's socket `fd` is closed: shut down here, reset, or ended by the
+/// peer (which never half-closes: its end means it is gone).
+fn closed(fd: std::os::fd::RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one pollfd we own; a zero timeout never blocks.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
 }
 
 /// Wait for the peer's wake (a byte on `waker`, once it has shown it sends them) or `nap`,
