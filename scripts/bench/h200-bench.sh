@@ -405,7 +405,9 @@ pending() {
 # through rings, default settings and with spinning shards, interleaved ROUNDS times.
 ringab() {
 	begin
-	local spin=(--spin-us 2000 --wait-spin-us 1000)
+	# Two shards per side, so the four spinning shards and the application have cores of
+	# their own (16 spinning shards and the application would not).
+	local spin=(--spin-us 2000 --wait-spin-us 1000 --shards 2)
 	local r mode tag s
 	for ((r = 1; r <= ${ROUNDS:-2}; r++)); do
 		for mode in tcp sock ring; do
