@@ -70,7 +70,13 @@ fn bench_target(nobody: bool) -> (Child, u16) {
 
 /// A validated bench initiator run of 1 MiB × 4 writes against `port`.
 fn bench_initiator(nobody: bool, port: u16, same_host: &str) -> Output {
+    bench_initiator_env(nobody, port, same_host, &[])
+}
+
+/// [`bench_initiator`] with these environment variables.
+fn bench_initiator_env(nobody: bool, port: u16, same_host: &str, env: &[(&str, &str)]) -> Output {
     morio(nobody)
+        .envs(env.iter().copied())
         .args(["bench", "--role", "initiator", "--no-pin", "--shards", "1"])
         .args(["--connect", &format!("127.0.0.1:{port}")])
         .args(["--iters", "4", "--no-ceiling", "--no-floor"])
@@ -100,13 +106,14 @@ fn transports(o: &Output) -> Vec<String> {
 
 #[test]
 fn bench_rows_say_which_transport_carried_them() {
-    for (mode, want) in [
-        ("require", "same-host"),
-        ("off", "tcp"),
-        ("auto", "same-host"),
+    for (mode, rings, want) in [
+        ("require", "on", "same-host"),
+        ("off", "on", "tcp"),
+        ("auto", "on", "same-host"),
+        ("require", "off", "same-host:socket"),
     ] {
         let (mut target, port) = bench_target(false);
-        let out = bench_initiator(false, port, mode);
+        let out = bench_initiator_env(false, port, mode, &[("MORIO_SAME_HOST_RING", rings)]);
         assert!(out.status.success(), "{mode}: {}", text(&out));
         assert_eq!(transports(&out), [want], "{mode}: {}", text(&out));
         assert!(target.wait().unwrap().success());

@@ -251,8 +251,10 @@ fn run_rows(
     Ok(())
 }
 
-/// Which transport the initiator's lanes use so far, and for GPU memory whether it moved
-/// device to device (`+ipc`), through staging (`+staged`) or both.
+/// Which transport the initiator's lanes use so far (`same-host`: small frames through
+/// shared-memory rings; `same-host:socket`: in the socket, as with a version 8 peer or rings
+/// turned off), and for GPU memory whether it moved device to device (`+ipc`), through
+/// staging (`+staged`) or both.
 fn transport(engine: &IoEngine) -> String {
     let t = match engine.stats() {
         Some(s) => s.total(),
@@ -261,7 +263,9 @@ fn transport(engine: &IoEngine) -> String {
     let lanes = match (t.lane_connects_same_host, t.lane_connects) {
         (_, 0) => "-",
         (0, _) => "tcp",
-        (s, c) if s == c => "same-host",
+        (s, c) if s == c && t.lane_connects_ring == c => "same-host",
+        (s, c) if s == c && t.lane_connects_ring == 0 => "same-host:socket",
+        (s, c) if s == c => "same-host:mixed",
         _ => "mixed",
     };
     let gpu = match (t.gpu_ipc_bytes > 0, t.gpu_staged_bytes > 0) {
