@@ -311,6 +311,24 @@ impl Collector for Snapshot {
         family(
             e,
             shards,
+            "same_host_doorbells",
+            "Doorbells rung for same-host peers whose ring readers were parked",
+            None,
+            c,
+            |s, m| counter(m, s.same_host_doorbells),
+        )?;
+        family(
+            e,
+            shards,
+            "same_host_ring_full_waits",
+            "Sends that found a same-host peer's ring full and waited for room",
+            None,
+            c,
+            |s, m| counter(m, s.same_host_ring_full_waits),
+        )?;
+        family(
+            e,
+            shards,
             "lane_connects",
             "Lanes the shard connected (beyond its lanes: reconnects)",
             None,
@@ -416,6 +434,8 @@ mod tests {
         b.gpu_ipc_bytes = 6 << 20;
         b.gpu_ipc_declined = 4;
         b.busy_poll_wakes = 9;
+        a.same_host_doorbells = 5;
+        b.same_host_ring_full_waits = 2;
         a.lane_connects = 4;
         b.lane_failures = 2;
         let stats = EngineStats { shards: vec![a, b] };
@@ -447,6 +467,8 @@ mod tests {
         assert_eq!(at("morio_gpu_ipc_bytes_total", "1"), (6 << 20) as f64);
         assert_eq!(at("morio_gpu_ipc_declined_total", "1"), 4.0);
         assert_eq!(at("morio_busy_poll_wakes_total", "1"), 9.0);
+        assert_eq!(at("morio_same_host_doorbells_total", "0"), 5.0);
+        assert_eq!(at("morio_same_host_ring_full_waits_total", "1"), 2.0);
         assert_eq!(at("morio_lane_connects_total", "0"), 4.0);
         assert_eq!(at("morio_lane_failures_total", "1"), 2.0);
         assert_eq!(at("morio_outbound_latency_seconds_count", "0"), 3.0);

@@ -80,6 +80,12 @@ pub struct ShardStats {
     pub gpu_ipc_declined: u64,
     /// Socket reads woken by the shard's busy poller (spinning shards only).
     pub busy_poll_wakes: u64,
+    /// Doorbells this shard rang for same-host peers whose readers were parked (a
+    /// shared-memory ring read by a spinning shard needs none).
+    pub same_host_doorbells: u64,
+    /// Times a send of this shard found a same-host peer's ring full and waited for room (a
+    /// slow path: a peer that reads slowly, or rings too small for the traffic).
+    pub same_host_ring_full_waits: u64,
     /// Lanes this shard connected (handshake done); more than its lanes means reconnects.
     pub lane_connects: u64,
     /// Of those, lanes on the same-host transport (a peer of this host; the rest are TCP).
@@ -128,6 +134,8 @@ impl ShardStats {
             gpu_ipc_bytes: 0,
             gpu_ipc_declined: 0,
             busy_poll_wakes: 0,
+            same_host_doorbells: 0,
+            same_host_ring_full_waits: 0,
             lane_connects: 0,
             lane_connects_same_host: 0,
             lane_connects_ring: 0,
@@ -245,6 +253,8 @@ impl std::fmt::Debug for ShardStats {
             .field("gpu_ipc_bytes", &self.gpu_ipc_bytes)
             .field("gpu_ipc_declined", &self.gpu_ipc_declined)
             .field("busy_poll_wakes", &self.busy_poll_wakes)
+            .field("same_host_doorbells", &self.same_host_doorbells)
+            .field("same_host_ring_full_waits", &self.same_host_ring_full_waits)
             .field("lane_connects", &self.lane_connects)
             .field("lane_connects_same_host", &self.lane_connects_same_host)
             .field("lane_connects_ring", &self.lane_connects_ring)
@@ -304,6 +314,8 @@ impl EngineStats {
             t.gpu_ipc_bytes += s.gpu_ipc_bytes;
             t.gpu_ipc_declined += s.gpu_ipc_declined;
             t.busy_poll_wakes += s.busy_poll_wakes;
+            t.same_host_doorbells += s.same_host_doorbells;
+            t.same_host_ring_full_waits += s.same_host_ring_full_waits;
             t.lane_connects += s.lane_connects;
             t.lane_connects_same_host += s.lane_connects_same_host;
             t.lane_connects_ring += s.lane_connects_ring;

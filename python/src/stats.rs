@@ -21,6 +21,8 @@ fn shard<'py>(py: Python<'py>, s: &ShardStats) -> PyResult<Bound<'py, PyDict>> {
     d.set_item("gpu_staged_bytes", s.gpu_staged_bytes)?;
     d.set_item("gpu_ipc_bytes", s.gpu_ipc_bytes)?;
     d.set_item("gpu_ipc_declined", s.gpu_ipc_declined)?;
+    d.set_item("same_host_doorbells", s.same_host_doorbells)?;
+    d.set_item("same_host_ring_full_waits", s.same_host_ring_full_waits)?;
     d.set_item("lane_connects", s.lane_connects)?;
     d.set_item("lane_connects_same_host", s.lane_connects_same_host)?;
     d.set_item("lane_connects_ring", s.lane_connects_ring)?;

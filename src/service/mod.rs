@@ -240,6 +240,9 @@ impl Shard {
                 (st.gpu_staging_bytes, st.gpu_staging_peak_bytes) =
                     self.gpu.borrow().staging_bytes();
                 st.busy_poll_wakes = rt::busy_poll_wakes();
+                let rings = crate::transport::local::ring_counts();
+                st.same_host_doorbells = rings.doorbells;
+                st.same_host_ring_full_waits = rings.full_waits;
                 let _ = tx.send(st);
             }
         }

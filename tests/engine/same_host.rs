@@ -208,6 +208,8 @@ fn rings_carry_many_small_transfers_verified() {
     assert_bytes_eq(&back.to_vec(), &src.to_vec(), "reads came back");
     let t = a.stats().unwrap().total();
     assert_eq!(t.lane_connects_ring >= 1, rings_on(), "{t:?}");
+    // Parked readers (no spinning here) were rung for: the doorbells are counted.
+    assert_eq!(t.same_host_doorbells > 0, rings_on(), "{t:?}");
 }
 
 /// A transfer that fails over the same-host transport fails as over TCP: regions

@@ -20,6 +20,7 @@ use std::time::Duration;
 use morio_shards::rt;
 
 pub(crate) use records::{Device, MAX_DEVICE_PAIRS};
+pub(crate) use ring::counts as ring_counts;
 pub(crate) use rx::{LocalRx, Verdict};
 pub(crate) use tx::LocalTx;
 

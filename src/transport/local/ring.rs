@@ -361,9 +361,42 @@ impl Outbound {
     }
 }
 
+thread_local! {
+    /// This thread's (a shard's) doorbells rung and waits for room, for its stats.
+    static COUNTS: std::cell::Cell<RingCounts> = const { std::cell::Cell::new(RingCounts { doorbells: 0, full_waits: 0 }) };
+}
+
+/// What the rings of the calling shard have done so far.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RingCounts {
+    /// Doorbells rung for parked readers.
+    pub(crate) doorbells: u64,
+    /// Sends that found the peer's ring full and waited for room.
+    pub(crate) full_waits: u64,
+}
+
+/// The calling shard's [`RingCounts`].
+pub(crate) fn counts() -> RingCounts {
+    COUNTS.with(std::cell::Cell::get)
+}
+
+/// Count a wait for room in a peer's ring on the calling shard.
+pub(crate) fn count_full_wait() {
+    COUNTS.with(|c| {
+        let mut v = c.get();
+        v.full_waits += 1;
+        c.set(v);
+    });
+}
+
 /// Ring the doorbell: one byte into the connection's socket `fd` (non-blocking; a full socket
 /// holds doorbells already, and a broken one is the reader's to report).
 pub(crate) fn ring_doorbell(fd: RawFd) {
+    COUNTS.with(|c| {
+        let mut v = c.get();
+        v.doorbells += 1;
+        c.set(v);
+    });
     // SAFETY: a non-blocking send of one byte from a live buffer on the connection's socket.
     unsafe {
         libc::send(

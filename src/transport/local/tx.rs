@@ -269,6 +269,10 @@ impl Out {
             if idx == gather.len() {
                 return Ok(());
             }
+            if ring.wait_room() {
+                continue;
+            }
+            super::ring::count_full_wait();
             let stall = self.stall;
             wait_for(
                 &mut self.waker,
