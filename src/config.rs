@@ -149,6 +149,12 @@ pub struct TcpBackendConfig {
     /// when set, else on. Off, this engine neither offers its GPU memory to peers nor opens
     /// theirs: GPU payloads are staged through host memory as over TCP.
     pub gpu_ipc: Option<bool>,
+    /// Data bytes of the shared-memory ring this engine offers each same-host connection for
+    /// what it receives (protocol v9): a power of two from 64 KiB to 16 MiB. `None`: the
+    /// environment variable `MORIO_SAME_HOST_RING_BYTES` when it holds such a size, else
+    /// 1 MiB. Larger rings let more small frames be in flight per lane (see the metric
+    /// `same_host_ring_full_waits`); memory is touched only as a ring is used.
+    pub same_host_ring_bytes: Option<usize>,
     /// The newest protocol version this engine offers (default and most: the newest this
     /// build speaks, `proto::limits::VERSION`). For rolling upgrades: keep a fleet on the
     /// version its oldest node speaks until every node runs the new build, then raise it.
@@ -304,6 +310,7 @@ impl Default for TcpBackendConfig {
             max_inbound_statuses: StatusCaps::DEFAULT.total,
             same_host: None,
             gpu_ipc: None,
+            same_host_ring_bytes: None,
             max_protocol_version: VERSION,
         }
     }
@@ -354,6 +361,9 @@ pub enum ConfigError {
     /// Socket buffer sizes above what `setsockopt` takes.
     #[error("socket buffer sizes must fit in an i32")]
     SockBuf,
+    /// A same-host ring size that is not a power of two from 64 KiB to 16 MiB.
+    #[error("same_host_ring_bytes must be a power of two from 65536 to 16777216, got {0}")]
+    RingBytes(usize),
     /// A staging slot outside 4 KiB..=64 MiB.
     #[error("gpu_slot_bytes must be in [4096, {MAX_CHUNK_BYTES}], got {0}")]
     GpuSlot(usize),
@@ -428,6 +438,11 @@ impl TcpBackendConfig {
         }
         if self.gpu_slot_bytes < 4096 || self.gpu_slot_bytes as u64 > MAX_CHUNK_BYTES {
             return Err(ConfigError::GpuSlot(self.gpu_slot_bytes));
+        }
+        if let Some(n) = self.same_host_ring_bytes {
+            if !crate::transport::local::ring_bytes_ok(n) {
+                return Err(ConfigError::RingBytes(n));
+            }
         }
         for (name, per_peer, total) in [
             ("max_joins", self.max_joins_per_peer, self.max_joins),
@@ -560,6 +575,20 @@ mod tests {
                     ..d()
                 },
                 ConfigError::GpuSlot(100),
+            ),
+            (
+                TcpBackendConfig {
+                    same_host_ring_bytes: Some(100 << 10),
+                    ..d()
+                },
+                ConfigError::RingBytes(100 << 10),
+            ),
+            (
+                TcpBackendConfig {
+                    same_host_ring_bytes: Some(32 << 20),
+                    ..d()
+                },
+                ConfigError::RingBytes(32 << 20),
             ),
             (
                 TcpBackendConfig {

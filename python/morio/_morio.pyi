@@ -89,6 +89,7 @@ class TcpBackendConfig:
     same_host: Optional[str]  # "auto" | "off" | "require" | None (MORIO_SAME_HOST, else auto)
     max_protocol_version: int
     gpu_ipc: Optional[bool]  # same-host GPU copies through IPC handles; None: MORIO_GPU_IPC, else on
+    same_host_ring_bytes: Optional[int]  # same-host ring size (power of two, 64 KiB..16 MiB); None: env, else 1 MiB
     def __init__(
         self,
         sock_sndbuf_bytes: int = 33554432,
@@ -123,6 +124,7 @@ class TcpBackendConfig:
         same_host: Optional[str] = None,
         max_protocol_version: Optional[int] = None,
         gpu_ipc: Optional[bool] = None,
+        same_host_ring_bytes: Optional[int] = None,
     ) -> None: ...
 
 class RdmaBackendConfig:

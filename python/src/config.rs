@@ -144,6 +144,7 @@ impl PyTcpBackendConfig {
         same_host = None,
         max_protocol_version = None,
         gpu_ipc = None,
+        same_host_ring_bytes = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -178,6 +179,7 @@ impl PyTcpBackendConfig {
         same_host: Option<String>,
         max_protocol_version: Option<u32>,
         gpu_ipc: Option<bool>,
+        same_host_ring_bytes: Option<usize>,
     ) -> PyResult<Self> {
         let mut me = Self {
             cfg: TcpBackendConfig::default(),
@@ -243,6 +245,7 @@ impl PyTcpBackendConfig {
         }
         me.set_same_host(same_host)?;
         me.cfg.gpu_ipc = gpu_ipc;
+        me.cfg.same_host_ring_bytes = same_host_ring_bytes;
         if let Some(v) = max_protocol_version {
             me.cfg.max_protocol_version = v;
         }
@@ -339,6 +342,24 @@ impl PyTcpBackendConfig {
     #[setter]
     fn set_gpu_ipc(&mut self, v: Option<bool>) {
         self.cfg.gpu_ipc = v;
+    }
+
+    /// Data bytes of the shared-memory ring offered to each same-host connection (a power of
+    /// two from 64 KiB to 16 MiB), or None (MORIO_SAME_HOST_RING_BYTES, else 1 MiB).
+    #[getter]
+    fn same_host_ring_bytes(&self) -> Option<usize> {
+        self.cfg.same_host_ring_bytes
+    }
+
+    #[setter]
+    fn set_same_host_ring_bytes(&mut self, v: Option<usize>) -> PyResult<()> {
+        let old = self.cfg.same_host_ring_bytes;
+        self.cfg.same_host_ring_bytes = v;
+        if let Err(e) = self.cfg.validate() {
+            self.cfg.same_host_ring_bytes = old;
+            return Err(PyValueError::new_err(e.to_string()));
+        }
+        Ok(())
     }
 
     /// The newest protocol version the engine offers (rolling upgrades).

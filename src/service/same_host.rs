@@ -53,6 +53,14 @@ pub(crate) fn recognised(shared: &Shared, hello: &Hello) -> bool {
     yes
 }
 
+/// The size of the rings this engine offers.
+fn ring_bytes(shared: &Shared) -> usize {
+    shared
+        .cfg
+        .same_host_ring_bytes
+        .unwrap_or_else(local::default_ring_bytes)
+}
+
 async fn send(conn: &mut Conn, f: Frame) -> Result<(), String> {
     let mut buf = Vec::new();
     f.encode(0, &mut buf);
@@ -72,6 +80,7 @@ pub(crate) async fn dial(
     let offer = Offer::new(
         &handshake::local_proof(Role::Dialer, hello, &ack.nonce),
         ack.version,
+        ring_bytes(shared),
     );
     let me = LocalOffer {
         pid: std::process::id(),
@@ -163,6 +172,7 @@ pub(crate) async fn accept(
             let offer = Offer::new(
                 &handshake::local_proof(Role::Acceptor, hello, nonce),
                 version,
+                ring_bytes(shared),
             );
             let me = LocalOffer {
                 pid: std::process::id(),

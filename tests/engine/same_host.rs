@@ -212,6 +212,64 @@ fn rings_carry_many_small_transfers_verified() {
     assert_eq!(t.same_host_doorbells > 0, rings_on(), "{t:?}");
 }
 
+/// A ring smaller than what its lane has in flight makes the sender wait for room: the waits
+/// are counted (a slow path made visible), and every byte still lands.
+#[test]
+fn a_full_ring_makes_senders_wait_and_loses_nothing() {
+    if !rings_on() {
+        eprintln!("MORIO_SAME_HOST_RING=off: no rings; the default run covers this");
+        return;
+    }
+    let (a, b) = pair(
+        "sh_ring_full",
+        cfg_with(|c| {
+            c.same_host = Some(SameHost::Require);
+            c.num_data_conns = 1;
+            c.same_host_ring_bytes = Some(64 << 10);
+        }),
+    );
+    let n = 8 << 20;
+    let src = random_buffer(&a, n, 78);
+    let dst = b.alloc_buffer(n).unwrap();
+    let back = a.alloc_buffer(n).unwrap();
+    // One transfer of 512 scattered 8 KiB pieces: each 1 MiB chunk is one frame whose pieces
+    // all travel inline (under a quarter of the ring), far more than the ring holds.
+    let offs: Vec<usize> = (0..512).map(|i| i * (16 << 10)).collect();
+    let sizes = vec![8 << 10; 512];
+    for op in ["write", "read"] {
+        let (l, what) = if op == "write" {
+            (&src, "a write through a small ring")
+        } else {
+            (&back, "a read through a small ring")
+        };
+        let args = (
+            [l.desc().clone()],
+            std::slice::from_ref(&offs),
+            [dst.desc().clone()],
+            std::slice::from_ref(&offs),
+            [sizes.clone()],
+            [a.allocate_transfer_uid()],
+        );
+        let sts = if op == "write" {
+            a.batch_write(&args.0, args.1, &args.2, args.3, &args.4, &args.5)
+        } else {
+            a.batch_read(&args.0, args.1, &args.2, args.3, &args.4, &args.5)
+        };
+        assert_ok(&sts[0], what);
+    }
+    for &o in &offs {
+        let want = bytes_at(&src, o, 8 << 10);
+        assert_bytes_eq(&bytes_at(&dst, o, 8 << 10), &want, "written piece");
+        assert_bytes_eq(&bytes_at(&back, o, 8 << 10), &want, "piece read back");
+    }
+    let t = a.stats().unwrap().total();
+    assert_eq!(t.lane_connects_ring, t.lane_connects, "{t:?}");
+    assert!(
+        t.same_host_ring_full_waits > 0,
+        "the ring never filled: {t:?}"
+    );
+}
+
 /// A transfer that fails over the same-host transport fails as over TCP: regions
 /// deregistered on either side while transfers are in flight, and a target that went away.
 #[test]

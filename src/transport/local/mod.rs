@@ -20,7 +20,9 @@ use std::time::Duration;
 use morio_shards::rt;
 
 pub(crate) use records::{Device, MAX_DEVICE_PAIRS};
-pub(crate) use ring::counts as ring_counts;
+pub(crate) use ring::{
+    bytes_ok as ring_bytes_ok, counts as ring_counts, default_bytes as default_ring_bytes,
+};
 pub(crate) use rx::{LocalRx, Verdict};
 pub(crate) use tx::LocalTx;
 
@@ -116,7 +118,7 @@ pub(crate) fn ring_readiness() -> Result<(), String> {
     if !rings_enabled() {
         return Err("turned off (MORIO_SAME_HOST_RING=off)".into());
     }
-    let ring = ring::Inbound::new().map_err(|e| e.to_string())?;
+    let ring = ring::Inbound::with_bytes(ring::default_bytes()).map_err(|e| e.to_string())?;
     let fd = ring.fd().ok_or("the ring has no descriptor")?;
     // SAFETY: duplicating a descriptor this process holds; the copy is owned below.
     let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
@@ -483,8 +485,8 @@ pub(crate) struct Offer {
 
 impl Offer {
     /// A slot holding `proof`, with a wake channel when one can be made and, on a connection
-    /// of `version` 9 or later, a ring to receive on.
-    pub(crate) fn new(proof: &[u8; 16], version: u32) -> Self {
+    /// of `version` 9 or later, a ring of `ring_bytes` to receive on.
+    pub(crate) fn new(proof: &[u8; 16], version: u32, ring_bytes: usize) -> Self {
         let slot = SlotRef::take();
         slot.set_proof(proof);
         let wake = Wake::new();
@@ -493,7 +495,7 @@ impl Offer {
         }
         let ring = (version >= crate::proto::limits::RING_VERSION && rings_enabled())
             .then(|| {
-                ring::Inbound::new()
+                ring::Inbound::with_bytes(ring_bytes)
                     .map_err(|e| {
                         log_once(
                             RingLog::Make,

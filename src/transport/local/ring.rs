@@ -33,14 +33,20 @@ pub(crate) const MAX_RING_BYTES: usize = 16 << 20;
 /// Bytes before the data.
 const HEADER: usize = 4096;
 
-/// The data size of the rings this process offers.
-fn offered_bytes() -> usize {
+/// Whether `n` is a ring size this build offers and takes.
+pub(crate) fn bytes_ok(n: usize) -> bool {
+    n.is_power_of_two() && (MIN_RING_BYTES..=MAX_RING_BYTES).contains(&n)
+}
+
+/// The data size of the rings an engine offers when its configuration names none:
+/// `MORIO_SAME_HOST_RING_BYTES` when it holds an allowed size, else [`RING_BYTES`].
+pub(crate) fn default_bytes() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {
         std::env::var("MORIO_SAME_HOST_RING_BYTES")
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok())
-            .filter(|n| n.is_power_of_two() && (MIN_RING_BYTES..=MAX_RING_BYTES).contains(n))
+            .filter(|&n| bytes_ok(n))
             .unwrap_or(RING_BYTES)
     })
 }
@@ -141,11 +147,6 @@ fn err(what: &str) -> io::Error {
 }
 
 impl Inbound {
-    /// A fresh ring of this process's size: a memfd, sealed against resizing, mapped.
-    pub(crate) fn new() -> io::Result<Self> {
-        Self::with_bytes(offered_bytes())
-    }
-
     /// A fresh ring of `cap` data bytes (a power of two in the allowed range).
     pub(crate) fn with_bytes(cap: usize) -> io::Result<Self> {
         // SAFETY: memfd_create with a NUL-terminated name; the descriptor is owned below.
@@ -282,7 +283,7 @@ impl Outbound {
         let cap = usize::try_from(st.st_size)
             .ok()
             .and_then(|n| n.checked_sub(HEADER))
-            .filter(|n| n.is_power_of_two() && (MIN_RING_BYTES..=MAX_RING_BYTES).contains(n));
+            .filter(|&n| bytes_ok(n));
         let Some(cap) = cap.filter(|_| st.st_mode & libc::S_IFMT == libc::S_IFREG) else {
             return Err(io::Error::other(format!(
                 "same-host ring: the peer's file has {} bytes, not 4 KiB and a power of two \
@@ -414,7 +415,7 @@ mod tests {
 
     /// Both ends of one ring in this process (the descriptor duplicated as the peer would).
     fn pair() -> (Inbound, Outbound) {
-        let inb = Inbound::new().unwrap();
+        let inb = Inbound::with_bytes(RING_BYTES).unwrap();
         // SAFETY: dup of a descriptor we hold; the copy is owned by the OwnedFd.
         let dup = unsafe { OwnedFd::from_raw_fd(libc::dup(inb.fd().unwrap())) };
         (inb, Outbound::adopt(dup).unwrap())

@@ -56,6 +56,9 @@ spin_us = 0
 # GPU memory between engines of this host moves device to device (CUDA/HIP IPC handles);
 # false stages it through host memory as over TCP. Default: MORIO_GPU_IPC, else true.
 # gpu_ipc = true
+# Shared-memory ring offered to each same-host connection for small frames (a power of two
+# from 64KiB to 16MiB). Default: MORIO_SAME_HOST_RING_BYTES, else 1MiB.
+# same_host_ring_bytes = "1MiB"
 # The newest protocol version this node offers. For rolling upgrades: keep the fleet on the
 # version its oldest node speaks until every node runs the new build, then raise it.
 # max_protocol_version = 9
@@ -160,6 +163,7 @@ pub struct TcpSection {
     pub max_inbound_statuses_per_peer: Option<usize>,
     pub same_host: Option<morio::SameHost>,
     pub gpu_ipc: Option<bool>,
+    pub same_host_ring_bytes: Option<Size>,
     pub max_protocol_version: Option<u32>,
 }
 
@@ -184,6 +188,7 @@ impl Default for TcpSection {
             max_inbound_statuses_per_peer: None,
             same_host: None,
             gpu_ipc: None,
+            same_host_ring_bytes: None,
             max_protocol_version: None,
         }
     }
@@ -401,6 +406,7 @@ impl ServeConfig {
                 .unwrap_or(d.max_inbound_statuses_per_peer),
             same_host: t.same_host,
             gpu_ipc: t.gpu_ipc,
+            same_host_ring_bytes: t.same_host_ring_bytes.map(|s| s.0),
             max_protocol_version: t.max_protocol_version.unwrap_or(d.max_protocol_version),
             num_data_conns: t.num_data_conns,
             striping_threshold_bytes: t.striping_threshold_bytes,
@@ -465,6 +471,18 @@ mod tests {
             (None, morio::proto::limits::VERSION)
         );
         assert_eq!(c.tcp_config().gpu_ipc, None);
+        assert_eq!(c.tcp_config().same_host_ring_bytes, None);
+        let rings = DEFAULT_TOML.replace(
+            "# same_host_ring_bytes = \"1MiB\"",
+            "same_host_ring_bytes = \"256KiB\"",
+        );
+        assert_eq!(
+            ServeConfig::parse(&rings)
+                .unwrap()
+                .tcp_config()
+                .same_host_ring_bytes,
+            Some(256 << 10)
+        );
         let off = DEFAULT_TOML.replace("# gpu_ipc = true", "gpu_ipc = false");
         assert_eq!(
             ServeConfig::parse(&off).unwrap().tcp_config().gpu_ipc,
