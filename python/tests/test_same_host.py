@@ -65,6 +65,14 @@ def test_same_host_configuration_is_checked():
     assert c.gpu_ipc is True
     with pytest.raises(ValueError, match="auto, off or require"):
         TcpBackendConfig(same_host="sideways")
+    assert TcpBackendConfig().same_host_ring_bytes is None
+    assert TcpBackendConfig(same_host_ring_bytes=256 << 10).same_host_ring_bytes == 256 << 10
+    with pytest.raises(ValueError, match="power of two"):
+        TcpBackendConfig(same_host_ring_bytes=100_000)
+    c = TcpBackendConfig()
+    with pytest.raises(ValueError, match="power of two"):
+        c.same_host_ring_bytes = 32 << 20
+    assert c.same_host_ring_bytes is None
     assert TcpBackendConfig(max_protocol_version=6).max_protocol_version == 6
     with pytest.raises(ValueError, match="max_protocol_version"):
         TcpBackendConfig(max_protocol_version=99)
