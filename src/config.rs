@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use crate::inbound_status::StatusCaps;
 use crate::proto::join::JoinCaps;
-use crate::proto::limits::{MAX_CHUNK_BYTES, MAX_KEY_BYTES, MAX_LANES, MIN_VERSION, VERSION};
+use crate::proto::limits::{
+    MAX_CHUNK_BYTES, MAX_KEY_BYTES, MAX_LANES, MAX_RING_BYTES, MIN_RING_BYTES, MIN_VERSION, VERSION,
+};
 
 /// `IOEngineConfig`: where the engine listens and what it advertises.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -440,7 +442,7 @@ impl TcpBackendConfig {
             return Err(ConfigError::GpuSlot(self.gpu_slot_bytes));
         }
         if let Some(n) = self.same_host_ring_bytes {
-            if !crate::transport::local::ring_bytes_ok(n) {
+            if !n.is_power_of_two() || !(MIN_RING_BYTES..=MAX_RING_BYTES).contains(&n) {
                 return Err(ConfigError::RingBytes(n));
             }
         }

@@ -13,6 +13,10 @@ pub const SAME_HOST_VERSION: u32 = 7;
 /// The first version whose same-host connections carry device parts (GPU memory reached
 /// through IPC handles; PROTOCOL.md "Same-host transport").
 pub const DEVICE_PARTS_VERSION: u32 = 8;
+/// Smallest data area of a same-host ring (PROTOCOL.md "Rings"; a power of two).
+pub const MIN_RING_BYTES: usize = 64 << 10;
+/// Largest data area of a same-host ring.
+pub const MAX_RING_BYTES: usize = 16 << 20;
 /// The first version whose same-host connections carry their record streams in
 /// shared-memory rings (PROTOCOL.md "Same-host transport", "Rings").
 pub const RING_VERSION: u32 = 9;

@@ -15,8 +15,8 @@ use crate::same_host_hostile::{
     inline, next_answer, refused, same_host_session_v, serves_a_well_behaved_peer, write_head, Slot,
 };
 
-/// The ring's layout (PROTOCOL.md): a 4 KiB header (`head` at 0, `tail` at 64, `parked` at
-/// 128, `full` at 192), then the data (the file's size tells how much).
+/// The ring's layout (PROTOCOL.md): a 4 KiB header (`head` at 0, `tail` at 64, each with a
+/// request bit on top), then the data (the file's size tells how much).
 const HEADER: usize = 4096;
 
 /// The target's ring, mapped as its peer maps it.

@@ -8,6 +8,7 @@
 
 mod records;
 mod ring;
+mod ring_sync;
 mod rx;
 mod tx;
 
@@ -20,9 +21,7 @@ use std::time::Duration;
 use morio_shards::rt;
 
 pub(crate) use records::{Device, MAX_DEVICE_PAIRS};
-pub(crate) use ring::{
-    bytes_ok as ring_bytes_ok, counts as ring_counts, default_bytes as default_ring_bytes,
-};
+pub(crate) use ring::{counts as ring_counts, default_bytes as default_ring_bytes};
 pub(crate) use rx::{LocalRx, Verdict};
 pub(crate) use tx::LocalTx;
 

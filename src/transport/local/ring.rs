@@ -4,9 +4,10 @@
 //! transfer crosses between the processes without a system call. The socket stays for
 //! doorbells (one byte, only while the reader is parked) and to say the peer is gone.
 //!
-//! Layout of the file: a 4 KiB header of four words on their own cache lines — `head` (bytes
-//! the producer has written, ever), `tail` (bytes the consumer has taken), `parked` (1 while
-//! the consumer waits for a doorbell), `full` (1 while the producer waits for room) — then
+//! Layout of the file: a 4 KiB header of two words on their own cache lines — `head` (bytes
+//! the producer has written, ever; its top bit: the consumer waits for a doorbell) and `tail`
+//! (bytes the consumer has taken; its top bit: the producer waits for room), the handshakes
+//! over them in [`super::ring_sync`] — then
 //! the data (a power of two from [`MIN_RING_BYTES`] to [`MAX_RING_BYTES`], [`RING_BYTES`] by
 //! default; the file's size says which), byte `i` of the stream at `i mod` its size.
 //!
@@ -20,16 +21,15 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::ring_sync::{Header, INDEX};
+use crate::proto::limits::{MAX_RING_BYTES, MIN_RING_BYTES};
 use std::sync::Arc;
 
 /// Data bytes of the rings this side offers by default: a few hundred small frames, a few
 /// 64 KiB inline payloads (`MORIO_SAME_HOST_RING_BYTES` sets another, for A/B runs).
 pub(crate) const RING_BYTES: usize = 1 << 20;
-/// Smallest data area a peer's ring may have.
-pub(crate) const MIN_RING_BYTES: usize = 64 << 10;
-/// Largest data area a peer's ring may have.
-pub(crate) const MAX_RING_BYTES: usize = 16 << 20;
 /// Bytes before the data.
 const HEADER: usize = 4096;
 
@@ -53,8 +53,6 @@ pub(crate) fn default_bytes() -> usize {
 
 const HEAD: usize = 0;
 const TAIL: usize = 64;
-const PARKED: usize = 128;
-const FULL: usize = 192;
 
 /// A mapping of a ring's file (its data area `cap` bytes), unmapped on drop.
 #[derive(Debug)]
@@ -97,6 +95,14 @@ impl Map {
         unsafe { &*self.base.as_ptr().add(off).cast::<AtomicU64>() }
     }
 
+    /// The header's words, for the handshakes of [`super::ring_sync`].
+    fn header(&self) -> Header<'_> {
+        Header {
+            head: self.word(HEAD),
+            tail: self.word(TAIL),
+        }
+    }
+
     fn data(&self) -> *mut u8 {
         // SAFETY: the data follows the header inside the mapping.
         unsafe { self.base.as_ptr().add(HEADER) }
@@ -136,6 +142,8 @@ pub(crate) struct Inbound {
     fd: Option<OwnedFd>,
     /// Bytes taken so far (the published `tail` is only a copy of this).
     tail: u64,
+    /// The writer asked for room and the last read made some: wake it.
+    wake_writer: bool,
 }
 
 /// Why a ring could not be made or taken.
@@ -176,6 +184,7 @@ impl Inbound {
             map,
             fd: Some(fd),
             tail: 0,
+            wake_writer: false,
         })
     }
 
@@ -193,7 +202,7 @@ impl Inbound {
     /// producer's index is impossible.
     pub(crate) fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
         let cap = self.map.cap;
-        let head = self.map.word(HEAD).load(Ordering::Acquire);
+        let head = self.map.header().head();
         let avail = distance(head, self.tail, cap, "write")?;
         let n = out.len().min(avail);
         if n == 0 {
@@ -209,45 +218,41 @@ impl Inbound {
             std::ptr::copy_nonoverlapping(self.map.data(), out.as_mut_ptr().add(first), n - first);
         }
         self.tail += n as u64;
-        self.map.word(TAIL).store(self.tail, Ordering::Release);
+        self.wake_writer |= self.map.header().publish_tail(self.tail);
         Ok(n)
     }
 
     /// Whether bytes are waiting (as [`Self::read`] would find them).
-    pub(crate) fn has_bytes(&self) -> bool {
-        self.map.word(HEAD).load(Ordering::Acquire) != self.tail
+    #[cfg(test)]
+    fn has_bytes(&self) -> bool {
+        self.map.header().has_bytes(self.tail)
     }
 
-    /// After taking bytes: whether the producer waits for room (then wake it). Clears its
-    /// flag.
-    pub(crate) fn producer_waits(&self) -> bool {
-        fence(Ordering::SeqCst);
-        let full = self.map.word(FULL);
-        full.load(Ordering::Relaxed) != 0 && full.swap(0, Ordering::SeqCst) != 0
+    /// After taking bytes: whether the producer waits for room (then wake it), once per
+    /// request.
+    pub(crate) fn producer_waits(&mut self) -> bool {
+        std::mem::take(&mut self.wake_writer)
     }
 
     /// Ask for a doorbell: from now on the producer rings after writing. `true` if bytes
-    /// arrived meanwhile (the flag is cleared again: read them instead of waiting).
+    /// arrived meanwhile (the request is withdrawn: read them instead of waiting).
     pub(crate) fn park(&self) -> bool {
-        self.map.word(PARKED).store(1, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
-        if self.has_bytes() {
-            self.unpark();
-            return true;
-        }
-        false
+        self.map.header().park(self.tail)
     }
 
     /// No doorbell wanted (the consumer is reading).
     pub(crate) fn unpark(&self) {
-        self.map.word(PARKED).store(0, Ordering::Relaxed);
+        self.map.header().unpark();
     }
 
     /// A probe for the busy poller: whether the producer has written past the published
     /// read index (a hostile peer can only make it say yes for nothing).
     pub(crate) fn probe(&self) -> impl Fn() -> bool + 'static {
         let map = self.map.clone();
-        move || map.word(HEAD).load(Ordering::Relaxed) != map.word(TAIL).load(Ordering::Relaxed)
+        move || {
+            let h = map.word(HEAD).load(Ordering::Relaxed) & INDEX;
+            h != map.word(TAIL).load(Ordering::Relaxed) & INDEX
+        }
     }
 }
 
@@ -257,6 +262,8 @@ pub(crate) struct Outbound {
     map: Arc<Map>,
     /// Bytes written so far (the published `head` is only a copy of this).
     head: u64,
+    /// The reader asked for a doorbell and the last write answered it: ring.
+    ring_bell: bool,
 }
 
 impl Outbound {
@@ -292,7 +299,11 @@ impl Outbound {
             )));
         };
         let map = Arc::new(Map::new(raw, cap)?);
-        Ok(Self { map, head: 0 })
+        Ok(Self {
+            map,
+            head: 0,
+            ring_bell: false,
+        })
     }
 
     /// Data bytes of the ring.
@@ -309,7 +320,7 @@ impl Outbound {
         off: &mut usize,
     ) -> io::Result<usize> {
         let cap = self.map.cap;
-        let tail = self.map.word(TAIL).load(Ordering::Acquire);
+        let tail = self.map.header().tail();
         let mut room = cap - distance(self.head, tail, cap, "read")?;
         let mut wrote = 0usize;
         while room > 0 && *idx < parts.len() {
@@ -334,31 +345,21 @@ impl Outbound {
         }
         if wrote > 0 {
             self.head += wrote as u64;
-            self.map.word(HEAD).store(self.head, Ordering::Release);
+            self.ring_bell |= self.map.header().publish_head(self.head);
         }
         Ok(wrote)
     }
 
-    /// After writing: whether the consumer waits for a doorbell (ring it then). Clears its
-    /// flag, so one doorbell answers one park.
-    pub(crate) fn doorbell_wanted(&self) -> bool {
-        fence(Ordering::SeqCst);
-        let parked = self.map.word(PARKED);
-        parked.load(Ordering::Relaxed) != 0 && parked.swap(0, Ordering::SeqCst) != 0
+    /// After writing: whether the consumer waits for a doorbell (ring it then), once per
+    /// park.
+    pub(crate) fn doorbell_wanted(&mut self) -> bool {
+        std::mem::take(&mut self.ring_bell)
     }
 
     /// The ring is full: ask the consumer to wake this side when it takes bytes. `true` if
     /// there is room already (no need to wait).
     pub(crate) fn wait_room(&self) -> bool {
-        let full = self.map.word(FULL);
-        full.store(1, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
-        let tail = self.map.word(TAIL).load(Ordering::Acquire);
-        if self.head.wrapping_sub(tail) < self.map.cap as u64 {
-            full.store(0, Ordering::Relaxed);
-            return true;
-        }
-        false
+        self.map.header().wait_room(self.head, self.map.cap as u64)
     }
 }
 
