@@ -645,16 +645,22 @@ mod tests {
         SHORT_SLEEPS.with(|n| n.set(0));
     }
 
-    /// A reader of shared memory waits on its probe only while the shard is busy, is woken
-    /// once when the probe says yes, and is handed back when the shard goes idle.
-    #[test]
-    fn probe_waiters_are_woken_by_their_probe() {
-        enable(Duration::from_millis(50), Box::new(|| false));
+    /// A probe that says what `flag` holds, and a waker that counts its wakes.
+    fn flagged_probe() -> (std::rc::Rc<std::cell::Cell<bool>>, Probe, Arc<Count>, Waker) {
         let flag = std::rc::Rc::new(std::cell::Cell::new(false));
         let f = flag.clone();
         let probe: Probe = std::rc::Rc::new(move || f.get());
         let count = Arc::new(Count(AtomicUsize::new(0)));
         let waker = Waker::from(count.clone());
+        (flag, probe, count, waker)
+    }
+
+    /// A reader of shared memory waits on its probe only while the shard is busy, is woken
+    /// once when the probe says yes, and is handed back when the shard goes idle.
+    #[test]
+    fn probe_waiters_are_woken_by_their_probe() {
+        enable(Duration::from_millis(50), Box::new(|| false));
+        let (flag, probe, count, waker) = flagged_probe();
         let cx = Context::from_waker(&waker);
         assert!(
             !wait_probe(&probe, &cx),
@@ -693,11 +699,7 @@ mod tests {
     #[test]
     fn armed_probes_are_checked_while_busy_and_forgotten_when_gone() {
         enable(Duration::from_secs(60), Box::new(|| false));
-        let flag = std::rc::Rc::new(std::cell::Cell::new(false));
-        let f = flag.clone();
-        let probe: Probe = std::rc::Rc::new(move || f.get());
-        let count = Arc::new(Count(AtomicUsize::new(0)));
-        let waker = Waker::from(count.clone());
+        let (flag, probe, count, waker) = flagged_probe();
         let cx = Context::from_waker(&waker);
         note_armed_probe(&probe, &cx);
         flag.set(true);

@@ -171,6 +171,20 @@ impl ReadHalf {
         cx: &mut Context<'_>,
         buf: &mut [u8],
     ) -> Poll<io::Result<usize>> {
+        self.read_or_arm(cx, buf, false)
+    }
+
+    /// Try the socket first. glommio arms a readiness poll after every short read and then
+    /// waits for that poll's completion before trying again, even when bytes are already
+    /// queued; going to the socket directly keeps a busy stream free of that round trip.
+    /// Only when the socket is empty does the runtime park us on readiness (which a busy
+    /// poller also watches when `watch`).
+    fn read_or_arm(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+        watch: bool,
+    ) -> Poll<io::Result<usize>> {
         use std::os::fd::AsRawFd;
         if buf.is_empty() {
             return Poll::Ready(Ok(0));
@@ -181,7 +195,12 @@ impl ReadHalf {
         if let Some(p) = received(r, fd, cx) {
             return p;
         }
-        Pin::new(&mut *self.0.borrow_mut()).poll_read(cx, buf)
+        let p = Pin::new(&mut *self.0.borrow_mut()).poll_read(cx, buf);
+        if watch {
+            armed(p, fd, libc::POLLIN, cx)
+        } else {
+            p
+        }
     }
 }
 
@@ -293,26 +312,7 @@ impl AsyncRead for ReadHalf {
         cx: &mut Context<'_>,
         buf: &mut [u8],
     ) -> Poll<io::Result<usize>> {
-        // Try the socket first. glommio arms a readiness poll after every short read and then
-        // waits for that poll's completion before trying again, even when bytes are already
-        // queued; going to the socket directly keeps a busy stream free of that round trip.
-        // Only when the socket is empty does the runtime park us on readiness.
-        use std::os::fd::AsRawFd;
-        if buf.is_empty() {
-            return Poll::Ready(Ok(0));
-        }
-        let fd = self.0.borrow().as_raw_fd();
-        // SAFETY: fd is our open socket; buf is a valid writable slice.
-        let r = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-        if let Some(p) = received(r, fd, cx) {
-            return p;
-        }
-        armed(
-            Pin::new(&mut *self.0.borrow_mut()).poll_read(cx, buf),
-            fd,
-            libc::POLLIN,
-            cx,
-        )
+        self.get_mut().read_or_arm(cx, buf, true)
     }
 
     /// Scatter the socket's bytes over `bufs` in one `recvmsg` (a payload bound for many
