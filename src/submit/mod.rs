@@ -6,10 +6,10 @@
 //! and engine → submit.
 
 mod backend;
+mod uid;
 mod xfer;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::config::IoEngineConfig;
@@ -36,8 +36,8 @@ pub(crate) struct Core {
     pub lifecycle: Mutex<()>,
     /// The running backend, if any.
     pub backend: RwLock<Option<Arc<Backend>>>,
-    /// The next transfer uid to hand out.
-    pub next_uid: AtomicU64,
+    /// Where transfer uids come from (`uid`: a thread's uids meet its home owner shard).
+    pub uids: uid::UidSource,
     /// Registered memory by id (the table every new backend's shards receive whole). Ids
     /// are drawn at random (`region::random_mem_id`), not counted.
     pub regions: RwLock<HashMap<u32, SharedRegion>>,
@@ -59,7 +59,7 @@ impl Core {
             desc: Mutex::new(desc),
             lifecycle: Mutex::new(()),
             backend: RwLock::new(None),
-            next_uid: AtomicU64::new(0),
+            uids: uid::UidSource::default(),
             regions: RwLock::new(HashMap::new()),
             remotes: RwLock::new(HashMap::new()),
             inbound: Mutex::new(None),
@@ -67,9 +67,13 @@ impl Core {
         }
     }
 
-    /// A fresh transfer uid (engine-wide counter from 0).
+    /// A fresh transfer uid: unique in this engine, from 0, increasing per thread, its
+    /// owner the calling thread's home shard unless the thread issues a burst (`uid`).
     pub fn allocate_uid(&self) -> u64 {
-        self.next_uid.fetch_add(1, Ordering::Relaxed)
+        self.uids.allocate(|| {
+            self.backend()
+                .map_or(1, |b| b.shared.n_owners(b.n_shards()))
+        })
     }
 
     /// The running backend, held for the length of a call.

@@ -176,7 +176,7 @@ impl Core {
         }
         let status = Arc::new(TransferStatus::started());
         let shared = &backend.shared;
-        let owner = owner_of(uid, shared.n_owners(backend.n_shards()));
+        let owner = super::uid::owner_of(uid, shared.n_owners(backend.n_shards()));
         let sub = Submission {
             peer,
             op,
@@ -255,34 +255,9 @@ fn as_u64s(v: &[usize]) -> Cow<'_, [u64]> {
     }
 }
 
-/// Uids per owner block: consecutive uids share an owner shard, so a caller issuing transfers
-/// one after another keeps finding that shard awake (waking an idle shard costs more than the
-/// whole transfer), while concurrent and later transfers still spread over every shard.
-const OWNER_BLOCK: u64 = 16;
-
-/// The owner shard of transfer `uid` (derived from the uid alone, so every submission of one
-/// uid meets the same owner table and duplicates are caught there).
-fn owner_of(uid: u64, n_owners: usize) -> usize {
-    ((uid / OWNER_BLOCK) % n_owners.max(1) as u64) as usize
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn owners_come_in_blocks_of_consecutive_uids_and_cover_every_shard() {
-        assert!((0..OWNER_BLOCK).all(|u| owner_of(u, 4) == 0));
-        assert_eq!(owner_of(OWNER_BLOCK, 4), 1);
-        assert_eq!(owner_of(4 * OWNER_BLOCK, 4), 0);
-        assert_eq!(owner_of(u64::MAX, 1), 0);
-        assert_eq!(owner_of(7, 0), 0, "no owners is treated as one");
-        let mut seen = [0usize; 8];
-        for u in 0..8 * OWNER_BLOCK * 10 {
-            seen[owner_of(u, 8)] += 1;
-        }
-        assert!(seen.iter().all(|&n| n == (OWNER_BLOCK * 10) as usize));
-    }
 
     #[test]
     fn batches_of_mismatched_lists_fail_every_status_and_no_backend_fails_each_transfer() {
