@@ -88,6 +88,12 @@ pub struct TcpBackendConfig {
     pub cpu_claim_dir: Option<std::path::PathBuf>,
     /// Largest chunk one frame carries; striped transfers are cut into stripes of at most this.
     pub chunk_bytes: usize,
+    /// `chunk_bytes` for peers reached over the same-host transport (default 8 MiB). There a
+    /// large chunk is pulled by the receiver or copied on the GPU while its lane waits for
+    /// the acknowledgement, so each chunk costs its lane a round trip between the processes:
+    /// larger chunks pay it less often. Transfers to a peer before its first lane is up use
+    /// `chunk_bytes`.
+    pub same_host_chunk_bytes: usize,
     /// A striped write of at least two full chunks per lane (`2 × num_data_conns ×
     /// chunk_bytes` bytes) shares its stripes between its lanes: each lane takes the next
     /// one as it gets to it, so a lane that runs slow carries fewer. Smaller striped writes,
@@ -296,6 +302,7 @@ impl Default for TcpBackendConfig {
             pin_shards: false,
             cpu_claim_dir: None,
             chunk_bytes: 1 << 20,
+            same_host_chunk_bytes: 8 << 20,
             share_stripes: true,
             inline_write_bytes: 16 << 10,
             spin_before_park: None,
@@ -330,6 +337,9 @@ pub enum ConfigError {
     /// `chunk_bytes` outside 4 KiB..=64 MiB.
     #[error("chunk_bytes must be in [4096, {MAX_CHUNK_BYTES}], got {0}")]
     ChunkBytes(usize),
+    /// `same_host_chunk_bytes` outside 4 KiB..=64 MiB.
+    #[error("same_host_chunk_bytes must be in [4096, {MAX_CHUNK_BYTES}], got {0}")]
+    SameHostChunkBytes(usize),
     /// `max_handshakes`, `max_connections` or `max_connections_per_peer` is zero.
     #[error("max_handshakes, max_connections and max_connections_per_peer must be at least 1")]
     ZeroConnections,
@@ -399,6 +409,10 @@ impl TcpBackendConfig {
         }
         if self.chunk_bytes < 4096 || self.chunk_bytes as u64 > MAX_CHUNK_BYTES {
             return Err(ConfigError::ChunkBytes(self.chunk_bytes));
+        }
+        if self.same_host_chunk_bytes < 4096 || self.same_host_chunk_bytes as u64 > MAX_CHUNK_BYTES
+        {
+            return Err(ConfigError::SameHostChunkBytes(self.same_host_chunk_bytes));
         }
         if self.num_shards == Some(0) {
             return Err(ConfigError::ZeroShards);
@@ -535,6 +549,13 @@ mod tests {
                     ..d()
                 },
                 ConfigError::ChunkBytes(10),
+            ),
+            (
+                TcpBackendConfig {
+                    same_host_chunk_bytes: (64 << 20) + 1,
+                    ..d()
+                },
+                ConfigError::SameHostChunkBytes((64 << 20) + 1),
             ),
             (
                 TcpBackendConfig {

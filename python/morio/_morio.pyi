@@ -72,6 +72,7 @@ class TcpBackendConfig:
     cpus: Optional[list[int]]
     pin_shards: bool
     chunk_bytes: int
+    same_host_chunk_bytes: int
     share_stripes: bool
     inline_write_bytes: int
     spin_us: int
@@ -107,6 +108,7 @@ class TcpBackendConfig:
         cpus: Optional[Sequence[int]] = None,
         pin_shards: Optional[bool] = None,
         chunk_bytes: Optional[int] = None,
+        same_host_chunk_bytes: Optional[int] = None,
         share_stripes: Optional[bool] = None,
         inline_write_bytes: Optional[int] = None,
         spin_us: int = 0,

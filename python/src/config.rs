@@ -127,6 +127,7 @@ impl PyTcpBackendConfig {
         cpus = None,
         pin_shards = None,
         chunk_bytes = None,
+        same_host_chunk_bytes = None,
         share_stripes = None,
         inline_write_bytes = None,
         spin_us = 0,
@@ -162,6 +163,7 @@ impl PyTcpBackendConfig {
         cpus: Option<Vec<usize>>,
         pin_shards: Option<bool>,
         chunk_bytes: Option<usize>,
+        same_host_chunk_bytes: Option<usize>,
         share_stripes: Option<bool>,
         inline_write_bytes: Option<usize>,
         spin_us: u64,
@@ -204,6 +206,9 @@ impl PyTcpBackendConfig {
         }
         if let Some(c) = chunk_bytes {
             me.cfg.chunk_bytes = c;
+        }
+        if let Some(c) = same_host_chunk_bytes {
+            me.cfg.same_host_chunk_bytes = c;
         }
         if let Some(s) = share_stripes {
             me.cfg.share_stripes = s;
@@ -544,6 +549,15 @@ impl PyTcpBackendConfig {
     #[setter]
     fn set_chunk_bytes(&mut self, v: usize) {
         self.cfg.chunk_bytes = v;
+    }
+    /// morio: largest chunk one frame carries to a same-host peer (default 8 MiB).
+    #[getter]
+    fn same_host_chunk_bytes(&self) -> usize {
+        self.cfg.same_host_chunk_bytes
+    }
+    #[setter]
+    fn set_same_host_chunk_bytes(&mut self, v: usize) {
+        self.cfg.same_host_chunk_bytes = v;
     }
     /// morio: large striped writes share their stripes between lanes.
     #[getter]

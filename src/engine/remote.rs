@@ -55,10 +55,10 @@ pub(crate) fn register(core: &Core, desc: &EngineDesc) -> Result<(), EngineError
     if desc.key.is_empty() {
         return Err(bad());
     }
-    let peer = Arc::new(Peer {
-        key: desc.key.as_str().into(),
-        addr: SocketAddr::new(ip, desc.port),
-    });
+    let peer = Arc::new(Peer::new(
+        desc.key.as_str().into(),
+        SocketAddr::new(ip, desc.port),
+    ));
     write_lock(&core.remotes).insert(desc.key.clone(), peer);
     Ok(())
 }

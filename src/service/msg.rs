@@ -3,6 +3,7 @@
 //! here, and this module imports none of those modules.
 
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
 use std::sync::{mpsc, Arc};
 
 use crate::proto::access::AccessKey;
@@ -16,13 +17,36 @@ use crate::status::TransferStatus;
 use crate::transport::Handoff;
 
 /// A remote engine as the data plane needs it.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) struct Peer {
     /// Its engine key.
     pub key: Arc<str>,
     /// Where to dial it.
     pub addr: SocketAddr,
+    /// Whether a lane to it runs over the same-host transport (set by the lane once it is
+    /// connected): owners then cut its transfers at `same_host_chunk_bytes`, since every
+    /// same-host chunk that is pulled or copied on the GPU costs its lane a round trip.
+    pub same_host: AtomicBool,
 }
+
+impl Peer {
+    /// A peer no lane has reached yet.
+    pub fn new(key: Arc<str>, addr: SocketAddr) -> Self {
+        Self {
+            key,
+            addr,
+            same_host: AtomicBool::new(false),
+        }
+    }
+}
+
+impl PartialEq for Peer {
+    fn eq(&self, o: &Self) -> bool {
+        self.key == o.key && self.addr == o.addr
+    }
+}
+
+impl Eq for Peer {}
 
 /// A transfer as the application thread hands it to its owner shard.
 #[derive(Debug)]

@@ -114,7 +114,11 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
     let params = DispatchParams {
         n_lanes,
         striping_threshold: cfg.striping_threshold_bytes as u64,
-        chunk_bytes: cfg.chunk_bytes as u64,
+        chunk_bytes: if s.peer.same_host.load(std::sync::atomic::Ordering::Relaxed) {
+            cfg.same_host_chunk_bytes
+        } else {
+            cfg.chunk_bytes
+        } as u64,
         share_stripes: cfg.share_stripes,
     };
     let req = Request {

@@ -86,6 +86,34 @@ fn same_host_carries_every_shape_verified() {
     assert!(b.stats().unwrap().total().bytes_received > 0);
 }
 
+/// A 16 MiB write on one lane once the lane is up: one chunk (no join at the target) when
+/// same-host chunks may be 32 MiB, sixteen when they are 1 MiB; verified either way.
+#[test]
+fn same_host_peers_get_same_host_chunk_bytes() {
+    for (shc, joined) in [(32usize << 20, 0u64), (1 << 20, 1)] {
+        let (a, b) = pair(
+            &format!("sh_chunk{}", shc >> 20),
+            cfg_with(|c| {
+                c.same_host = Some(SameHost::Require);
+                c.num_data_conns = 1;
+                c.same_host_chunk_bytes = shc;
+            }),
+        );
+        let n = 16 << 20;
+        let src = random_buffer(&a, n, 7);
+        let dst = b.alloc_buffer(n).unwrap();
+        // The first transfer brings the lane up (and tells the owner the peer is same-host).
+        let uid = a.allocate_transfer_uid();
+        assert_ok(&a.write(src.desc(), 0, dst.desc(), 0, 8, uid), "first write");
+        let before = b.stats().unwrap().total().joined_transfers;
+        let uid = a.allocate_transfer_uid();
+        assert_ok(&a.write(src.desc(), 0, dst.desc(), 0, n, uid), "16 MiB write");
+        assert_bytes_eq(&bytes_at(&dst, 0, n), &bytes_at(&src, 0, n), "16 MiB write");
+        let t = b.stats().unwrap().total();
+        assert_eq!(t.joined_transfers - before, joined, "chunk {shc}: {t:?}");
+    }
+}
+
 #[test]
 fn auto_picks_same_host_and_off_keeps_tcp() {
     let (a, b) = pair("sh_auto", cfg(SameHost::Auto));

@@ -228,6 +228,11 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
     }
     let cfg = &shard.shared.cfg;
     let local = conn.is_local();
+    if local {
+        lane.peer
+            .same_host
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     let (r, w, closer) = conn.split();
     shard
         .stats

@@ -178,6 +178,9 @@ pub struct Args {
     /// Largest chunk per frame (default 1 MiB).
     #[arg(long, value_parser = parse_size)]
     pub chunk_bytes: Option<usize>,
+    /// Largest chunk per frame to a same-host peer (default 8 MiB).
+    #[arg(long, value_parser = parse_size)]
+    pub same_host_chunk_bytes: Option<usize>,
     /// Deal every striped write's stripes round-robin, even large ones (which otherwise
     /// share them between their lanes; see `TcpBackendConfig::share_stripes`).
     #[arg(long)]
@@ -409,6 +412,9 @@ impl Args {
             cpus: self.cpus.as_ref().map(|c| c.0.clone()),
             pin_shards: !self.no_pin,
             chunk_bytes: self.chunk_bytes.unwrap_or(d.chunk_bytes),
+            same_host_chunk_bytes: self
+                .same_host_chunk_bytes
+                .unwrap_or(d.same_host_chunk_bytes),
             share_stripes: d.share_stripes && !self.deal_stripes,
             spin_before_park: self.spin_us.map(Duration::from_micros),
             same_host: self.same_host,

@@ -159,6 +159,9 @@ impl Args {
         if let Some(c) = self.chunk_bytes {
             opt("--chunk-bytes", c.to_string());
         }
+        if let Some(c) = self.same_host_chunk_bytes {
+            opt("--same-host-chunk-bytes", c.to_string());
+        }
         if let Some(s) = self.spin_us {
             opt("--spin-us", s.to_string());
         }

@@ -185,6 +185,10 @@ pub fn print_config(a: &Args, sides: &[Side; 2], n_rows: usize, buffer_bytes: us
             cfg.striping_threshold_bytes.to_string(),
         ),
         ("chunk_bytes", cfg.chunk_bytes.to_string()),
+        (
+            "same_host_chunk_bytes",
+            cfg.same_host_chunk_bytes.to_string(),
+        ),
         ("initiator_shards", i.describe()),
         ("target_shards", t.describe()),
         (

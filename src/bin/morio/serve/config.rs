@@ -31,6 +31,8 @@ striping_threshold_bytes = 65536
 op_timeout_ms = 30000
 # Largest chunk one frame carries.
 chunk_bytes = "1MiB"
+# Largest chunk one frame carries to a same-host peer.
+same_host_chunk_bytes = "8MiB"
 # Shard count; leave out for one per allowed CPU (at most num_data_conns).
 # shards = 8
 # Explicit shard CPUs, e.g. from `morio topology` (overrides shards).
@@ -150,6 +152,7 @@ pub struct TcpSection {
     pub striping_threshold_bytes: usize,
     pub op_timeout_ms: u64,
     pub chunk_bytes: Size,
+    pub same_host_chunk_bytes: Size,
     pub shards: Option<usize>,
     pub cpus: Option<Vec<usize>>,
     pub pin_shards: bool,
@@ -175,6 +178,7 @@ impl Default for TcpSection {
             striping_threshold_bytes: d.striping_threshold_bytes,
             op_timeout_ms: d.op_timeout.as_millis() as u64,
             chunk_bytes: Size(d.chunk_bytes),
+            same_host_chunk_bytes: Size(d.same_host_chunk_bytes),
             shards: None,
             cpus: None,
             pin_shards: true,
@@ -412,6 +416,7 @@ impl ServeConfig {
             striping_threshold_bytes: t.striping_threshold_bytes,
             op_timeout: Duration::from_millis(t.op_timeout_ms),
             chunk_bytes: t.chunk_bytes.0,
+            same_host_chunk_bytes: t.same_host_chunk_bytes.0,
             // Unpinned, `cpus` only counts shards (the engine would pin to explicit CPUs).
             num_shards: t
                 .shards
