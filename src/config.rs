@@ -88,7 +88,8 @@ pub struct TcpBackendConfig {
     pub cpu_claim_dir: Option<std::path::PathBuf>,
     /// Largest chunk one frame carries; striped transfers are cut into stripes of at most this.
     pub chunk_bytes: usize,
-    /// `chunk_bytes` for peers reached over the same-host transport (default 8 MiB). There a
+    /// `chunk_bytes` for peers reached over the same-host transport (default 8 MiB; 8 × this
+    /// between GPU memory on both sides, at most 64 MiB). There a
     /// large chunk is pulled by the receiver or copied on the GPU while its lane waits for
     /// the acknowledgement, so each chunk costs its lane a round trip between the processes:
     /// larger chunks pay it less often. Transfers to a peer before its first lane is up use

@@ -6,6 +6,7 @@
 set -u
 O=${OUT:-/tmp/s29-final}
 mkdir -p "$O"/gpu "$O"/host "$O"/lat "$O"/spin
+timeout 120 python3 scripts/bench/membw.py 64 256
 b() { # DIR NAME BIN ARGS...
 	local d=$1 n=$2 bin=$3
 	shift 3
@@ -25,12 +26,18 @@ for ((r = 1; r <= ${ROUNDS:-3}; r++)); do
 		b host "hr1m-$t" $1 --op-type read "${big[@]}" --same-host $2
 		b host "hw64m-$t" $1 --op-type write "${one[@]}" --same-host $2
 	done
-	for bin in morio morio-new; do
-		L=(--op-type write --iters 256)
-		b lat "d8b1-r$r-$bin" $bin "${L[@]}" --buffer-size 8 --transfer-batch-size 1
-		b lat "d8b64-r$r-$bin" $bin "${L[@]}" --buffer-size 8 --transfer-batch-size 64 --enable-batch-transfer --enable-sess
-		b lat "d8b256-r$r-$bin" $bin "${L[@]}" --buffer-size 8 --transfer-batch-size 256 --enable-batch-transfer --enable-sess
-		b lat "d4k256-r$r-$bin" $bin "${L[@]}" --buffer-size 4096 --transfer-batch-size 256 --enable-batch-transfer --enable-sess
+	# Default settings: before, now, and two candidates for spinning by default (glommio's
+	# spin after work; the busy poller that backs off when preempted, experiments/).
+	for v in morio morio-new "morio-new 100" morio-bc100; do
+		set -- $v
+		bin=$1 tag=$1 X=()
+		if (($# > 1)); then tag="$1-spin$2" X=(--spin-us "$2"); fi
+		L=(--op-type write --iters 256 "${X[@]}")
+		b lat "d8b1-r$r-$tag" $bin "${L[@]}" --buffer-size 8 --transfer-batch-size 1
+		b lat "d8b64-r$r-$tag" $bin "${L[@]}" --buffer-size 8 --transfer-batch-size 64 --enable-batch-transfer --enable-sess
+		b lat "d8b256-r$r-$tag" $bin "${L[@]}" --buffer-size 8 --transfer-batch-size 256 --enable-batch-transfer --enable-sess
+		b lat "d4k256-r$r-$tag" $bin "${L[@]}" --buffer-size 4096 --transfer-batch-size 256 --enable-batch-transfer --enable-sess
+		b lat "dw1m-r$r-$tag" $bin --op-type write "${big[@]}" "${X[@]}"
 	done
 	for sh in require off; do
 		b spin "s8b1-r$r-$sh" morio-new --op-type write --iters 2000 --buffer-size 8 --transfer-batch-size 1 --shards 2 --spin-us 2000 --wait-spin-us 1000 --same-host $sh

@@ -344,23 +344,25 @@ mod tests {
     }
 }
 
-/// Chunks of transfers between GPU memory of two processes of one host: device parts are
+/// Chunks of transfers between GPU memory of two processes of one host are this many times
+/// `same_host_chunk_bytes` (at most `MAX_CHUNK_BYTES`: 64 MiB by default). Device parts are
 /// copied by the GPU at about a terabyte per second, so the lane's round trip per chunk is
 /// nearly the whole cost and one chunk per lane is best (striping deals `total / lanes`, at
-/// most this). H200 host, 1 MiB × 256 GPU write through CUDA IPC: 959 GB/s with 32 MiB
+/// most the chunk). H200 host, 1 MiB × 256 GPU write through CUDA IPC: 959 GB/s with 32 MiB
 /// stripes, 537 with 8 MiB chunks, 70 with 1 MiB (docs/perf/same-host-chunks-h200.md).
-pub(crate) const SAME_HOST_DEVICE_CHUNK_BYTES: u64 = crate::proto::limits::MAX_CHUNK_BYTES;
+pub(crate) const SAME_HOST_DEVICE_CHUNK_FACTOR: u64 = 8;
 
 /// The chunk size of `s`: `chunk_bytes`, or to a peer on the same-host transport
-/// `same_host_chunk_bytes` (host memory on either side) or [`SAME_HOST_DEVICE_CHUNK_BYTES`]
-/// (GPU memory on both, unless GPU IPC is configured off).
+/// `same_host_chunk_bytes` (host memory on either side) or [`SAME_HOST_DEVICE_CHUNK_FACTOR`]
+/// times that (GPU memory on both, unless GPU IPC is configured off).
 fn chunk_bytes(cfg: &crate::config::TcpBackendConfig, s: &Submission) -> u64 {
-    if !s.peer.same_host.load(std::sync::atomic::Ordering::Relaxed) {
+    if !s.peer.same_host.load(Ordering::Relaxed) {
         return cfg.chunk_bytes as u64;
     }
+    let host = cfg.same_host_chunk_bytes as u64;
     if s.remote_device && s.local.device().is_some() && cfg.gpu_ipc != Some(false) {
-        SAME_HOST_DEVICE_CHUNK_BYTES
+        (host * SAME_HOST_DEVICE_CHUNK_FACTOR).min(crate::proto::limits::MAX_CHUNK_BYTES)
     } else {
-        cfg.same_host_chunk_bytes as u64
+        host
     }
 }

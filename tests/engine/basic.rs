@@ -176,6 +176,7 @@ fn inbound_chunks_are_timed() {
         "inbound_timed",
         cfg_with(|c| {
             c.chunk_bytes = 1 << 20;
+            c.same_host_chunk_bytes = 1 << 20;
             c.num_data_conns = 2;
         }),
     );

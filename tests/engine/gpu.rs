@@ -57,6 +57,7 @@ fn small_slots() -> TcpBackendConfig {
         c.gpu_slot_bytes = 16 << 10;
         c.gpu_staging_bytes = 2 * 2 * 4 * (16 << 10);
         c.chunk_bytes = 64 << 10;
+        c.same_host_chunk_bytes = 64 << 10;
         c.striping_threshold_bytes = 32 << 10;
         c.num_data_conns = 4;
     })

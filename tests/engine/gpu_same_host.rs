@@ -18,6 +18,8 @@ fn cfg() -> TcpBackendConfig {
     cfg_with(|c| {
         c.same_host = Some(SameHost::Require);
         c.chunk_bytes = 256 << 10;
+        // GPU to GPU chunks are 8 × this: 256 KiB, several per transfer.
+        c.same_host_chunk_bytes = 32 << 10;
         c.striping_threshold_bytes = 512 << 10;
         c.num_data_conns = 2;
     })

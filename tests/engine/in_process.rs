@@ -66,6 +66,7 @@ fn shapes_case() {
     let cfg = cfg_with(|c| {
         c.num_data_conns = 4;
         c.chunk_bytes = 64 << 10;
+        c.same_host_chunk_bytes = 64 << 10;
         c.striping_threshold_bytes = 64 << 10;
     });
     let (a, b) = pair_in_process("ip_shapes", cfg);

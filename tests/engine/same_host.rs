@@ -104,10 +104,16 @@ fn same_host_peers_get_same_host_chunk_bytes() {
         let dst = b.alloc_buffer(n).unwrap();
         // The first transfer brings the lane up (and tells the owner the peer is same-host).
         let uid = a.allocate_transfer_uid();
-        assert_ok(&a.write(src.desc(), 0, dst.desc(), 0, 8, uid), "first write");
+        assert_ok(
+            &a.write(src.desc(), 0, dst.desc(), 0, 8, uid),
+            "first write",
+        );
         let before = b.stats().unwrap().total().joined_transfers;
         let uid = a.allocate_transfer_uid();
-        assert_ok(&a.write(src.desc(), 0, dst.desc(), 0, n, uid), "16 MiB write");
+        assert_ok(
+            &a.write(src.desc(), 0, dst.desc(), 0, n, uid),
+            "16 MiB write",
+        );
         assert_bytes_eq(&bytes_at(&dst, 0, n), &bytes_at(&src, 0, n), "16 MiB write");
         let t = b.stats().unwrap().total();
         assert_eq!(t.joined_transfers - before, joined, "chunk {shc}: {t:?}");

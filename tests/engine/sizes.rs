@@ -385,6 +385,7 @@ fn batch_ascending_segments_one_lane_small_chunks() {
     let cfg = cfg_with(|c| {
         c.num_data_conns = 1;
         c.chunk_bytes = 256 << 10;
+        c.same_host_chunk_bytes = 256 << 10;
     });
     ascending_batch("asconelane", cfg, 400);
 }
@@ -447,6 +448,7 @@ fn strided_batch_in_small_chunks_on_one_lane() {
     let cfg = cfg_with(|c| {
         c.num_data_conns = 1;
         c.chunk_bytes = 7000;
+        c.same_host_chunk_bytes = 7000;
     });
     // 5000 pieces of 7 B in 7000-byte chunks: five strided chunks of 1000 pieces.
     strided_round_trip("stridesmall", cfg, 5000, 7);
@@ -475,6 +477,7 @@ fn striping_cfg(share: bool, chunk_bytes: usize) -> morio::TcpBackendConfig {
     cfg_with(|c| {
         c.share_stripes = share;
         c.chunk_bytes = chunk_bytes;
+        c.same_host_chunk_bytes = chunk_bytes;
     })
 }
 

@@ -18,6 +18,7 @@ fn spin_cfg() -> morio::TcpBackendConfig {
         c.num_shards = Some(1);
         c.num_data_conns = 1;
         c.chunk_bytes = 64 << 10;
+        c.same_host_chunk_bytes = 64 << 10;
         c.spin_before_park = Some(WINDOW);
     })
 }

@@ -1,0 +1,45 @@
+#!/usr/bin/env python3
+"""Host memory copy bandwidth: N threads each copying its share of a SIZE buffer into another
+(numpy copies release the GIL), for buffer sizes that do and do not fit the last-level cache.
+The bound a one-copy same-host transfer of that size can reach (a transfer of S bytes
+copies S bytes: it reads S and writes S)."""
+
+import sys
+import threading
+import time
+
+import numpy as np
+
+MIB = 1 << 20
+
+
+def run(size, threads, reps=4):
+    src = np.ones(size, dtype=np.uint8)
+    dst = np.ones(size, dtype=np.uint8)
+    share = size // threads
+
+    def work(i):
+        np.copyto(dst[i * share:(i + 1) * share], src[i * share:(i + 1) * share])
+
+    best = None
+    for _ in range(reps):
+        ts = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+        t0 = time.perf_counter()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        dt = time.perf_counter() - t0
+        best = dt if best is None else min(best, dt)
+    return share * threads / best / 1e9
+
+
+def main():
+    sizes = [int(a) * MIB for a in sys.argv[1:]] or [64 * MIB, 256 * MIB]
+    print(f"{'buffer':>10} " + " ".join(f"{t:>3} thr GB/s" for t in (1, 2, 4, 8, 16)))
+    for s in sizes:
+        print(f"{s // MIB:>7} MiB " + " ".join(f"{run(s, t):>12.1f}" for t in (1, 2, 4, 8, 16)))
+
+
+if __name__ == "__main__":
+    main()
