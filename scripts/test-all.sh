@@ -14,8 +14,9 @@ HIP_PATH="${HIP_PATH:-/usr}" cargo test --workspace --all-targets --all-features
 MORIO_SAME_HOST=off HIP_PATH="${HIP_PATH:-/usr}" \
   cargo test --workspace --all-features --locked --test engine
 # And once with same-host records in the socket instead of shared-memory rings (how a
-# version 8 peer is served), so all three paths run every engine test.
-MORIO_SAME_HOST_RING=off HIP_PATH="${HIP_PATH:-/usr}" \
+# version 8 peer is served), so all three paths run every engine test; this run's shards also
+# busy-poll after their work (the default on hosts of 8 CPUs or more, off on small ones).
+MORIO_SAME_HOST_RING=off MORIO_BUSY_POLL_US=100 HIP_PATH="${HIP_PATH:-/usr}" \
   cargo test --workspace --all-features --locked --test engine
 
 venv="${MORIO_VENV:-.venv}"

@@ -311,6 +311,15 @@ impl Collector for Snapshot {
         family(
             e,
             shards,
+            "busy_poll_backoffs",
+            "Times the shard stopped busy polling because it was preempted",
+            None,
+            c,
+            |s, m| counter(m, s.busy_poll_backoffs),
+        )?;
+        family(
+            e,
+            shards,
             "same_host_doorbells",
             "Doorbells rung for same-host peers whose ring readers were parked",
             None,
@@ -434,6 +443,7 @@ mod tests {
         b.gpu_ipc_bytes = 6 << 20;
         b.gpu_ipc_declined = 4;
         b.busy_poll_wakes = 9;
+        b.busy_poll_backoffs = 4;
         a.same_host_doorbells = 5;
         b.same_host_ring_full_waits = 2;
         a.lane_connects = 4;
@@ -467,6 +477,7 @@ mod tests {
         assert_eq!(at("morio_gpu_ipc_bytes_total", "1"), (6 << 20) as f64);
         assert_eq!(at("morio_gpu_ipc_declined_total", "1"), 4.0);
         assert_eq!(at("morio_busy_poll_wakes_total", "1"), 9.0);
+        assert_eq!(at("morio_busy_poll_backoffs_total", "1"), 4.0);
         assert_eq!(at("morio_same_host_doorbells_total", "0"), 5.0);
         assert_eq!(at("morio_same_host_ring_full_waits_total", "1"), 2.0);
         assert_eq!(at("morio_lane_connects_total", "0"), 4.0);

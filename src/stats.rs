@@ -80,6 +80,9 @@ pub struct ShardStats {
     pub gpu_ipc_declined: u64,
     /// Socket reads woken by the shard's busy poller (spinning shards only).
     pub busy_poll_wakes: u64,
+    /// Times this shard stopped busy polling because it was preempted (its CPU was wanted
+    /// by another thread); it then parks like a shard that does not spin, for 50 ms.
+    pub busy_poll_backoffs: u64,
     /// Doorbells this shard rang for same-host peers whose readers were parked (a
     /// shared-memory ring read by a spinning shard needs none).
     pub same_host_doorbells: u64,
@@ -134,6 +137,7 @@ impl ShardStats {
             gpu_ipc_bytes: 0,
             gpu_ipc_declined: 0,
             busy_poll_wakes: 0,
+            busy_poll_backoffs: 0,
             same_host_doorbells: 0,
             same_host_ring_full_waits: 0,
             lane_connects: 0,
@@ -253,6 +257,7 @@ impl std::fmt::Debug for ShardStats {
             .field("gpu_ipc_bytes", &self.gpu_ipc_bytes)
             .field("gpu_ipc_declined", &self.gpu_ipc_declined)
             .field("busy_poll_wakes", &self.busy_poll_wakes)
+            .field("busy_poll_backoffs", &self.busy_poll_backoffs)
             .field("same_host_doorbells", &self.same_host_doorbells)
             .field("same_host_ring_full_waits", &self.same_host_ring_full_waits)
             .field("lane_connects", &self.lane_connects)
@@ -314,6 +319,7 @@ impl EngineStats {
             t.gpu_ipc_bytes += s.gpu_ipc_bytes;
             t.gpu_ipc_declined += s.gpu_ipc_declined;
             t.busy_poll_wakes += s.busy_poll_wakes;
+            t.busy_poll_backoffs += s.busy_poll_backoffs;
             t.same_host_doorbells += s.same_host_doorbells;
             t.same_host_ring_full_waits += s.same_host_ring_full_waits;
             t.lane_connects += s.lane_connects;

@@ -76,6 +76,7 @@ class TcpBackendConfig:
     share_stripes: bool
     inline_write_bytes: int
     spin_us: int
+    busy_poll_us: Optional[int]
     handshake_timeout_ms: int
     gpu_staging_bytes: int
     gpu_slot_bytes: int
@@ -112,6 +113,7 @@ class TcpBackendConfig:
         share_stripes: Optional[bool] = None,
         inline_write_bytes: Optional[int] = None,
         spin_us: int = 0,
+        busy_poll_us: Optional[int] = None,
         handshake_timeout_ms: Optional[int] = None,
         gpu_staging_bytes: Optional[int] = None,
         gpu_slot_bytes: Optional[int] = None,

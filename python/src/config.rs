@@ -131,6 +131,7 @@ impl PyTcpBackendConfig {
         share_stripes = None,
         inline_write_bytes = None,
         spin_us = 0,
+        busy_poll_us = None,
         handshake_timeout_ms = None,
         gpu_staging_bytes = None,
         gpu_slot_bytes = None,
@@ -167,6 +168,7 @@ impl PyTcpBackendConfig {
         share_stripes: Option<bool>,
         inline_write_bytes: Option<usize>,
         spin_us: u64,
+        busy_poll_us: Option<u64>,
         handshake_timeout_ms: Option<u64>,
         gpu_staging_bytes: Option<usize>,
         gpu_slot_bytes: Option<usize>,
@@ -217,6 +219,7 @@ impl PyTcpBackendConfig {
             me.cfg.inline_write_bytes = b;
         }
         me.set_spin_us(spin_us);
+        me.set_busy_poll_us(busy_poll_us);
         if let Some(h) = handshake_timeout_ms {
             me.cfg.handshake_timeout = Duration::from_millis(h);
         }
@@ -587,6 +590,17 @@ impl PyTcpBackendConfig {
     #[setter]
     fn set_spin_us(&mut self, v: u64) {
         self.cfg.spin_before_park = (v > 0).then(|| Duration::from_micros(v));
+    }
+    /// morio: shards poll their sockets and rings this many µs after their last work, and
+    /// stop while preempted (0 = off; None, the default: MORIO_BUSY_POLL_US, else 100 on
+    /// hosts of 8 CPUs or more).
+    #[getter]
+    fn busy_poll_us(&self) -> Option<u64> {
+        self.cfg.busy_poll.map(|d| d.as_micros() as u64)
+    }
+    #[setter]
+    fn set_busy_poll_us(&mut self, v: Option<u64>) {
+        self.cfg.busy_poll = v.map(Duration::from_micros);
     }
     /// morio: how long an accepted connection may take to send its HELLO, in ms.
     #[getter]

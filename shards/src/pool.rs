@@ -21,6 +21,11 @@ pub struct PoolConfig {
     /// glommio's own spin, and sockets polled directly while the shard has traffic
     /// (`busy.rs`).
     pub spin_before_park: Option<Duration>,
+    /// Poll sockets and rings directly for this long after the shard's last work, without
+    /// glommio's spin (`busy.rs`); a shard preempted while it does so stops for 50 ms, so it
+    /// never holds a CPU another thread wants. Ignored when `spin_before_park` is set (that
+    /// window applies, and a configured spin does not back off).
+    pub busy_window: Option<Duration>,
     /// Bytes of io_uring registered memory per executor (glommio `io_memory`); 1 MiB keeps
     /// non-root users inside an 8 MiB memlock limit.
     pub io_memory_bytes: usize,
@@ -33,6 +38,7 @@ impl PoolConfig {
             cpus: vec![None; n],
             name: name.to_string(),
             spin_before_park: None,
+            busy_window: None,
             io_memory_bytes: 1 << 20,
         }
     }
@@ -195,12 +201,16 @@ impl<M: Send + 'static> ShardPool<M> {
             let factory = factory.clone();
             let ready = ready_tx.clone();
             let thread_name = format!("{}-{id}", cfg.name);
-            let spin = cfg.spin_before_park;
+            let spin = cfg.spin_before_park.or(cfg.busy_window);
+            let back_off = cfg.spin_before_park.is_none();
             match b.spawn(move || async move {
                 set_thread_name(&thread_name);
                 if let Some(window) = spin {
                     let rx = ctx.inbox.clone();
                     crate::busy::enable(window, Box::new(move || !rx.is_empty() || rx.is_closed()));
+                    if back_off {
+                        crate::busy::back_off_when_preempted();
+                    }
                     glommio::spawn_local(crate::busy::poller()).detach();
                 }
                 let _ = ready.send((id, Ok(())));

@@ -26,6 +26,11 @@ pub fn busy_poll_wakes() -> u64 {
     crate::busy::wakes()
 }
 
+/// How many times the calling shard's busy poller stopped because the shard was preempted.
+pub fn busy_poll_backoffs() -> u64 {
+    crate::busy::backoffs()
+}
+
 /// Tell the calling shard's busy poller that a task here has just been woken by another, so
 /// that its next turn lets that task run before it polls the sockets (a no-op unless the
 /// shard busy-polls).

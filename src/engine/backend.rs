@@ -56,6 +56,9 @@ impl IoEngine {
         if cfg.gpu_ipc.is_none() {
             cfg.gpu_ipc = Some(crate::config::gpu_ipc_from_env()?.unwrap_or(true));
         }
+        if cfg.busy_poll.is_none() {
+            cfg.busy_poll = crate::config::busy_poll_from_env()?;
+        }
         cfg.validate()?;
         // Connections take descriptors (a same-host one four or five): make room up front.
         crate::host::grow_fd_table(4096);
@@ -98,6 +101,10 @@ impl IoEngine {
         let mut pool_cfg = PoolConfig::unpinned(0, "morio-shard");
         pool_cfg.cpus = placed.cpus.clone();
         pool_cfg.spin_before_park = cfg.spin_before_park;
+        pool_cfg.busy_window = crate::config::busy_window(
+            cfg.busy_poll,
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+        );
         let sh = shared.clone();
         let pool = ShardPool::start(pool_cfg, move |ctx| service::run(ctx, sh.clone()))?;
         let backend = Arc::new(Backend::new(pool, shared, placed.cpus, placed.claims));

@@ -240,6 +240,7 @@ impl Shard {
                 (st.gpu_staging_bytes, st.gpu_staging_peak_bytes) =
                     self.gpu.borrow().staging_bytes();
                 st.busy_poll_wakes = rt::busy_poll_wakes();
+                st.busy_poll_backoffs = rt::busy_poll_backoffs();
                 let rings = crate::transport::local::ring_counts();
                 st.same_host_doorbells = rings.doorbells;
                 st.same_host_ring_full_waits = rings.full_waits;

@@ -320,6 +320,29 @@ pub(crate) fn fail_all(shard: &Rc<Shard>, msg: &str) {
     }
 }
 
+/// Chunks of transfers between GPU memory of two processes of one host are this many times
+/// `same_host_chunk_bytes` (at most `MAX_CHUNK_BYTES`: 64 MiB by default). Device parts are
+/// copied by the GPU at about a terabyte per second, so the lane's round trip per chunk is
+/// nearly the whole cost and one chunk per lane is best (striping deals `total / lanes`, at
+/// most the chunk). H200 host, 1 MiB × 256 GPU write through CUDA IPC: 959 GB/s with 32 MiB
+/// stripes, 537 with 8 MiB chunks, 70 with 1 MiB (docs/perf/same-host-chunks-h200.md).
+pub(crate) const SAME_HOST_DEVICE_CHUNK_FACTOR: u64 = 8;
+
+/// The chunk size of `s`: `chunk_bytes`, or to a peer on the same-host transport
+/// `same_host_chunk_bytes` (host memory on either side) or [`SAME_HOST_DEVICE_CHUNK_FACTOR`]
+/// times that (GPU memory on both, unless GPU IPC is configured off).
+fn chunk_bytes(cfg: &crate::config::TcpBackendConfig, s: &Submission) -> u64 {
+    if !s.peer.same_host.load(Ordering::Relaxed) {
+        return cfg.chunk_bytes as u64;
+    }
+    let host = cfg.same_host_chunk_bytes as u64;
+    if s.remote_device && s.local.device().is_some() && cfg.gpu_ipc != Some(false) {
+        (host * SAME_HOST_DEVICE_CHUNK_FACTOR).min(crate::proto::limits::MAX_CHUNK_BYTES)
+    } else {
+        host
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::OwnerTable;
@@ -341,28 +364,5 @@ mod tests {
         // None left: every generation below the next one has ended.
         assert!(t.forget(7));
         assert_eq!(t.low_water(8), 8);
-    }
-}
-
-/// Chunks of transfers between GPU memory of two processes of one host are this many times
-/// `same_host_chunk_bytes` (at most `MAX_CHUNK_BYTES`: 64 MiB by default). Device parts are
-/// copied by the GPU at about a terabyte per second, so the lane's round trip per chunk is
-/// nearly the whole cost and one chunk per lane is best (striping deals `total / lanes`, at
-/// most the chunk). H200 host, 1 MiB × 256 GPU write through CUDA IPC: 959 GB/s with 32 MiB
-/// stripes, 537 with 8 MiB chunks, 70 with 1 MiB (docs/perf/same-host-chunks-h200.md).
-pub(crate) const SAME_HOST_DEVICE_CHUNK_FACTOR: u64 = 8;
-
-/// The chunk size of `s`: `chunk_bytes`, or to a peer on the same-host transport
-/// `same_host_chunk_bytes` (host memory on either side) or [`SAME_HOST_DEVICE_CHUNK_FACTOR`]
-/// times that (GPU memory on both, unless GPU IPC is configured off).
-fn chunk_bytes(cfg: &crate::config::TcpBackendConfig, s: &Submission) -> u64 {
-    if !s.peer.same_host.load(Ordering::Relaxed) {
-        return cfg.chunk_bytes as u64;
-    }
-    let host = cfg.same_host_chunk_bytes as u64;
-    if s.remote_device && s.local.device().is_some() && cfg.gpu_ipc != Some(false) {
-        (host * SAME_HOST_DEVICE_CHUNK_FACTOR).min(crate::proto::limits::MAX_CHUNK_BYTES)
-    } else {
-        host
     }
 }

@@ -188,6 +188,10 @@ pub struct Args {
     /// Busy-poll shards this many microseconds before parking them.
     #[arg(long)]
     pub spin_us: Option<u64>,
+    /// Shards poll their sockets and rings this many microseconds after their last work, and
+    /// stop while preempted (0: off; default: the engine's, 100 on hosts of 8 CPUs or more).
+    #[arg(long)]
+    pub busy_poll_us: Option<u64>,
     /// Same-host transport between the two sides: auto (when the handshake proves the peer
     /// is on this host), off (TCP) or require (fail rather than fall back to TCP). Default:
     /// the environment's MORIO_SAME_HOST, else auto. Each row says which carried it.
@@ -266,6 +270,10 @@ impl Args {
         ensure!(
             self.spin_us.unwrap_or(0) <= MAX_SPIN_US,
             "--spin-us must be at most {MAX_SPIN_US}"
+        );
+        ensure!(
+            self.busy_poll_us.unwrap_or(0) <= MAX_SPIN_US,
+            "--busy-poll-us must be at most {MAX_SPIN_US}"
         );
         ensure!(
             self.wait_spin_us.unwrap_or(0) <= MAX_SPIN_US,
@@ -417,6 +425,7 @@ impl Args {
                 .unwrap_or(d.same_host_chunk_bytes),
             share_stripes: d.share_stripes && !self.deal_stripes,
             spin_before_park: self.spin_us.map(Duration::from_micros),
+            busy_poll: self.busy_poll_us.map(Duration::from_micros),
             same_host: self.same_host,
             gpu_staging_bytes: self.gpu_staging_bytes.unwrap_or(d.gpu_staging_bytes),
             gpu_slot_bytes: self.gpu_slot_bytes.unwrap_or(d.gpu_slot_bytes),

@@ -165,6 +165,9 @@ impl Args {
         if let Some(s) = self.spin_us {
             opt("--spin-us", s.to_string());
         }
+        if let Some(s) = self.busy_poll_us {
+            opt("--busy-poll-us", s.to_string());
+        }
         if let Some(ms) = self.scrape_ms {
             opt("--scrape-ms", ms.to_string());
         }

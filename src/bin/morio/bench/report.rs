@@ -196,6 +196,15 @@ pub fn print_config(a: &Args, sides: &[Side; 2], n_rows: usize, buffer_bytes: us
             a.spin_us.map_or("off".into(), |u| format!("{u} us")),
         ),
         (
+            "busy_poll",
+            match (a.spin_us, cfg.busy_poll) {
+                (Some(_), _) => "as spin_before_park".into(),
+                (None, Some(d)) if d.is_zero() => "off".into(),
+                (None, Some(d)) => format!("{} us", d.as_micros()),
+                (None, None) => "default (100 us on 8+ CPUs)".into(),
+            },
+        ),
+        (
             "wait_spin",
             a.wait_spin_us
                 .map_or_else(|| "adaptive".to_string(), |us| format!("{us} us")),

@@ -275,6 +275,7 @@ fn stats_json(e: &IoEngine) -> serde_json::Value {
             "gpu_staged_bytes": st.gpu_staged_bytes,
             "gpu_ipc_bytes": st.gpu_ipc_bytes,
             "gpu_ipc_declined": st.gpu_ipc_declined,
+            "busy_poll_backoffs": st.busy_poll_backoffs,
             "same_host_doorbells": st.same_host_doorbells,
             "same_host_ring_full_waits": st.same_host_ring_full_waits,
             "lane_failures": st.lane_failures,
