@@ -53,8 +53,8 @@ pub mod trace;
 mod transport;
 
 pub use config::{
-    AuthSecret, ConfigError, IoEngineConfig, SameHost, TcpBackendConfig, AUTH_SECRET_ENV,
-    MIN_AUTH_SECRET_BYTES, SAME_HOST_ENV,
+    busy_poll_from_env, busy_window, AuthSecret, ConfigError, IoEngineConfig, SameHost,
+    TcpBackendConfig, AUTH_SECRET_ENV, BUSY_POLL_ENV, MIN_AUTH_SECRET_BYTES, SAME_HOST_ENV,
 };
 pub use desc::{
     AccessKey, BackendType, DescError, EngineDesc, EngineKey, MemoryDesc, MemoryLocationType,

@@ -117,3 +117,23 @@ def test_wait_spin_is_adaptive_unless_set():
             t.join()
     finally:
         morio.set_wait_spin_adaptive()
+
+
+def test_busy_poll_is_a_setting_and_its_steps_aside_a_stat(engines):
+    """`busy_poll_us`: None (the default: MORIO_BUSY_POLL_US, else 100 µs on hosts of 8 CPUs
+    or more), 0 for off, or a window; engines take each, and every shard's stats say how
+    often its poller stepped aside."""
+    from morio import TcpBackendConfig
+
+    from _util import small_config
+
+    assert TcpBackendConfig().busy_poll_us is None
+    assert TcpBackendConfig(busy_poll_us=0).busy_poll_us == 0
+    c = TcpBackendConfig(busy_poll_us=250)
+    assert c.busy_poll_us == 250
+    c.busy_poll_us = None
+    assert c.busy_poll_us is None
+    for us in (None, 0, 200):
+        e = engines.engine("busy", config=small_config(busy_poll_us=us))
+        stats = e.stats()
+        assert stats and all(s["busy_poll_backoffs"] >= 0 for s in stats)

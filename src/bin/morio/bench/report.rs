@@ -197,11 +197,22 @@ pub fn print_config(a: &Args, sides: &[Side; 2], n_rows: usize, buffer_bytes: us
         ),
         (
             "busy_poll",
-            match (a.spin_us, cfg.busy_poll) {
-                (Some(_), _) => "as spin_before_park".into(),
-                (None, Some(d)) if d.is_zero() => "off".into(),
-                (None, Some(d)) => format!("{} us", d.as_micros()),
-                (None, None) => "default (100 us on 8+ CPUs)".into(),
+            if a.spin_us.is_some() {
+                "as spin_before_park".into()
+            } else {
+                // What the engines resolve: the flag, else the environment, else the default
+                // for this many CPUs.
+                let set = cfg
+                    .busy_poll
+                    .or_else(|| morio::busy_poll_from_env().ok().flatten());
+                let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+                morio::busy_window(set, cpus).map_or("off".into(), |d| {
+                    format!(
+                        "{} us{}",
+                        d.as_micros(),
+                        if set.is_none() { " (default)" } else { "" }
+                    )
+                })
             },
         ),
         (
