@@ -23,6 +23,41 @@ fn morio_env(args: &[&str], env: &[(&str, &str)]) -> (Output, Duration) {
     (out, t.elapsed())
 }
 
+/// `morio check` says whether shards busy-poll after their work, as engines will decide.
+#[test]
+fn check_reports_busy_polling() {
+    let (out, _) = morio_env(&["check"], &[("MORIO_BUSY_POLL_US", "150")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("ok: shards busy-poll 150 us after their work")
+            && text.contains("(MORIO_BUSY_POLL_US)"),
+        "{text}"
+    );
+    let (out, _) = morio_env(&["check"], &[("MORIO_BUSY_POLL_US", "0")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("note: shards park right after their work (MORIO_BUSY_POLL_US;"),
+        "{text}"
+    );
+    let (out, _) = morio_env(&["check"], &[("MORIO_BUSY_POLL_US", "soon")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("MORIO_BUSY_POLL_US must be a number of microseconds")
+            && text.contains("engines will refuse to start"),
+        "{text}"
+    );
+    // Unset: the default for this host's CPUs.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (out, _) = morio_env(&["check"], &[("MORIO_BUSY_POLL_US", "")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let want = if cpus >= 8 {
+        "ok: shards busy-poll 100 us"
+    } else {
+        "note: shards park right after their work (the default with"
+    };
+    assert!(text.contains(want), "{cpus} CPUs: {text}");
+}
+
 /// `morio check` says whether the same-host transport is available, as the library finds.
 #[test]
 fn check_reports_the_same_host_transport() {

@@ -97,6 +97,7 @@ fn main() -> ExitCode {
                         println!("note: GPU memory between engines of this host is staged ({why})")
                     }
                 }
+                println!("{}", busy_poll_line());
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -109,6 +110,33 @@ fn main() -> ExitCode {
         eprintln!("morio: error: {}", render(&e));
         ExitCode::FAILURE
     })
+}
+
+/// What engines started here do after their shards' work: busy-poll (and for how long, and
+/// why) or park at once.
+fn busy_poll_line() -> String {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match morio::busy_poll_from_env() {
+        Err(e) => format!("note: {e}; engines will refuse to start"),
+        Ok(set) => {
+            let why = match set {
+                Some(_) => format!("{}", morio::BUSY_POLL_ENV),
+                None => format!("the default with {cpus} CPUs"),
+            };
+            match morio::busy_window(set, cpus) {
+                Some(d) => format!(
+                    "ok: shards busy-poll {} us after their work, stepping aside when \
+                     preempted ({why})",
+                    d.as_micros()
+                ),
+                None => format!(
+                    "note: shards park right after their work ({why}; busy polling by default \
+                     needs 8 CPUs); {}=100 turns it on",
+                    morio::BUSY_POLL_ENV
+                ),
+            }
+        }
+    }
 }
 
 /// An error and its causes on one line, each said once. Library errors name their cause in
