@@ -120,7 +120,7 @@ fn busy_poll_line() -> String {
         Err(e) => format!("note: {e}; engines will refuse to start"),
         Ok(set) => {
             let why = match set {
-                Some(_) => format!("{}", morio::BUSY_POLL_ENV),
+                Some(_) => morio::BUSY_POLL_ENV.to_string(),
                 None => format!("the default with {cpus} CPUs"),
             };
             match morio::busy_window(set, cpus) {
