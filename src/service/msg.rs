@@ -23,9 +23,10 @@ pub(crate) struct Peer {
     pub key: Arc<str>,
     /// Where to dial it.
     pub addr: SocketAddr,
-    /// Whether a lane to it runs over the same-host transport (set by the lane once it is
-    /// connected): owners then cut its transfers at `same_host_chunk_bytes`, since every
-    /// same-host chunk that is pulled or copied on the GPU costs its lane a round trip.
+    /// Whether the lane to it connected last runs over the same-host transport (set by each
+    /// lane once it is connected): owners then cut its transfers at `same_host_chunk_bytes`,
+    /// since every same-host chunk that is pulled or copied on the GPU costs its lane a round
+    /// trip.
     pub same_host: AtomicBool,
 }
 

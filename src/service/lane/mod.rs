@@ -228,11 +228,10 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
     }
     let cfg = &shard.shared.cfg;
     let local = conn.is_local();
-    if local {
-        lane.peer
-            .same_host
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-    }
+    // The last lane connected decides (a peer that fell back to TCP gets TCP's chunks).
+    lane.peer
+        .same_host
+        .store(local, std::sync::atomic::Ordering::Relaxed);
     let (r, w, closer) = conn.split();
     shard
         .stats
