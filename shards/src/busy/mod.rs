@@ -12,7 +12,12 @@
 //! Bytes read from any socket of the shard make it busy; it goes back to idle once no
 //! socket has become readable for the spin window, and then hands every waiting reader back
 //! to the runtime by waking it (it re-polls, finds the shard idle, and arms readiness).
+//! A shard that busy-polls by default (not a configured spin) also goes idle, and stays
+//! there for a while, when it was preempted while busy ([`contention`]).
 
+mod contention;
+
+use contention::Contention;
 use std::cell::{Cell, RefCell};
 use std::os::fd::RawFd;
 use std::task::{Context, Poll, Waker};
@@ -67,13 +72,6 @@ impl ProbeWaiter {
 /// load or two, no system call).
 pub type Probe = std::rc::Rc<dyn Fn() -> bool>;
 
-/// How long a shard whose busy polling was preempted stays idle (waits on the runtime)
-/// before it may poll busily again: another thread (the application's, another shard's)
-/// wanted its CPU, and every µs it spins is a µs that thread waits.
-const CONTENTION_BACKOFF: Duration = Duration::from_millis(50);
-/// How often a busy shard asks the kernel whether it was preempted (a system call).
-const CONTENTION_CHECK: Duration = Duration::from_micros(20);
-
 struct Waiter {
     fd: RawFd,
     /// `POLLIN` or `POLLOUT`.
@@ -111,16 +109,8 @@ struct Busy {
     inbox_probe: Option<Box<dyn Fn() -> bool>>,
     /// The shard's message loop, waiting for its inbox.
     inbox_waiter: Option<Waker>,
-    /// Whether the shard stops busy polling when preempted (the `busy_window` way; a
-    /// configured spin keeps spinning).
-    back_off: bool,
-    /// When the last check while busy ran, and the thread's involuntary context switches
-    /// then.
-    preempt_mark: Option<(Instant, u64)>,
-    /// Preempted while busy: no busy polling before this.
-    backoff_until: Option<Instant>,
-    /// Times the shard stopped busy polling because it was preempted.
-    backoffs: u64,
+    /// Whether it steps aside when preempted, and when it did.
+    contention: Contention,
 }
 
 thread_local! {
@@ -182,60 +172,24 @@ pub(crate) fn enable(window: Duration, inbox_probe: Box<dyn Fn() -> bool>) {
             wakes: 0,
             inbox_probe: Some(inbox_probe),
             inbox_waiter: None,
-            back_off: false,
-            preempt_mark: None,
-            backoff_until: None,
-            backoffs: 0,
+            contention: Contention::default(),
         })
     });
 }
 
-/// Make the calling shard's busy poller stop for [`CONTENTION_BACKOFF`] whenever the shard
+/// Make the calling shard's busy poller step aside for a while (`contention`) whenever the shard
 /// was preempted while it polled (after [`enable`]).
 pub(crate) fn back_off_when_preempted() {
     BUSY.with(|b| {
         if let Some(b) = b.borrow_mut().as_mut() {
-            b.back_off = true;
+            b.contention.on = true;
         }
     });
 }
 
 /// Times the calling shard stopped busy polling because it was preempted.
 pub(crate) fn backoffs() -> u64 {
-    BUSY.with(|b| b.borrow().as_ref().map_or(0, |b| b.backoffs))
-}
-
-/// Involuntary context switches of the calling thread so far: each one is the scheduler
-/// giving its CPU to another thread that wanted it.
-fn preemptions() -> u64 {
-    // SAFETY: a zeroed rusage is valid; getrusage writes into the one we own.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
-    ru.ru_nivcsw as u64
-}
-
-/// Whether a thread whose involuntary switches were `mark` at the last check and are `now`
-/// was preempted in between (no mark: the first check of a busy spell).
-fn preempted_since(mark: Option<u64>, now: u64) -> bool {
-    mark.is_some_and(|m| now > m)
-}
-
-/// While busy: whether the shard was preempted since the last check (it then backs off).
-/// Asks the kernel at most every [`CONTENTION_CHECK`].
-fn check_contention(b: &mut Busy, now: Instant) -> bool {
-    let recent = |(t, _): (Instant, u64)| now.duration_since(t) < CONTENTION_CHECK;
-    if !b.back_off || b.preempt_mark.is_some_and(recent) {
-        return false;
-    }
-    let n = preemptions();
-    let hit = preempted_since(b.preempt_mark.map(|(_, m)| m), n);
-    b.preempt_mark = Some((now, n));
-    if hit {
-        b.backoff_until = Some(now + CONTENTION_BACKOFF);
-        b.backoffs += 1;
-    }
-    hit
+    BUSY.with(|b| b.borrow().as_ref().map_or(0, |b| b.contention.backoffs))
 }
 
 /// Wait until the poller sees messages in the inbox (never completes on a shard that does
@@ -380,12 +334,12 @@ pub(crate) fn note_activity() {
         let mut b = b.borrow_mut();
         let Some(b) = b.as_mut() else { return };
         let now = Instant::now();
-        if b.backoff_until.is_some_and(|t| now < t) {
+        if b.contention.backing_off(now) {
             // Backing off after contention: stay idle (wait on the runtime).
             return;
         }
         if b.busy_since_event.is_none() {
-            b.preempt_mark = None;
+            b.contention.start_spell();
             if let Some(p) = b.poller.take() {
                 p.wake();
             }
@@ -430,7 +384,7 @@ fn turn(spin: bool) -> Turn {
                 return Turn::Woke;
             }
             let now = Instant::now();
-            if now.duration_since(last) > b.window || check_contention(b, now) {
+            if now.duration_since(last) > b.window || b.contention.check(now) {
                 return Turn::GoIdle;
             }
             if !spin || now.duration_since(start) > TURN {
@@ -661,16 +615,6 @@ mod tests {
         }
     }
 
-    #[test]
-    fn preemption_is_seen_only_between_two_checks() {
-        assert!(
-            !preempted_since(None, 5),
-            "the first check of a spell has nothing to compare"
-        );
-        assert!(!preempted_since(Some(5), 5));
-        assert!(preempted_since(Some(5), 6));
-    }
-
     fn pin_to_cpu0() {
         // SAFETY: a zeroed cpu_set_t is a valid empty set; the calls only read it.
         unsafe {
@@ -706,7 +650,7 @@ mod tests {
         while !backed_off && t0.elapsed() < Duration::from_secs(10) {
             backed_off = BUSY.with(|b| {
                 let mut b = b.borrow_mut();
-                check_contention(b.as_mut().unwrap(), Instant::now())
+                b.as_mut().unwrap().contention.check(Instant::now())
             });
         }
         stop.store(true, Ordering::Relaxed);
