@@ -19,10 +19,10 @@ pub struct PoolConfig {
     pub name: String,
     /// Busy-poll this long before parking the executor (trades a core for wake-up latency):
     /// glommio's own spin, and sockets polled directly while the shard has traffic
-    /// (`busy.rs`).
+    /// (`busy/`).
     pub spin_before_park: Option<Duration>,
     /// Poll sockets and rings directly for this long after the shard's last work, without
-    /// glommio's spin (`busy.rs`); a shard preempted while it does so stops for 50 ms, so it
+    /// glommio's spin (`busy/`); a shard preempted while it does so stops for 50 ms, so it
     /// never holds a CPU another thread wants. Ignored when `spin_before_park` is set (that
     /// window applies, and a configured spin does not back off).
     pub busy_window: Option<Duration>,
