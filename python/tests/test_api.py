@@ -57,3 +57,25 @@ def test_tcp_config_keywords_are_moris():
     assert (c.sock_sndbuf_bytes, c.sock_rcvbuf_bytes, c.op_timeout_ms, c.enable_keepalive, c.keepalive_idle_sec,
             c.keepalive_intvl_sec, c.keepalive_cnt, c.enable_ctrl_nodelay, c.num_data_conns,
             c.striping_threshold_bytes) == (1 << 20, 2 << 20, 500, False, 5, 6, 7, False, 3, 1024)
+
+
+def test_transfer_uids_are_unique_across_threads_and_start_at_zero(engines):
+    """`allocate_transfer_uid` from several threads at once: no uid twice, each thread's
+    increasing (they come in per-thread blocks, so not consecutive across threads)."""
+    import threading
+
+    e = engines.engine("uids")
+    assert e.allocate_transfer_uid() == 0
+    got = {}
+
+    def take(t):
+        got[t] = [e.allocate_transfer_uid() for _ in range(2000)]
+
+    ts = [threading.Thread(target=take, args=(t,)) for t in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    every = [u for v in got.values() for u in v]
+    assert len(set(every)) == len(every) and 0 not in every
+    assert all(v == sorted(v) for v in got.values())
