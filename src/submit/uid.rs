@@ -125,16 +125,17 @@ impl UidSource {
         let want = c.owner as u64;
         let n64 = n as u64;
         // The first free block whose owner is `want`; the free blocks before it are skipped.
-        let prev = self
+        // (Wrapping: 2^60 blocks would take decades at a block per nanosecond.)
+        let first_for = |b: u64| b.wrapping_add((want + n64 - b % n64) % n64);
+        let prev = match self
             .next_block
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
-                let at = b + (want + n64 - b % n64) % n64;
-                at.checked_add(1)
-            })
-            .unwrap_or(u64::MAX);
-        let block = prev + (want + n64 - prev % n64) % n64;
-        c.next = block.saturating_mul(OWNER_BLOCK);
-        c.end = c.next.saturating_add(OWNER_BLOCK);
+                Some(first_for(b).wrapping_add(1))
+            }) {
+            Ok(b) | Err(b) => b,
+        };
+        c.next = first_for(prev).wrapping_mul(OWNER_BLOCK);
+        c.end = c.next.wrapping_add(OWNER_BLOCK);
         c.drawn = now;
     }
 }
