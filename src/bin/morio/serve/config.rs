@@ -483,6 +483,17 @@ mod tests {
         );
         assert_eq!(c.tcp_config().gpu_ipc, None);
         assert_eq!(c.tcp_config().same_host_ring_bytes, None);
+        assert_eq!(
+            c.tcp_config().busy_poll,
+            None,
+            "busy polling: the engine's default"
+        );
+        assert_eq!(c.tcp_config().same_host_chunk_bytes, 8 << 20);
+        let busy = DEFAULT_TOML.replace("# busy_poll_us = 100", "busy_poll_us = 0");
+        assert_eq!(
+            ServeConfig::parse(&busy).unwrap().tcp_config().busy_poll,
+            Some(Duration::ZERO)
+        );
         let rings = DEFAULT_TOML.replace(
             "# same_host_ring_bytes = \"1MiB\"",
             "same_host_ring_bytes = \"256KiB\"",
