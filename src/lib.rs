@@ -54,7 +54,8 @@ mod transport;
 
 pub use config::{
     busy_poll_from_env, busy_window, AuthSecret, ConfigError, IoEngineConfig, SameHost,
-    TcpBackendConfig, AUTH_SECRET_ENV, BUSY_POLL_ENV, MIN_AUTH_SECRET_BYTES, SAME_HOST_ENV,
+    TcpBackendConfig, AUTH_SECRET_ENV, BUSY_POLL_ENV, BUSY_POLL_MIN_CPUS, DEFAULT_BUSY_POLL,
+    MIN_AUTH_SECRET_BYTES, SAME_HOST_ENV,
 };
 pub use desc::{
     AccessKey, BackendType, DescError, EngineDesc, EngineKey, MemoryDesc, MemoryLocationType,
