@@ -144,6 +144,9 @@ pub(crate) struct Shard {
     pub live_tasks: Cell<usize>,
     /// Rung when the last live task ends.
     pub tasks_done: bell::Bell,
+    /// Rung when this shard comes to own a transfer while it owned none: its deadline tick
+    /// runs only while it owns something ([`tick_loop`]).
+    pub owns_work: bell::Bell,
     /// This shard's statistics.
     pub stats: RefCell<ShardStats>,
     /// GPU streams and staging, created on the first GPU transfer.
@@ -265,6 +268,7 @@ pub(crate) async fn run(ctx: ShardCtx<ShardMsg>, shared: Arc<Shared>) {
         next_conn: Cell::new(0),
         live_tasks: Cell::new(0),
         tasks_done: bell::Bell::default(),
+        owns_work: bell::Bell::default(),
         stats: RefCell::new(ShardStats::new(ctx.id)),
         gpu: RefCell::new(gpu_io::GpuShard::default()),
     });
@@ -311,12 +315,26 @@ pub(crate) async fn run(ctx: ShardCtx<ShardMsg>, shared: Arc<Shared>) {
     }
 }
 
+/// How often a shard that owns no transfer still wakes for the engine's slow upkeep (the
+/// sweeps below). Every wake-up of a parked shard costs it tens to hundreds of microseconds
+/// of CPU on the VMs we run on (the runtime's memory barrier interrupts every other thread of
+/// the process), so idle shards tick rarely: a dozen idle shards ticking every 20 ms used a
+/// tenth of a core (`tests/engine/spin.rs`, `idle_engines_burn_no_cpu`).
+const IDLE_TICK: Duration = Duration::from_secs(1);
+
+/// Deadlines of the transfers this shard owns (every `op_timeout / 20`, 1 to 20 ms, while it
+/// owns any), and the engine's upkeep on shard 0.
 async fn tick_loop(shard: Rc<Shard>) {
     let every = (shard.shared.cfg.op_timeout / 20)
         .clamp(Duration::from_millis(1), Duration::from_millis(20));
     let mut swept = now_ns();
     loop {
-        rt::sleep(every).await;
+        if shard.owner.borrow().is_empty() {
+            // A ring left from earlier work only costs one extra turn of this loop.
+            let _ = rt::timeout(IDLE_TICK, shard.owns_work.wait()).await;
+        } else {
+            rt::sleep(every).await;
+        }
         let now = now_ns();
         owner::tick(&shard, now);
         // Joins outlive their initiator's deadline only when a chunk was lost; one shard

@@ -43,6 +43,11 @@ pub(crate) struct OwnerTable {
 }
 
 impl OwnerTable {
+    /// Whether this shard owns no transfer (its deadline tick has nothing to do).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
     /// The transfer of generation `gen` ended: publish the new low-water mark if it was the
     /// oldest.
     fn ended(&mut self, shard: &Shard, gen: u64) {
@@ -160,7 +165,11 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
     for (lane, items) in others {
         hand_out(lane, items);
     }
-    shard.owner.borrow_mut().map.insert(
+    let mut t = shard.owner.borrow_mut();
+    if t.map.is_empty() {
+        shard.owns_work.ring();
+    }
+    t.map.insert(
         key,
         Entry {
             gen,
@@ -178,6 +187,7 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
                 .saturating_sub(cfg.op_timeout.as_nanos() as u64),
         },
     );
+    drop(t);
     for (lane, items) in own {
         hand_out(lane, items);
     }

@@ -165,6 +165,39 @@ fn cpu_time() -> Duration {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
+/// CPU time each thread of this process has used so far (ns, from `schedstat`), by thread
+/// id and name.
+fn thread_cpu() -> Vec<(String, u64)> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|t| {
+            let sched = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
+            let ns = sched.split(' ').next()?.parse::<u64>().ok()?;
+            let name = std::fs::read_to_string(t.path().join("comm")).ok()?;
+            Some((
+                format!("{}:{}", t.file_name().to_string_lossy(), name.trim()),
+                ns,
+            ))
+        })
+        .collect()
+}
+
+/// The threads that used CPU since `before` (µs), busiest first.
+fn cpu_since(before: &[(String, u64)]) -> Vec<(String, u64)> {
+    let mut d: Vec<(String, u64)> = thread_cpu()
+        .into_iter()
+        .map(|(t, n)| {
+            let was = before.iter().find(|(b, _)| *b == t).map_or(0, |(_, n)| *n);
+            (t, n.saturating_sub(was) / 1000)
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    d.sort_by(|a, b| b.1.cmp(&a.1));
+    d
+}
+
 /// After traffic (small transfers waited on, so the waiters' spin window has adapted to
 /// them, and large ones), engines with default settings and engines whose shards spin use
 /// no core once no transfer has run for 10 ms. Measured in a process of its own.
@@ -201,13 +234,15 @@ fn idle_engines_burn_no_cpu_case() {
             assert_ok(&a.write(src.desc(), 0, dst.desc(), 0, 4 << 20, uid), what);
         }
         std::thread::sleep(Duration::from_millis(10));
-        let (t0, c0) = (std::time::Instant::now(), cpu_time());
+        let (t0, c0, th0) = (std::time::Instant::now(), cpu_time(), thread_cpu());
         std::thread::sleep(Duration::from_millis(300));
         let (wall, used) = (t0.elapsed(), cpu_time() - c0);
-        // Timers (deadline ticks) cost a little; one busy core would cost all of `wall`.
+        // Idle shards tick once a second (`IDLE_TICK`); one busy core would cost all of `wall`.
         assert!(
             used < wall / 10,
-            "{what}: {used:?} of CPU in {wall:?} with no transfer running"
+            "{what}: {used:?} of CPU in {wall:?} with no transfer running; by thread \
+             (µs): {:?}",
+            cpu_since(&th0)
         );
     }
 }
