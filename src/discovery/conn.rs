@@ -237,6 +237,22 @@ pub(super) fn connect_err(
             timeout: opts.connect_timeout,
         };
     }
+    // etcd turned our certificate (or its absence) away: rustls reports the server's alert.
+    // Whether it arrives as an alert or as a closed connection depends on timing (with TLS
+    // 1.3 the client's handshake ends before the server has checked its certificate).
+    if text.contains("received fatal alert") {
+        return failed(match &opts.tls {
+            Some(t) if t.cert_file.is_none() => format!(
+                "TLS: {text}: etcd refused the connection; if it asks clients for a \
+                 certificate (--client-cert-auth), give cert_file and key_file"
+            ),
+            _ => format!(
+                "TLS: {text}: etcd refused the client certificate (is cert_file signed by a \
+                 CA etcd trusts, --trusted-ca-file?)"
+            ),
+        });
+    }
+    // We turned etcd's certificate away.
     if text.contains("certificate") || text.contains("Certificate") {
         return failed(format!(
             "TLS: {text} (is ca_file the CA that signed etcd's certificate, and does that name \
