@@ -11,8 +11,8 @@ use cudarc::driver::sys;
 
 use super::ipc::IpcCache;
 use super::{
-    DeviceBuf, DeviceInfo, GpuError, GpuFence, GpuRuntime, GpuStream, IpcExport, IpcLease,
-    PinnedBuf,
+    BatchCopy, CopyDir, DeviceBuf, DeviceInfo, GpuError, GpuFence, GpuRuntime, GpuStream,
+    IpcExport, IpcLease, PinnedBuf,
 };
 
 /// The IPC mappings this process opened: one table for the process, since every engine's
@@ -327,6 +327,16 @@ impl GpuStream for CudaStream {
         unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len, self.stream as sys::CUstream) }
             .result()
             .map_err(err("cuMemcpyDtoDAsync"))
+    }
+
+    unsafe fn copy_batch(&self, dir: CopyDir, copies: &[BatchCopy]) -> Result<(), GpuError> {
+        bind(self.ctx)?;
+        // SAFETY: forwarded from the caller; the stream is live until drop.
+        match unsafe { super::cuda_batch::enqueue(self.stream as sys::CUstream, copies) } {
+            Some(r) => r.map_err(|e| err("cuMemcpyBatchAsync")(DriverError(e))),
+            // SAFETY: forwarded from the caller.
+            None => unsafe { super::one_by_one(self, dir, copies) },
+        }
     }
 
     fn fence(&self) -> Result<Box<dyn GpuFence>, GpuError> {

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use super::ipc::IpcCache;
 use super::{
-    DeviceBuf, DeviceInfo, GpuError, GpuFence, GpuRuntime, GpuStream, IpcExport, IpcLease,
-    PinnedBuf, IPC_HANDLE_BYTES,
+    BatchCopy, CopyDir, DeviceBuf, DeviceInfo, GpuError, GpuFence, GpuRuntime, GpuStream,
+    IpcExport, IpcLease, PinnedBuf, IPC_HANDLE_BYTES,
 };
 
 /// Allocations exported by every fake runtime of the process, by handle: a fake "other
@@ -56,6 +56,7 @@ struct State {
     refuse_export: AtomicBool,
     ipc_opens: AtomicU64,
     d2d_copies: AtomicU64,
+    batches: AtomicU64,
     opened: Arc<IpcCache>,
     ipc_closes: Arc<AtomicU64>,
 }
@@ -91,6 +92,7 @@ impl FakeGpu {
                 refuse_export: AtomicBool::new(false),
                 ipc_opens: AtomicU64::new(0),
                 d2d_copies: AtomicU64::new(0),
+                batches: AtomicU64::new(0),
                 opened,
                 ipc_closes,
             }),
@@ -153,6 +155,12 @@ impl FakeGpu {
     /// Device-to-device copies submitted so far.
     pub fn d2d_copies(&self) -> u64 {
         self.st.d2d_copies.load(Ordering::Relaxed)
+    }
+
+    /// Batches of copies submitted so far ([`GpuStream::copy_batch`]; their copies count in
+    /// [`Self::copies`] one by one).
+    pub fn batches(&self) -> u64 {
+        self.st.batches.load(Ordering::Relaxed)
     }
 
     /// The allocation holding `ptr..ptr+len` and where it starts in this runtime's space
@@ -527,6 +535,12 @@ impl GpuStream for FakeStream {
         }
         self.gpu.st.d2d_copies.fetch_add(1, Ordering::Relaxed);
         self.submit(Op::D2d { dst, src, len })
+    }
+
+    unsafe fn copy_batch(&self, dir: CopyDir, copies: &[BatchCopy]) -> Result<(), GpuError> {
+        self.gpu.st.batches.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded from the caller.
+        unsafe { super::one_by_one(self, dir, copies) }
     }
 
     fn fence(&self) -> Result<Box<dyn GpuFence>, GpuError> {

@@ -14,6 +14,8 @@ pub(crate) mod staging;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "cuda")]
+mod cuda_batch;
 #[cfg(feature = "hip")]
 pub mod hip;
 
@@ -154,8 +156,93 @@ pub trait GpuStream: fmt::Debug {
     /// Both ranges must be live device memory, untouched by others until a later fence
     /// completes.
     unsafe fn d2d(&self, dst: u64, src: u64, len: usize) -> Result<(), GpuError>;
+    /// Enqueue `copies`, all in direction `dir`, in order, where the runtime can in one call
+    /// (CUDA's `cuMemcpyBatchAsync`): a chunk of many small segments then costs one driver
+    /// call instead of one per segment. The default enqueues them one by one. An error may
+    /// leave some of them enqueued, as a failure half way through single copies would.
+    ///
+    /// # Safety
+    /// Every copy as [`Self::d2h`], [`Self::h2d`] or [`Self::d2d`] (by `dir`) requires.
+    unsafe fn copy_batch(&self, dir: CopyDir, copies: &[BatchCopy]) -> Result<(), GpuError> {
+        // SAFETY: forwarded from the caller.
+        unsafe { one_by_one(self, dir, copies) }
+    }
     /// A fence that completes once every copy enqueued so far has.
     fn fence(&self) -> Result<Box<dyn GpuFence>, GpuError>;
+}
+
+/// The direction of the copies of a [`GpuStream::copy_batch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyDir {
+    /// Device to pinned host memory.
+    D2h,
+    /// Pinned host to device memory.
+    H2d,
+    /// Device to device (the source on any device this process reaches).
+    D2d,
+}
+
+/// One copy of a batch: `len` bytes from `src` to `dst`, host addresses as integers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchCopy {
+    /// Destination address.
+    pub dst: u64,
+    /// Source address.
+    pub src: u64,
+    /// Bytes.
+    pub len: usize,
+}
+
+/// Whether the engine hands a chunk's segments to the GPU runtime as one batch
+/// ([`GpuStream::copy_batch`]); `MORIO_GPU_BATCH_COPIES=off` enqueues them one by one (an A/B
+/// knob, read once).
+pub(crate) fn batch_copies() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        !matches!(
+            std::env::var("MORIO_GPU_BATCH_COPIES").as_deref(),
+            Ok("off" | "0" | "false")
+        )
+    })
+}
+
+/// Enqueue `copies` on `stream`: one batch, or one by one (a single copy, or batching off).
+///
+/// # Safety
+/// As [`GpuStream::copy_batch`].
+pub(crate) unsafe fn enqueue_copies(
+    stream: &dyn GpuStream,
+    dir: CopyDir,
+    copies: &[BatchCopy],
+) -> Result<(), GpuError> {
+    if copies.len() > 1 && batch_copies() {
+        // SAFETY: forwarded from the caller.
+        return unsafe { stream.copy_batch(dir, copies) };
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { one_by_one(stream, dir, copies) }
+}
+
+/// Enqueue `copies` one call each.
+///
+/// # Safety
+/// As [`GpuStream::copy_batch`].
+pub unsafe fn one_by_one<S: GpuStream + ?Sized>(
+    stream: &S,
+    dir: CopyDir,
+    copies: &[BatchCopy],
+) -> Result<(), GpuError> {
+    for c in copies {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            match dir {
+                CopyDir::D2h => stream.d2h(c.dst as *mut u8, c.src, c.len)?,
+                CopyDir::H2d => stream.h2d(c.dst, c.src as *const u8, c.len)?,
+                CopyDir::D2d => stream.d2d(c.dst, c.src, c.len)?,
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A point in a stream; polled, never blocked on, by the shard's executor.

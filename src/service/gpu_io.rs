@@ -12,7 +12,7 @@ use std::time::Duration;
 use super::{gpu_ipc, Shard};
 use crate::gpu::pack::{jobs, Job};
 use crate::gpu::staging::{Slot, Staging};
-use crate::gpu::{GpuError, GpuStream};
+use crate::gpu::{self, BatchCopy, CopyDir, GpuError, GpuStream};
 use crate::proto::frame::Frame;
 use crate::region::Region;
 use crate::transport::framed::{ConnError, FrameReader, FrameWriter};
@@ -106,15 +106,19 @@ pub(crate) enum SendError {
 
 fn issue_d2h(c: &Ctx, region: &Region, job: &Job, slot: &mut Slot) -> Result<(), GpuError> {
     let base = slot.ptr();
-    for p in &job.parts {
-        // SAFETY: the parts lie in the region (checked before the transfer started) and in
-        // the slot (`jobs` never overfills it); the slot is not touched again until its
-        // fence completes.
-        unsafe {
-            c.stream
-                .d2h(base.add(p.slot_off), region.device_addr(p.dev_off), p.len)?
-        };
-    }
+    let copies: Vec<BatchCopy> = job
+        .parts
+        .iter()
+        .map(|p| BatchCopy {
+            dst: base.wrapping_add(p.slot_off) as u64,
+            src: region.device_addr(p.dev_off),
+            len: p.len,
+        })
+        .collect();
+    // SAFETY: the parts lie in the region (checked before the transfer started) and in the
+    // slot (`jobs` never overfills it); the slot is not touched again until its fence
+    // completes.
+    unsafe { gpu::enqueue_copies(&*c.stream, CopyDir::D2h, &copies)? };
     slot.set_fence(c.stream.fence()?);
     Ok(())
 }
@@ -228,14 +232,18 @@ async fn stage_from_device(
 
 fn issue_h2d(c: &Ctx, region: &Region, job: &Job, slot: &mut Slot) -> Result<(), GpuError> {
     let base = slot.bytes().as_ptr();
-    for p in &job.parts {
-        // SAFETY: as in `issue_d2h`, directions swapped; the slot's bytes were filled from
-        // the socket before this call and stay untouched until the fence completes.
-        unsafe {
-            c.stream
-                .h2d(region.device_addr(p.dev_off), base.add(p.slot_off), p.len)?
-        };
-    }
+    let copies: Vec<BatchCopy> = job
+        .parts
+        .iter()
+        .map(|p| BatchCopy {
+            dst: region.device_addr(p.dev_off),
+            src: base.wrapping_add(p.slot_off) as u64,
+            len: p.len,
+        })
+        .collect();
+    // SAFETY: as in `issue_d2h`, directions swapped; the slot's bytes were filled from the
+    // socket before this call and stay untouched until the fence completes.
+    unsafe { gpu::enqueue_copies(&*c.stream, CopyDir::H2d, &copies)? };
     slot.set_fence(c.stream.fence()?);
     Ok(())
 }

@@ -3,7 +3,7 @@
 //! sender's allocation and copies it device to device on its own stream, with no staging.
 
 use super::Shard;
-use crate::gpu::{GpuError, IpcExport};
+use crate::gpu::{BatchCopy, CopyDir, GpuError, IpcExport};
 use crate::region::Region;
 use crate::transport::framed::{ConnError, FrameReader, FrameWriter};
 use crate::transport::local::{Device, Verdict};
@@ -82,7 +82,7 @@ pub(super) async fn take_device(
             map.size
         )));
     }
-    let mut failed: Option<GpuError> = None;
+    let mut copies = Vec::new();
     let mut src = d.parts.iter().copied();
     let (mut s_off, mut s_left) = src.next().unwrap_or_default();
     'spans: for &(dst_off, len) in spans {
@@ -95,26 +95,22 @@ pub(super) async fn take_device(
                 }
             }
             let k = s_left.min(len - done);
-            // SAFETY: the destination lies in the region (checked before the transfer
-            // started) and the source in the opened allocation (checked above); neither is
-            // released before the fence below completes (the region is held by this
-            // chunk, the mapping by the runtime, the sender's memory by its waiting send).
-            let r = unsafe {
-                stream.d2d(
-                    region.device_addr(dst_off + done),
-                    map.base + s_off,
-                    k as usize,
-                )
-            };
-            if let Err(e) = r {
-                failed = Some(e);
-                break 'spans;
-            }
+            copies.push(BatchCopy {
+                dst: region.device_addr(dst_off + done),
+                src: map.base + s_off,
+                len: k as usize,
+            });
             done += k;
             s_off += k;
             s_left -= k;
         }
     }
+    // SAFETY: the destinations lie in the region (checked before the transfer started) and
+    // the sources in the opened allocation (checked above); neither is released before the
+    // fence below completes (the region is held by this chunk, the mapping by the runtime,
+    // the sender's memory by its waiting send).
+    let mut failed: Option<GpuError> =
+        unsafe { crate::gpu::enqueue_copies(&*stream, CopyDir::D2d, &copies) }.err();
     // Every copy queued is waited for before the sender may reuse its memory.
     match stream.fence() {
         Ok(f) => {

@@ -234,6 +234,53 @@ fn gpu_batches_of_small_and_scattered_segments() {
     }
 }
 
+/// A chunk's many small segments reach the GPU runtime as one batch of copies per staging
+/// slot (CUDA: one `cuMemcpyBatchAsync` instead of a call per segment), staged over TCP and
+/// copied device to device between processes of one host alike.
+#[test]
+fn a_chunks_segments_are_copied_in_batches() {
+    for same_host in [morio::SameHost::Off, morio::SameHost::Require] {
+        let fake = Arc::new(FakeGpu::new(1));
+        let rt: Arc<dyn GpuRuntime> = fake.clone();
+        let cfg = TcpBackendConfig {
+            same_host: Some(same_host),
+            ..small_slots()
+        };
+        let (a, b) = gpu_pair(&format!("gpu_batched_{same_host:?}"), cfg, &rt);
+        let n = 256 * 64;
+        let src = buffer(&a, Kind::Gpu, &random_bytes(n, 15));
+        let dst = buffer(&b, Kind::Gpu, &vec![0u8; n]);
+        let lo: Vec<usize> = (0..256).map(|i| i * 64).collect();
+        let ro: Vec<usize> = (0..256).map(|i| (255 - i) * 64 + 3).collect();
+        let sz = vec![16usize; 256];
+        let mut want = vec![0u8; n];
+        let s = src.to_vec();
+        for (&l, &r) in lo.iter().zip(&ro) {
+            want[r..r + 16].copy_from_slice(&s[l..l + 16]);
+        }
+        let (copies, batches) = (fake.copies(), fake.batches());
+        let uid = a.allocate_transfer_uid();
+        let st = a.batch_write(
+            &[src.desc().clone()],
+            std::slice::from_ref(&lo),
+            &[dst.desc().clone()],
+            std::slice::from_ref(&ro),
+            std::slice::from_ref(&sz),
+            &[uid],
+        );
+        assert_ok(&st[0], "16 B x 256 batch write");
+        assert_bytes_eq(&dst.to_vec(), &want, "16 B x 256 batch write");
+        let (copies, batches) = (fake.copies() - copies, fake.batches() - batches);
+        // Staged: 256 D2H and 256 H2D copies; same host: 256 device-to-device copies. One
+        // 4 KiB payload fits a slot, so each side issues one batch.
+        assert!(copies >= 256, "{same_host:?}: {copies} copies");
+        assert!(
+            (1..=2).contains(&batches),
+            "{same_host:?}: {copies} copies in {batches} batches"
+        );
+    }
+}
+
 /// Pinned staging never exceeds the configured cap, however large the transfer.
 #[test]
 fn staging_stays_within_the_configured_cap() {

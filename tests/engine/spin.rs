@@ -194,7 +194,7 @@ fn cpu_since(before: &[(String, u64)]) -> Vec<(String, u64)> {
         })
         .filter(|(_, n)| *n > 0)
         .collect();
-    d.sort_by(|a, b| b.1.cmp(&a.1));
+    d.sort_by_key(|t| std::cmp::Reverse(t.1));
     d
 }
 
