@@ -428,7 +428,10 @@ mod tests {
 
     #[test]
     fn records_of_peers_that_hold_nothing_go_once_idle() {
-        let s = store(Duration::from_millis(20));
+        // Long enough that none expires while a loaded machine records them (20 ms did not
+        // cover that under a busy CPU).
+        let ttl = Duration::from_millis(500);
+        let s = store(ttl);
         for i in 0..1000u64 {
             // Distinct, long keys, as from many connections with distinct source keys.
             let key = format!("{i:01000}");
@@ -438,7 +441,7 @@ mod tests {
             }
         }
         assert_eq!(s.counts(), (500, 1000));
-        std::thread::sleep(Duration::from_millis(30));
+        std::thread::sleep(ttl + Duration::from_millis(10));
         // Expired statuses went (the records go once idle for IDLE_PEER).
         s.sweep();
         assert_eq!(s.counts().0, 0);

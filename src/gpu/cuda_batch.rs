@@ -77,6 +77,11 @@ pub(super) unsafe fn enqueue(
     let mut attrs: sys::CUmemcpyAttributes = unsafe { std::mem::zeroed() };
     // Sources are read in stream order, after the work queued before (as single copies are).
     attrs.srcAccessOrder = sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+    // Small copies on the copy engines, leaving the SMs to the application's kernels (a
+    // serving engine computes while its KV cache moves); larger ones where the driver picks.
+    if copies.iter().all(|c| c.len <= super::BATCH_MAX_COPY) {
+        attrs.flags = sys::CUmemcpyFlags::CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE as u32;
+    }
     // One set of attributes, for the copies from index 0 on.
     let mut attr_idx = [0usize];
     let n = copies.len();
