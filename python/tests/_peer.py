@@ -116,3 +116,62 @@ def cuda_target_main(conn, mode: str) -> None:
 
 def big_n(seed: int, n: int) -> np.ndarray:
     return ((np.arange(n, dtype=np.int64) * (2 * seed + 1) + seed) % 253 + 1).astype(np.uint8)
+
+
+VMM_BYTES = 72 << 20
+
+
+def vmm_main(conn, mode: str) -> None:
+    """Two engines of one process whose CUDA tensors come from torch's expandable segments
+    (virtual-memory chunks of 20 MiB mapped side by side): register tensors that span several
+    chunks and start inside one, move them whole, in parts across the seams and as a batch,
+    and report what was verified (or the traceback)."""
+    try:
+        import os
+
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+        import torch
+
+        from morio import BackendType, IOEngine, IOEngineConfig, TcpBackendConfig
+
+        def engine(name):
+            e = IOEngine(name, IOEngineConfig("127.0.0.1", 0))
+            e.create_backend(BackendType.TCP, TcpBackendConfig(num_data_conns=2, same_host=mode))
+            return e
+
+        a, b = engine("vmm_a"), engine("vmm_b")
+        a.register_remote_engine(b.get_engine_desc())
+        b.register_remote_engine(a.get_engine_desc())
+        n = VMM_BYTES
+        pad = torch.empty(5 << 20, dtype=torch.uint8, device="cuda:0")  # starts off a seam
+        src = torch.from_numpy(big_n(3, n)).to("cuda:0")
+        dst = torch.zeros(n, dtype=torch.uint8, device="cuda:0")
+        torch.cuda.synchronize()
+        segments = torch.cuda.memory._snapshot().get("segments", [])
+        expandable = any(s.get("is_expandable") for s in segments)
+        sm, dm = a.register_torch_tensor(src), b.register_torch_tensor(dst)
+        st = a.write(sm, 0, dm, 0, n, a.allocate_transfer_uid())
+        st.Wait()
+        assert st.Succeeded(), st.Message()
+        torch.cuda.synchronize()
+        want = big_n(3, n)
+        assert np.array_equal(dst.cpu().numpy(), want), "whole write"
+        # Back in parts that straddle the 20 MiB seams, into a fresh tensor.
+        back = torch.zeros(n, dtype=torch.uint8, device="cuda:0")
+        bm = a.register_torch_tensor(back)
+        offs = [0, (20 << 20) - 4096 - 5, (40 << 20) - 7, n - (3 << 20)]
+        sizes = [1 << 20, 8192 + 11, 6 << 20, 3 << 20]
+        st = a.batch_read([bm], [offs], [dm], [offs], [sizes], [a.allocate_transfer_uid()])[0]
+        st.Wait()
+        assert st.Succeeded(), st.Message()
+        got = back.cpu().numpy()
+        for o, z in zip(offs, sizes):
+            assert np.array_equal(got[o:o + z], want[o:o + z]), f"part at {o}"
+        staged = sum(s["gpu_staged_bytes"] for s in a.stats() + b.stats())
+        ipc = sum(s["gpu_ipc_bytes"] for s in a.stats() + b.stats())
+        conn.send({"ok": True, "expandable": expandable, "staged": staged, "ipc": ipc})
+        del pad
+        a.close()
+        b.close()
+    except BaseException:
+        conn.send({"ok": False, "error": traceback.format_exc()})

@@ -147,6 +147,24 @@ def test_cuda_tensors_between_two_processes(engines, mode):
         finish_peer(parent, proc)
 
 
+@pytest.mark.parametrize("mode", ["require", "off"])
+def test_cuda_tensors_from_expandable_segments(mode):
+    """CUDA tensors from torch's expandable segments (virtual-memory chunks mapped side by
+    side; the driver reports one chunk per address) register whole and move intact, across
+    the chunks' seams, in a process of their own (the allocator is chosen at CUDA's start)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    with peer_process(_peer.vmm_main, mode) as (parent, proc):
+        assert parent.poll(120), "the process did not answer"
+        got = parent.recv()
+        assert got["ok"], got.get("error")
+        print(got)
+        assert got["expandable"], "torch did not use expandable segments here"
+        proc.join(20)
+        assert proc.exitcode == 0
+
+
 def test_gpu_ipc_check_says_why_not():
     """gpu_ipc_unavailable() is None only where the build has a GPU runtime and it exports
     memory; anywhere else it names the reason."""

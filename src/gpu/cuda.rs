@@ -148,25 +148,55 @@ impl GpuRuntime for CudaRuntime {
         bind(self.ctx(dev)?)?;
         let bad = |why: String| GpuError::NotDeviceMemory { dev, ptr, len, why };
         use sys::CUpointer_attribute as A;
-        let kind: u32 = Self::attr(ptr, A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE)
-            .map_err(|e| bad(format!("the driver does not know it ({e:?})")))?;
-        if kind != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
-            return Err(bad(format!("memory type {kind} is not device memory")));
+        let end = ptr
+            .checked_add(len as u64)
+            .ok_or_else(|| bad("it runs past the end of the address space".into()))?;
+        // VMM memory (`cuMemMap`: torch's expandable segments, vLLM's cuMem pool) maps
+        // separately created physical chunks side by side, and the driver reports the range of
+        // the chunk holding an address only (20 MiB for torch). A range may go on into the
+        // next chunk where both are such memory: mapped, and without a legacy IPC handle (which
+        // every `cuMemAlloc` allocation has; one of those ends where the driver says).
+        let vmm = |at: u64| {
+            Self::attr::<u64>(at, A::CU_POINTER_ATTRIBUTE_MAPPED).is_ok_and(|m| m != 0)
+                && Self::attr::<u64>(at, A::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE)
+                    .is_ok_and(|l| l == 0)
+        };
+        let mut at = ptr;
+        loop {
+            let here = |what: String| {
+                if at == ptr {
+                    what
+                } else {
+                    format!("it runs on into {at:#x}, where {what}")
+                }
+            };
+            let kind: u32 = Self::attr(at, A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE)
+                .map_err(|e| bad(here(format!("the driver does not know it ({e:?})"))))?;
+            if kind != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
+                return Err(bad(here(format!(
+                    "memory type {kind} is not device memory"
+                ))));
+            }
+            let ord: i32 = Self::attr(at, A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)
+                .map_err(|e| bad(format!("{e:?}")))?;
+            if ord != dev {
+                return Err(bad(here(format!("it belongs to GPU {ord}"))));
+            }
+            let start: u64 = Self::attr(at, A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
+                .map_err(|e| bad(format!("{e:?}")))?;
+            let size: usize = Self::attr(at, A::CU_POINTER_ATTRIBUTE_RANGE_SIZE)
+                .map_err(|e| bad(format!("{e:?}")))?;
+            let alloc_end = start.saturating_add(size as u64);
+            if end <= alloc_end {
+                return Ok(());
+            }
+            if alloc_end <= at || !vmm(at) || !vmm(alloc_end) {
+                return Err(bad(here(format!(
+                    "its allocation is {size} bytes at {start:#x}"
+                ))));
+            }
+            at = alloc_end;
         }
-        let ord: i32 = Self::attr(ptr, A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)
-            .map_err(|e| bad(format!("{e:?}")))?;
-        if ord != dev {
-            return Err(bad(format!("it belongs to GPU {ord}")));
-        }
-        let start: u64 = Self::attr(ptr, A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
-            .map_err(|e| bad(format!("{e:?}")))?;
-        let size: usize = Self::attr(ptr, A::CU_POINTER_ATTRIBUTE_RANGE_SIZE)
-            .map_err(|e| bad(format!("{e:?}")))?;
-        let end = ptr.checked_add(len as u64);
-        if end.is_none_or(|e| e > start + size as u64) {
-            return Err(bad(format!("its allocation is {size} bytes at {start:#x}")));
-        }
-        Ok(())
     }
 
     fn alloc_pinned(&self, len: usize) -> Result<PinnedBuf, GpuError> {
@@ -216,6 +246,17 @@ impl GpuRuntime for CudaRuntime {
 
     fn ipc_export(&self, dev: i32, ptr: u64) -> Result<IpcExport, GpuError> {
         bind(self.ctx(dev)?)?;
+        let legacy: u64 = Self::attr(
+            ptr,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+        )
+        .unwrap_or(1);
+        if legacy == 0 {
+            return Err(GpuError::Unavailable(
+                "memory from a virtual-memory allocator (cuMemCreate) has no legacy IPC handle"
+                    .into(),
+            ));
+        }
         let (mut base, mut size) = (0u64, 0usize);
         // SAFETY: writes two values; the driver checks `ptr`.
         unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) }

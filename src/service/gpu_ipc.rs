@@ -29,10 +29,13 @@ pub(super) fn device_parts(
         return None;
     }
     let at = region.device_addr(0).checked_sub(ex.base)?;
-    Some((
-        ex,
-        spans.iter().map(|&(off, len)| (at + off, len)).collect(),
-    ))
+    let parts: Vec<(u64, u64)> = spans.iter().map(|&(off, len)| (at + off, len)).collect();
+    // Only parts inside the exported allocation: the receiver opens that much (a region of
+    // several allocations is staged).
+    parts
+        .iter()
+        .all(|&(off, len)| off.checked_add(len).is_some_and(|e| e <= ex.size))
+        .then_some((ex, parts))
 }
 
 /// Copy offered device parts `d` of process `pid` into `spans` of `region` on this shard's
