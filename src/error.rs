@@ -64,4 +64,22 @@ pub enum EngineError {
     /// The engine is shutting down.
     #[error("engine is shutting down")]
     ShuttingDown,
+    /// A remote engine key that was never registered (or was deregistered).
+    #[error("remote engine {0:?} is not registered with this engine")]
+    UnknownRemote(String),
+    /// The call needs the TCP backend, and `create_backend` has not made it.
+    #[error("no backend: call create_backend first")]
+    NoBackend,
+    /// A connection to a remote engine could not be opened.
+    #[error("cannot connect to remote engine {key:?} at {addr} (lane {lane}): {message}")]
+    Connect {
+        /// The engine key.
+        key: String,
+        /// The address dialed.
+        addr: String,
+        /// The lane that failed first.
+        lane: usize,
+        /// Why.
+        message: String,
+    },
 }

@@ -61,7 +61,7 @@ pub use desc::{
     AccessKey, BackendType, DescError, EngineDesc, EngineKey, MemoryDesc, MemoryLocationType,
     MemoryUniqueId, TransferUniqueId, HANDLE_LEN, NODE_ID_ENV,
 };
-pub use engine::{IoEngine, RegisterOptions, RegisteredBuffer};
+pub use engine::{IoEngine, LaneTransport, RegisterOptions, RegisteredBuffer};
 pub use error::EngineError;
 pub use host::{check_host, check_same_host, check_same_host_rings};
 pub use metrics::METRICS_CONTENT_TYPE;

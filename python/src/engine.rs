@@ -4,8 +4,11 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Once, RwLock, Weak};
+use std::time::Duration;
 
-use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{
+    PyConnectionError, PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError,
+};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
@@ -31,7 +34,9 @@ pub fn engine_err(e: EngineError) -> PyErr {
         EngineError::Config(c) => PyValueError::new_err(c.to_string()),
         EngineError::BadRemoteAddress { .. }
         | EngineError::UnknownMemory(_)
+        | EngineError::UnknownRemote(_)
         | EngineError::RegionTooLarge { .. } => PyValueError::new_err(e.to_string()),
+        EngineError::Connect { .. } => PyConnectionError::new_err(e.to_string()),
         other => PyRuntimeError::new_err(other.to_string()),
     }
 }
@@ -376,6 +381,27 @@ impl PyIoEngine {
         self.engine()?
             .register_remote_engine(&engine_desc.inner)
             .map_err(engine_err)
+    }
+
+    /// Open every connection (lane) to the registered peer `remote_key` now instead of on
+    /// its first transfers, and wait at most `timeout_ms` until each is up (dialed,
+    /// authenticated, same-host where that applies). Returns each lane's transport:
+    /// `"tcp"`, `"same-host"` or `"same-host-ring"`. Raises `ConnectionError` when a lane
+    /// cannot be opened in time (unreachable, refused, another `auth_secret`), `ValueError`
+    /// for a key never registered.
+    #[pyo3(signature = (remote_key, timeout_ms = 10000))]
+    fn connect_remote_engine(
+        &self,
+        py: Python<'_>,
+        remote_key: &str,
+        timeout_ms: u64,
+    ) -> PyResult<Vec<&'static str>> {
+        let engine = self.engine()?;
+        let key = remote_key.to_string();
+        let lanes = py
+            .detach(|| engine.connect_remote_engine(&key, Duration::from_millis(timeout_ms)))
+            .map_err(engine_err)?;
+        Ok(lanes.into_iter().map(|t| t.name()).collect())
     }
 
     /// Forget a peer and close its connections; its transfers in flight fail.

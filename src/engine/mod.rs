@@ -1,12 +1,14 @@
 //! `IoEngine`: MORI-IO's engine object over morio's thread-per-core TCP data plane. This file
 //! holds the object itself (construction, identity, drop); its calls are grouped by concern:
 //! [`backend`] (create and remove the TCP backend, statistics), [`memory`] (local and GPU
-//! memory), [`remote`] (peers), [`transfer`] (reads, writes, sessions, statuses) and
+//! memory), [`remote`] (peers), [`connect`] (a peer's connections opened ahead of its first
+//! transfer), [`transfer`] (reads, writes, sessions, statuses) and
 //! [`buffer`] ([`RegisteredBuffer`]). The state it shares with its sessions and the
 //! submission path live in [`crate::submit`].
 
 mod backend;
 mod buffer;
+mod connect;
 mod memory;
 pub(crate) mod remote;
 mod transfer;
@@ -21,6 +23,7 @@ use crate::proto::limits::MAX_KEY_BYTES;
 use crate::submit::{lock, Core};
 
 pub use buffer::RegisteredBuffer;
+pub use connect::LaneTransport;
 pub use memory::RegisterOptions;
 
 /// One engine per process endpoint, named by a unique key (MORI-IO's `IOEngine`).

@@ -39,6 +39,11 @@ use crate::transport::{Bound, Closer};
 pub(crate) use join::Joins;
 pub(crate) use msg::{Peer, ShardMsg, Submission};
 
+/// The names of a lane's transports, as a connected lane reports them.
+pub(crate) mod lane_transport {
+    pub(crate) use super::lane::{SAME_HOST, SAME_HOST_RING, TCP};
+}
+
 /// The connection caps of a backend with `cfg`.
 pub(crate) fn admission_for(cfg: &TcpBackendConfig) -> admission::Admission {
     admission::Admission::new(
@@ -237,6 +242,7 @@ impl Shard {
                 let _ = ack.send(());
             }
             ShardMsg::DropPeer(key) => lane::drop_peer(self, &key),
+            ShardMsg::Connect { peer, lane, ready } => lane::open(self, &peer, lane, ready),
             ShardMsg::Adopt(conn, hello, admitted) => serve::adopt(self, conn, hello, admitted),
             ShardMsg::Stats(tx) => {
                 let mut st = self.stats.borrow().clone();

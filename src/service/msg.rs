@@ -107,6 +107,14 @@ pub(crate) enum ShardMsg {
     RemoveRegion(u32, mpsc::Sender<()>),
     /// Close every lane to this peer (it was deregistered).
     DropPeer(Arc<str>),
+    /// Open lane `lane` to `peer` now if it is not open (its first transfer then pays no
+    /// dial); `ready` turns `SUCCESS` with the lane's transport as its message once it is up,
+    /// or an error with the reason it could not be opened.
+    Connect {
+        peer: Arc<Peer>,
+        lane: u16,
+        ready: Arc<TransferStatus>,
+    },
     /// Serve a connection a peer opened (accepted, its handshake done and admitted by shard
     /// 0; the admission is given back when the connection ends).
     Adopt(Handoff, Hello, super::admission::Admitted),

@@ -6,6 +6,7 @@ mod backend_lifecycle;
 mod basic;
 mod common;
 mod concurrency;
+mod connect;
 mod failures;
 mod gpu;
 mod gpu_same_host;

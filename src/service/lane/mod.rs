@@ -20,6 +20,7 @@ use crate::proto::lane::{LaneBook, Report};
 use crate::proto::limits::{NONCE_BYTES, VERSION};
 use crate::region::SharedRegion;
 use crate::stats::PeerSlot;
+use crate::status::{StatusCode, TransferStatus};
 use crate::trace;
 use crate::transport::framed::{read_frame_exact, FrameReader, FrameWriter};
 use crate::transport::{self, Closer};
@@ -43,6 +44,10 @@ pub(crate) struct Lane {
     bell: Bell,
     /// Closes the connection, once there is one.
     closer: Cell<Option<Closer>>,
+    /// The lane's transport once it is connected (as [`open`] reports it).
+    connected: Cell<Option<&'static str>>,
+    /// Callers of [`open`] waiting for the lane to come up (or die).
+    ready: RefCell<Vec<Arc<TransferStatus>>>,
 }
 
 impl Lane {
@@ -65,6 +70,27 @@ pub(crate) fn enqueue(shard: &Rc<Shard>, work: LaneWork) {
     lane.bell.ring();
 }
 
+/// Open lane `idx` to `peer` unless it is open or opening, and have `ready` say when it is up
+/// (`SUCCESS`, its transport as the message: [`TCP`], [`SAME_HOST`] or [`SAME_HOST_RING`]) or
+/// why it could not be opened (`ERR_RDMA_OP`).
+pub(crate) fn open(shard: &Rc<Shard>, peer: &Arc<Peer>, idx: u16, ready: Arc<TransferStatus>) {
+    let (lane, fresh) = lane_for(shard, peer, idx);
+    match lane.connected.get() {
+        Some(t) => ready.update(StatusCode::Success, t),
+        None => lane.ready.borrow_mut().push(ready),
+    }
+    if fresh {
+        rt::spawn_local(run(shard.clone(), lane)).detach();
+    }
+}
+
+/// A lane's transport as [`open`] reports it: TCP, ...
+pub(crate) const TCP: &str = "tcp";
+/// ... the same-host transport with its records in the socket, ...
+pub(crate) const SAME_HOST: &str = "same-host";
+/// ... or in shared-memory rings.
+pub(crate) const SAME_HOST_RING: &str = "same-host-ring";
+
 /// The live lane `idx` to `peer`, and whether it was just created (and needs its task).
 fn lane_for(shard: &Rc<Shard>, peer: &Arc<Peer>, idx: u16) -> (Rc<Lane>, bool) {
     let key = (peer.key.clone(), idx);
@@ -82,6 +108,8 @@ fn lane_for(shard: &Rc<Shard>, peer: &Arc<Peer>, idx: u16) -> (Rc<Lane>, bool) {
         book: RefCell::new(LaneBook::default()),
         bell: Bell::default(),
         closer: Cell::new(None),
+        connected: Cell::new(None),
+        ready: RefCell::new(Vec::new()),
     });
     shard.lanes.borrow_mut().insert(key, lane.clone());
     (lane, true)
@@ -156,6 +184,9 @@ fn retire(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: &str) {
 /// [`die`], failing the transfers with `msg` as it is; `failure`: count it as a lane failure
 /// (not a close on purpose).
 fn die_as(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: String, failure: bool) {
+    for r in lane.ready.take() {
+        r.update(StatusCode::ErrRdmaOp, msg.clone());
+    }
     let Some(hit) = lane
         .book
         .borrow_mut()
@@ -221,7 +252,12 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
     };
     let conn = match futures_lite::future::or(connect(&shard, &lane), closed).await {
         Ok(s) => s,
-        Err(e) => return die(&shard, &lane, &e),
+        Err(e) => {
+            for r in lane.ready.take() {
+                r.update(StatusCode::ErrRdmaOp, e.clone());
+            }
+            return die(&shard, &lane, &e);
+        }
     };
     if lane.dead() {
         return;
@@ -238,6 +274,15 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
         .borrow_mut()
         .count_lane_connect(lane.counters, lane.lane, local, w.rides_ring());
     lane.closer.set(Some(closer));
+    let transport = match (local, w.rides_ring()) {
+        (false, _) => TCP,
+        (true, false) => SAME_HOST,
+        (true, true) => SAME_HOST_RING,
+    };
+    lane.connected.set(Some(transport));
+    for r in lane.ready.take() {
+        r.update(StatusCode::Success, transport);
+    }
     let reader = FrameReader::new(r, cfg.op_timeout);
     rt::spawn_local(read_loop(shard.clone(), lane.clone(), reader)).detach();
     let mut writer = FrameWriter::new(w, cfg.inline_write_bytes);

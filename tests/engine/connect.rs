@@ -1,0 +1,166 @@
+//! A peer's connections opened ahead of its first transfer (`connect_remote_engine`): every
+//! lane comes up and reports its transport, the transfers that follow dial nothing, and a
+//! peer that cannot be reached, refuses this engine or never answers is an error within the
+//! call's timeout.
+
+use std::time::{Duration, Instant};
+
+use super::common::*;
+use morio::{AuthSecret, EngineError, LaneTransport, SameHost};
+
+fn lanes(n: usize) -> morio::TcpBackendConfig {
+    cfg_with(|c| c.num_data_conns = n)
+}
+
+/// Every lane comes up once, over the transport the pair uses; transfers after it open no
+/// connection, and calling again changes nothing.
+#[test]
+fn connecting_opens_every_lane_once_before_any_transfer() {
+    let (a, b) = pair("conn_all", lanes(5));
+    let t = a
+        .connect_remote_engine(b.key(), Duration::from_secs(10))
+        .unwrap();
+    assert_eq!(t.len(), 5, "{t:?}");
+    let s = a.stats().unwrap().total();
+    assert_eq!(s.lane_connects, 5);
+    let same_host = t.iter().filter(|t| t.is_same_host()).count() as u64;
+    assert_eq!(s.lane_connects_same_host, same_host, "{t:?}");
+    let rings = t
+        .iter()
+        .filter(|t| **t == LaneTransport::SameHostRing)
+        .count() as u64;
+    assert_eq!(s.lane_connects_ring, rings, "{t:?}");
+    // A striped write uses every lane, and dials none.
+    let n = 4 << 20;
+    let src = a.register_buffer(random_big(n, 1)).unwrap();
+    let dst = b.alloc_buffer(n).unwrap();
+    assert_ok(
+        &a.write(src.desc(), 0, dst.desc(), 0, n, a.allocate_transfer_uid()),
+        "write",
+    );
+    assert_bytes_eq(&dst.to_vec(), &src.to_vec(), "write");
+    assert_eq!(a.stats().unwrap().total().lane_connects, 5);
+    let again = a
+        .connect_remote_engine(b.key(), Duration::from_secs(10))
+        .unwrap();
+    assert_eq!(again, t);
+    assert_eq!(a.stats().unwrap().total().lane_connects, 5);
+}
+
+/// Forced off and required, the lanes report the transport asked for.
+#[test]
+fn lanes_report_their_transport() {
+    for (mode, same) in [(SameHost::Off, false), (SameHost::Require, true)] {
+        let (a, b) = pair(
+            &format!("conn_{mode:?}"),
+            cfg_with(|c| {
+                c.num_data_conns = 2;
+                c.same_host = Some(mode);
+            }),
+        );
+        let t = a
+            .connect_remote_engine(b.key(), Duration::from_secs(10))
+            .unwrap();
+        assert_eq!(t.len(), 2);
+        assert!(
+            t.iter().all(|t| t.is_same_host() == same),
+            "{mode:?}: {t:?}"
+        );
+    }
+}
+
+/// A key never registered, and an engine without its backend, are errors at once.
+#[test]
+fn unknown_peers_and_missing_backends_are_errors() {
+    let (a, b) = pair("conn_unknown", lanes(2));
+    let e = a
+        .connect_remote_engine("no_such_engine", Duration::from_secs(1))
+        .unwrap_err();
+    assert!(
+        matches!(e, EngineError::UnknownRemote(ref k) if k == "no_such_engine"),
+        "{e}"
+    );
+    let bare =
+        morio::IoEngine::new("conn_bare", morio::IoEngineConfig::new("127.0.0.1", 0)).unwrap();
+    bare.register_remote_engine(&b.engine_desc()).unwrap();
+    let e = bare
+        .connect_remote_engine(b.key(), Duration::from_secs(1))
+        .unwrap_err();
+    assert!(matches!(e, EngineError::NoBackend), "{e}");
+    drop(a);
+}
+
+/// Nobody listening: refused at once, the error names the peer, its address and the cause.
+#[test]
+fn an_unreachable_peer_is_an_error_naming_it() {
+    let a = engine("conn_refused_a", lanes(3));
+    // A port nobody listens on: bound, then closed.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    a.register_remote_engine(&desc_at("conn_gone", port))
+        .unwrap();
+    let t = Instant::now();
+    let e = a
+        .connect_remote_engine("conn_gone", Duration::from_secs(10))
+        .unwrap_err();
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    let msg = e.to_string();
+    println!("{msg}");
+    assert!(matches!(e, EngineError::Connect { .. }), "{msg}");
+    assert!(
+        msg.contains("conn_gone") && msg.contains(&port.to_string()),
+        "{msg}"
+    );
+    assert!(msg.to_lowercase().contains("refused"), "{msg}");
+}
+
+/// A peer with another deployment secret refuses the handshake: the error says so.
+#[test]
+fn a_peer_with_another_secret_is_an_error_at_connect() {
+    let with = |s: &[u8]| {
+        cfg_with(|c| {
+            c.num_data_conns = 2;
+            c.auth_secret = Some(AuthSecret::new(s));
+            c.handshake_timeout = Duration::from_millis(500);
+        })
+    };
+    let a = engine("conn_auth_a", with(b"the secret of deployment one"));
+    let b = engine("conn_auth_b", with(b"the secret of deployment two"));
+    a.register_remote_engine(&b.engine_desc()).unwrap();
+    let e = a
+        .connect_remote_engine(b.key(), Duration::from_secs(10))
+        .unwrap_err();
+    let msg = e.to_string();
+    println!("{msg}");
+    assert!(matches!(e, EngineError::Connect { .. }), "{msg}");
+    assert!(msg.contains("auth"), "{msg}");
+}
+
+/// A peer that accepts but never answers: the call returns at its timeout, not the
+/// engine's op_timeout, and says it is still not connected.
+#[test]
+fn a_silent_peer_times_out_at_the_call_s_timeout() {
+    let fake = FakePeer::start("conn_silent", FakeMode::Silent);
+    let a = engine(
+        "conn_silent_a",
+        cfg_with(|c| {
+            c.num_data_conns = 2;
+            c.op_timeout = Duration::from_secs(20);
+        }),
+    );
+    a.register_remote_engine(&desc_at("conn_silent", fake.port))
+        .unwrap();
+    let t = Instant::now();
+    let e = a
+        .connect_remote_engine("conn_silent", Duration::from_millis(300))
+        .unwrap_err();
+    let took = t.elapsed();
+    println!("{e}");
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    assert!(e.to_string().contains("not connected within"), "{e}");
+}
