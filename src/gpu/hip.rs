@@ -168,6 +168,68 @@ impl HipRuntime {
         }
         Ok(())
     }
+
+    /// The allocation (or virtual-memory chunk) holding device address `at` of `dev`: its
+    /// start and size; why not, if `at` is not device memory of `dev`.
+    fn device_piece(&self, dev: i32, at: u64) -> Result<(u64, usize), String> {
+        let mut a = PointerAttributes {
+            memory_type: u32::MAX,
+            device: -1,
+            device_pointer: std::ptr::null_mut(),
+            host_pointer: std::ptr::null_mut(),
+            is_managed: 0,
+            allocation_flags: 0,
+        };
+        // SAFETY: `a` has hipPointerAttribute_t's layout (asserted above) and only integer or
+        // raw-pointer fields, so any bytes HIP writes are valid; `at` is only looked up.
+        let r = unsafe {
+            hip::hipPointerGetAttributes(
+                (&mut a as *mut PointerAttributes).cast::<hip::hipPointerAttribute_t>(),
+                at as *const c_void,
+            )
+        };
+        if r != hipError_t::hipSuccess {
+            return Err(format!("the runtime does not know it ({})", describe(r)));
+        }
+        if a.memory_type != self.device_mem_type {
+            return Err(format!(
+                "memory type {} is not device memory",
+                a.memory_type
+            ));
+        }
+        if a.device != dev {
+            return Err(format!("it belongs to GPU {}", a.device));
+        }
+        let mut base: hip::hipDeviceptr_t = std::ptr::null_mut();
+        let mut size: usize = 0;
+        // SAFETY: writes one pointer and one size; `at` is only looked up.
+        let r =
+            unsafe { hip::hipMemGetAddressRange(&mut base, &mut size, at as hip::hipDeviceptr_t) };
+        if r != hipError_t::hipSuccess {
+            return Err(format!("hipMemGetAddressRange: {}", describe(r)));
+        }
+        Ok((base as u64, size))
+    }
+}
+
+/// Whether `at` is virtual-memory memory: mapped (`hipMemMap`) and without a legacy IPC
+/// handle (which every `hipMalloc` allocation has).
+fn vmm(at: u64) -> bool {
+    let attr = |a: hip::hipPointer_attribute| {
+        let mut v: u64 = 0;
+        // SAFETY: writes at most 8 bytes (an int or a bool) into `v`; `at` is only looked up.
+        let r = unsafe {
+            hip::hipPointerGetAttribute(
+                (&mut v as *mut u64).cast::<c_void>(),
+                a,
+                at as hip::hipDeviceptr_t,
+            )
+        };
+        (r == hipError_t::hipSuccess).then_some(v)
+    };
+    attr(hip::hipPointer_attribute::HIP_POINTER_ATTRIBUTE_MAPPED).is_some_and(|m| m != 0)
+        && attr(hip::hipPointer_attribute::HIP_POINTER_ATTRIBUTE_IS_LEGACY_HIP_IPC_CAPABLE)
+            .is_some_and(|l| l == 0)
 }
 
 impl GpuRuntime for HipRuntime {
@@ -215,51 +277,32 @@ impl GpuRuntime for HipRuntime {
         self.ordinal(dev)?;
         set_device(dev)?;
         let bad = |why: String| GpuError::NotDeviceMemory { dev, ptr, len, why };
-        let mut a = PointerAttributes {
-            memory_type: u32::MAX,
-            device: -1,
-            device_pointer: std::ptr::null_mut(),
-            host_pointer: std::ptr::null_mut(),
-            is_managed: 0,
-            allocation_flags: 0,
-        };
-        // SAFETY: `a` has hipPointerAttribute_t's layout (asserted above) and only integer or
-        // raw-pointer fields, so any bytes HIP writes are valid; `ptr` is only looked up.
-        let r = unsafe {
-            hip::hipPointerGetAttributes(
-                (&mut a as *mut PointerAttributes).cast::<hip::hipPointerAttribute_t>(),
-                ptr as *const c_void,
-            )
-        };
-        if r != hipError_t::hipSuccess {
-            return Err(bad(format!(
-                "the runtime does not know it ({})",
-                describe(r)
-            )));
+        let end = ptr
+            .checked_add(len as u64)
+            .ok_or_else(|| bad("it runs past the end of the address space".into()))?;
+        // As for CUDA: virtual-memory chunks (hipMemMap: torch's expandable segments on ROCm)
+        // are reported one per address; a range may run on into the next such chunk.
+        let mut at = ptr;
+        loop {
+            let (start, size) = self.device_piece(dev, at).map_err(|why| {
+                bad(if at == ptr {
+                    why
+                } else {
+                    format!("it runs on into {at:#x}, where {why}")
+                })
+            })?;
+            let alloc_end = start.saturating_add(size as u64);
+            if at < start {
+                return Err(bad(format!("its allocation is {size} bytes at {start:#x}")));
+            }
+            if end <= alloc_end {
+                return Ok(());
+            }
+            if alloc_end <= at || !vmm(at) || !vmm(alloc_end) {
+                return Err(bad(format!("its allocation is {size} bytes at {start:#x}")));
+            }
+            at = alloc_end;
         }
-        if a.memory_type != self.device_mem_type {
-            return Err(bad(format!(
-                "memory type {} is not device memory",
-                a.memory_type
-            )));
-        }
-        if a.device != dev {
-            return Err(bad(format!("it belongs to GPU {}", a.device)));
-        }
-        let mut base: hip::hipDeviceptr_t = std::ptr::null_mut();
-        let mut size: usize = 0;
-        // SAFETY: writes one pointer and one size; `ptr` is only looked up.
-        let r =
-            unsafe { hip::hipMemGetAddressRange(&mut base, &mut size, ptr as hip::hipDeviceptr_t) };
-        if r != hipError_t::hipSuccess {
-            return Err(bad(format!("hipMemGetAddressRange: {}", describe(r))));
-        }
-        let start = base as u64;
-        let end = ptr.checked_add(len as u64);
-        if ptr < start || end.is_none_or(|e| e > start + size as u64) {
-            return Err(bad(format!("its allocation is {size} bytes at {start:#x}")));
-        }
-        Ok(())
     }
 
     fn alloc_pinned(&self, len: usize) -> Result<PinnedBuf, GpuError> {
