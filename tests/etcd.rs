@@ -464,6 +464,56 @@ fn engines_publish_are_watched_move_data_and_are_forgotten_when_their_lease_goes
     drop(db);
 }
 
+/// With `connect_peers`, the watcher opens every connection to each peer it registers,
+/// before any transfer: one already published (the snapshot) and one that appears later.
+#[test]
+fn watchers_that_connect_peers_open_their_lanes_before_any_transfer() {
+    let etcd = Etcd::start();
+    let (a, b, c) = (engine("conn_a"), engine("conn_b"), engine("conn_c"));
+    let da = etcd.connect("/t9");
+    da.publish(&a, &[]).unwrap();
+    let o = DiscoveryOptions {
+        connect_peers: true,
+        ..etcd.options()
+    };
+    let dc = Discovery::connect_with(&[&etcd.endpoint], "/t9", o).unwrap();
+    dc.publish(&c, &[]).unwrap();
+    dc.watch(&c).unwrap();
+    let lanes = TcpBackendConfig::default().num_data_conns as u64;
+    let up_to = |peer: &str| {
+        c.stats()
+            .unwrap()
+            .per_peer()
+            .get(peer)
+            .map_or(0, |p| p.lane_connects)
+    };
+    let wait_for = |peer: &str| {
+        let t0 = Instant::now();
+        while up_to(peer) < lanes {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "{} of {lanes} lanes to {peer} after {:?}",
+                up_to(peer),
+                t0.elapsed()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_for("conn_a");
+    let db = etcd.connect("/t9");
+    db.publish(&b, &[]).unwrap();
+    wait_for("conn_b");
+    // Each lane once: the later put did not open a's again.
+    assert_eq!(up_to("conn_a"), lanes);
+    // A watcher without the option opens nothing until a transfer needs it.
+    let plain = etcd.connect("/t9");
+    let d = engine("conn_d");
+    plain.watch(&d).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(d.stats().unwrap().total().lane_connects, 0);
+    drop((da, db, dc, plain));
+}
+
 /// `morio serve` with `[discovery]`: it publishes itself and its regions, a peer finds it in
 /// etcd and moves verified data, and on SIGTERM it unpublishes (the peer's transfers fail).
 #[test]

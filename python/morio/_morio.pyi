@@ -326,8 +326,10 @@ class Discovery:
         ca_file: Optional[Union[str, os.PathLike[str]]] = None,
         cert_file: Optional[Union[str, os.PathLike[str]]] = None,
         key_file: Optional[Union[str, os.PathLike[str]]] = None,
+        connect_peers: bool = False,
     ) -> None:
-        """Connect (``"host:port"`` or URLs); defaults: TTL 10 s, timeouts 5 s, no user, no TLS."""
+        """Connect (``"host:port"`` or URLs); defaults: TTL 10 s, timeouts 5 s, no user, no TLS.
+        ``connect_peers``: ``watch`` also opens every connection to each peer it registers."""
     @property
     def prefix(self) -> str: ...
     @property

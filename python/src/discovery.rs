@@ -272,10 +272,13 @@ impl PyDiscovery {
     /// of its TLS certificate, and, where it asks clients for one, `cert_file` and
     /// `key_file` (paths; read here, OSError naming a file that cannot be read or holds no
     /// PEM; ConnectionError when the TLS handshake fails).
+    ///
+    /// `connect_peers=True`: `watch` also opens every connection to each peer it registers,
+    /// in the background (as `IOEngine.connect_remote_engine`; failures are logged).
     #[new]
     #[pyo3(signature = (endpoints, prefix = DEFAULT_PREFIX, *, lease_ttl_s = None,
         connect_timeout_s = None, request_timeout_s = None, user = None, password = None,
-        ca_file = None, cert_file = None, key_file = None))]
+        ca_file = None, cert_file = None, key_file = None, connect_peers = false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -289,12 +292,14 @@ impl PyDiscovery {
         ca_file: Option<PathBuf>,
         cert_file: Option<PathBuf>,
         key_file: Option<PathBuf>,
+        connect_peers: bool,
     ) -> PyResult<Self> {
         let endpoints = endpoint_list(endpoints)?;
         let (auth, tls) = access(user, password, ca_file, cert_file, key_file)?;
         let mut opts = DiscoveryOptions {
             auth,
             tls,
+            connect_peers,
             ..DiscoveryOptions::default()
         };
         if let Some(t) = lease_ttl_s {

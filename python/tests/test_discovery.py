@@ -172,6 +172,20 @@ def test_watch_registers_peers_and_forgets_one_whose_handle_closed(etcd, engines
             wait_until("c registers a again", reached, 5)
 
 
+def test_watch_with_connect_peers_opens_lanes_before_any_transfer(etcd, engines, prefix):
+    a, c = engines.engine("conn_a"), engines.engine("conn_c")
+    with etcd.connect(prefix) as da, etcd.connect(prefix, connect_peers=True) as dc:
+        da.publish(a, {})
+        dc.watch(c)
+        key = a.get_engine_desc().key
+
+        def up():
+            return c.peer_stats().get(key, {}).get("lane_connects", 0)
+
+        # small_config: 2 lanes per peer.
+        wait_until("c's lanes to a up", lambda: up() == 2, 10)
+
+
 def test_unreachable_etcd_is_a_connection_error_within_the_timeout():
     port = free_port()  # nothing listens there
     t0 = time.monotonic()

@@ -346,10 +346,19 @@ impl Discovery {
         let (watcher, stream) = self.snapshot_and_watch(&dir, &own, &core, &mut known)?;
         let conn = self.conn.clone();
         let timeout = self.opts.request_timeout;
+        let connect = self.connect_peers();
         self.rt.spawn(watch_loop(
-            conn, dir, own, core, known, watcher, stream, timeout,
+            conn, dir, own, core, known, watcher, stream, timeout, connect,
         ));
         Ok(())
+    }
+
+    /// How long to wait for a registered peer's connections, when they are opened at all
+    /// ([`DiscoveryOptions::connect_peers`]).
+    fn connect_peers(&self) -> Option<Duration> {
+        self.opts
+            .connect_peers
+            .then(|| self.opts.request_timeout.max(Duration::from_secs(10)))
     }
 
     fn snapshot_and_watch(
@@ -362,12 +371,13 @@ impl Discovery {
         let conn = &self.conn;
         let mut c = conn.client.clone();
         let t = self.opts.request_timeout;
+        let connect = self.connect_peers();
         let generation = conn.generation();
         match self.rt.block_on(async move {
             tokio::time::timeout(t, async {
-                match resync(&mut c, dir, own, core, known).await {
+                match resync(&mut c, dir, own, core, known, connect).await {
                     Err(e) if conn.renew(&e, generation).await => {
-                        resync(&mut c, dir, own, core, known).await
+                        resync(&mut c, dir, own, core, known, connect).await
                     }
                     r => r,
                 }

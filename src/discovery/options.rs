@@ -239,6 +239,13 @@ pub struct DiscoveryOptions {
     pub auth: Option<EtcdAuth>,
     /// TLS to etcd (none: plain HTTP/2).
     pub tls: Option<EtcdTls>,
+    /// Open every connection to each peer [`watch`](super::Discovery::watch) registers, in
+    /// the background, as [`IoEngine::connect_remote_engine`](crate::IoEngine::connect_remote_engine)
+    /// does (bounded by `request_timeout`, at least 10 s): peers' first transfers pay no
+    /// set-up, and one that cannot be reached or refuses this engine is logged when it
+    /// appears. Off by default (a fleet of N engines would open N × (N - 1) × lanes
+    /// connections).
+    pub connect_peers: bool,
 }
 
 impl Default for DiscoveryOptions {
@@ -249,6 +256,7 @@ impl Default for DiscoveryOptions {
             request_timeout: Duration::from_secs(5),
             auth: None,
             tls: None,
+            connect_peers: false,
         }
     }
 }

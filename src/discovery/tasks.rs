@@ -115,6 +115,7 @@ pub(super) async fn resync(
     own: &str,
     core: &Weak<Core>,
     known: &mut HashMap<String, EngineDesc>,
+    connect: Option<Duration>,
 ) -> Result<(Watcher, WatchStream), etcd_client::Error> {
     let r = c.get(dir, Some(GetOptions::new().with_prefix())).await?;
     let rev = r.header().map_or(0, |h| h.revision());
@@ -132,7 +133,7 @@ pub(super) async fn resync(
         }
         for d in seen.values() {
             if known.get(&d.key) != Some(d) {
-                apply_put(&core, d);
+                apply_put(&core, d, connect);
             }
         }
     }
@@ -171,10 +172,34 @@ pub(super) fn decode(key: &[u8], value: &[u8], dir: &str, own: &str) -> Option<E
     }
 }
 
-pub(super) fn apply_put(core: &Core, d: &EngineDesc) {
+/// Register `d`; with `connect` (a timeout), open its connections in the background and log
+/// how that went.
+pub(super) fn apply_put(core: &Arc<Core>, d: &EngineDesc, connect: Option<Duration>) {
     match register(core, d) {
         Ok(()) => log::info!("discovery: engine {} at {}:{}", d.key, d.host, d.port),
-        Err(e) => log::warn!("discovery: engine {}: {e}", d.key),
+        Err(e) => return log::warn!("discovery: engine {}: {e}", d.key),
+    }
+    let Some(timeout) = connect else { return };
+    let (core, key) = (core.clone(), d.key.clone());
+    // It waits for the lanes: on a thread of its own (not the runtime's blocking pool, which
+    // closing the handle would wait for), which holds the engine at most `timeout`.
+    let spawned = std::thread::Builder::new()
+        .name("morio-connect".into())
+        .stack_size(128 << 10)
+        .spawn(
+            move || match crate::engine::connect::connect(&core, &key, timeout) {
+                Ok(lanes) => {
+                    let same = lanes.iter().filter(|t| t.is_same_host()).count();
+                    log::info!(
+                        "discovery: engine {key}: {} connections up ({same} same-host)",
+                        lanes.len()
+                    );
+                }
+                Err(e) => log::warn!("discovery: {e}"),
+            },
+        );
+    if let Err(e) = spawned {
+        log::warn!("discovery: engine {}: no thread to connect it: {e}", d.key);
     }
 }
 
@@ -188,6 +213,7 @@ pub(super) async fn watch_loop(
     mut _watcher: Watcher,
     mut stream: WatchStream,
     timeout: Duration,
+    connect: Option<Duration>,
 ) {
     loop {
         match stream.message().await {
@@ -199,7 +225,7 @@ pub(super) async fn watch_loop(
                         EventType::Put => {
                             if let Some(d) = decode(kv.key(), kv.value(), &dir, &own) {
                                 if known.get(&d.key) != Some(&d) {
-                                    apply_put(&core, &d);
+                                    apply_put(&core, &d, connect);
                                     known.insert(d.key.clone(), d);
                                 }
                             }
@@ -234,7 +260,7 @@ pub(super) async fn watch_loop(
                     let generation = conn.generation();
                     let r = tokio::time::timeout(
                         timeout,
-                        resync(&mut c, &dir, &own, &core, &mut known),
+                        resync(&mut c, &dir, &own, &core, &mut known, connect),
                     )
                     .await;
                     match r {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::error::EngineError;
 use crate::service::ShardMsg;
 use crate::status::{StatusCode, TransferStatus};
-use crate::submit::read_lock;
+use crate::submit::{read_lock, Core};
 
 use super::IoEngine;
 
@@ -68,50 +68,61 @@ impl IoEngine {
         key: &str,
         timeout: Duration,
     ) -> Result<Vec<LaneTransport>, EngineError> {
-        let peer = read_lock(&self.core.remotes)
-            .get(key)
-            .cloned()
-            .ok_or_else(|| EngineError::UnknownRemote(key.to_string()))?;
-        let backend = self.core.backend().ok_or(EngineError::NoBackend)?;
-        let n_shards = backend.n_shards().max(1);
-        let n_lanes = backend.shared.cfg.num_data_conns as u16;
-        let deadline = Instant::now().checked_add(timeout);
-        let mut ready = Vec::with_capacity(n_lanes as usize);
-        for lane in 0..n_lanes {
-            let st = std::sync::Arc::new(TransferStatus::started());
-            let msg = ShardMsg::Connect {
-                peer: peer.clone(),
-                lane,
-                ready: st.clone(),
-            };
-            if backend.mesh.send(lane as usize % n_shards, msg).is_err() {
-                return Err(EngineError::ShuttingDown);
-            }
-            ready.push(st);
-        }
-        let failed = |lane: usize, message: String| EngineError::Connect {
-            key: key.to_string(),
-            addr: peer.addr.to_string(),
-            lane,
-            message,
-        };
-        let mut out = Vec::with_capacity(ready.len());
-        for (lane, st) in ready.iter().enumerate() {
-            let code = match deadline {
-                Some(d) => st.wait_for(d.saturating_duration_since(Instant::now())),
-                None => st.wait(),
-            };
-            match code {
-                StatusCode::Success => {
-                    let m = st.message();
-                    out.push(LaneTransport::from_name(&m).unwrap_or(LaneTransport::Tcp));
-                }
-                StatusCode::InProgress => {
-                    return Err(failed(lane, format!("not connected within {timeout:?}")))
-                }
-                _ => return Err(failed(lane, st.message())),
-            }
-        }
-        Ok(out)
+        connect(&self.core, key, timeout)
     }
+}
+
+/// [`IoEngine::connect_remote_engine`] on the engine's state.
+pub(crate) fn connect(
+    core: &Core,
+    key: &str,
+    timeout: Duration,
+) -> Result<Vec<LaneTransport>, EngineError> {
+    let peer = read_lock(&core.remotes)
+        .get(key)
+        .cloned()
+        .ok_or_else(|| EngineError::UnknownRemote(key.to_string()))?;
+    let backend = core.backend().ok_or(EngineError::NoBackend)?;
+    let n_shards = backend.n_shards().max(1);
+    let n_lanes = backend.shared.cfg.num_data_conns as u16;
+    let deadline = Instant::now().checked_add(timeout);
+    let mut ready = Vec::with_capacity(n_lanes as usize);
+    for lane in 0..n_lanes {
+        let st = std::sync::Arc::new(TransferStatus::started());
+        let msg = ShardMsg::Connect {
+            peer: peer.clone(),
+            lane,
+            ready: st.clone(),
+        };
+        if backend.mesh.send(lane as usize % n_shards, msg).is_err() {
+            return Err(EngineError::ShuttingDown);
+        }
+        ready.push(st);
+    }
+    // The shards answer; holding the backend while waiting would only delay its removal.
+    drop(backend);
+    let failed = |lane: usize, message: String| EngineError::Connect {
+        key: key.to_string(),
+        addr: peer.addr.to_string(),
+        lane,
+        message,
+    };
+    let mut out = Vec::with_capacity(ready.len());
+    for (lane, st) in ready.iter().enumerate() {
+        let code = match deadline {
+            Some(d) => st.wait_for(d.saturating_duration_since(Instant::now())),
+            None => st.wait(),
+        };
+        match code {
+            StatusCode::Success => {
+                let m = st.message();
+                out.push(LaneTransport::from_name(&m).unwrap_or(LaneTransport::Tcp));
+            }
+            StatusCode::InProgress => {
+                return Err(failed(lane, format!("not connected within {timeout:?}")))
+            }
+            _ => return Err(failed(lane, st.message())),
+        }
+    }
+    Ok(out)
 }

@@ -8,7 +8,7 @@
 
 mod backend;
 mod buffer;
-mod connect;
+pub(crate) mod connect;
 mod memory;
 pub(crate) mod remote;
 mod transfer;

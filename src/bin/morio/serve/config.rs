@@ -94,6 +94,10 @@ etcd = []
 prefix = "/morio"
 # Seconds a node that died stays published.
 lease_ttl_s = 10
+# Open every connection to each engine found there as soon as it appears (its first
+# transfer then pays no set-up, and one that cannot be reached or refuses this node is
+# logged at once); off, connections open on first use.
+connect_peers = false
 # etcd with authentication on: the user to authenticate as (its role must read and write
 # keys under the prefix) and a file holding its password (never the password itself here; a
 # trailing newline is ignored).
@@ -237,6 +241,7 @@ pub struct DiscoverySection {
     pub etcd: Vec<String>,
     pub prefix: String,
     pub lease_ttl_s: u64,
+    pub connect_peers: bool,
     pub user: Option<String>,
     pub password_file: Option<PathBuf>,
     pub ca_file: Option<PathBuf>,
@@ -250,6 +255,7 @@ impl Default for DiscoverySection {
             etcd: Vec::new(),
             prefix: "/morio".into(),
             lease_ttl_s: 10,
+            connect_peers: false,
             user: None,
             password_file: None,
             ca_file: None,
@@ -596,7 +602,11 @@ mod tests {
         let on = DEFAULT_TOML.replace("etcd = []", "etcd = [\"127.0.0.1:2379\"]");
         let r = ServeConfig::parse(&on);
         if cfg!(feature = "etcd") {
-            assert_eq!(r.unwrap().discovery.etcd, ["127.0.0.1:2379"]);
+            let d = r.unwrap().discovery;
+            assert_eq!(d.etcd, ["127.0.0.1:2379"]);
+            assert!(!d.connect_peers);
+            let conn = on.replace("connect_peers = false", "connect_peers = true");
+            assert!(ServeConfig::parse(&conn).unwrap().discovery.connect_peers);
             let ttl = on.replace("lease_ttl_s = 10", "lease_ttl_s = 0");
             let e = ServeConfig::parse(&ttl).unwrap_err();
             assert!(format!("{e:#}").contains("lease_ttl_s"), "{e:#}");

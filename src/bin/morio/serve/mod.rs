@@ -177,6 +177,7 @@ fn discovery(
     }
     let opts = DiscoveryOptions {
         lease_ttl: Duration::from_secs(d.lease_ttl_s),
+        connect_peers: d.connect_peers,
         auth: d.etcd_auth()?,
         tls: d.etcd_tls(),
         ..Default::default()
