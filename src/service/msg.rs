@@ -28,6 +28,10 @@ pub(crate) struct Peer {
     /// since every same-host chunk that is pulled or copied on the GPU costs its lane a round
     /// trip.
     pub same_host: AtomicBool,
+    /// Whether a transfer to it has had all its lanes opened ([`crate::service`]'s owners do
+    /// on the first transfer, as MORI-IO does, so the next small transfers find their lanes
+    /// up instead of each paying a dial).
+    pub opened: AtomicBool,
 }
 
 impl Peer {
@@ -37,6 +41,7 @@ impl Peer {
             key,
             addr,
             same_host: AtomicBool::new(false),
+            opened: AtomicBool::new(false),
         }
     }
 }

@@ -165,6 +165,9 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
     for (lane, items) in others {
         hand_out(lane, items);
     }
+    if !s.peer.opened.swap(true, Ordering::Relaxed) {
+        open_other_lanes(shard, &s.peer, &lanes);
+    }
     let mut t = shard.owner.borrow_mut();
     if t.map.is_empty() {
         shard.owns_work.ring();
@@ -314,6 +317,25 @@ pub(crate) fn tick(shard: &Rc<Shard>, now: u64) {
     };
     for ((peer, uid), e, code, msg) in expired {
         finish(shard, &peer, uid, e, code, &msg, true);
+    }
+}
+
+/// The first transfer to `peer`: open its lanes but `used` (which the transfer opens) in
+/// the background, as MORI-IO opens all its data connections on the first operation. A
+/// small transfer uses one lane, and each of the owner's next ones another (round robin), so
+/// lanes opened one at a time would make each of the first few small transfers pay a dial
+/// and handshake (about 1 ms on the dev VM, against 0.14 ms once up).
+fn open_other_lanes(shard: &Rc<Shard>, peer: &Arc<Peer>, used: &[u16]) {
+    for lane in 0..shard.shared.cfg.num_data_conns as u16 {
+        if !used.contains(&lane) {
+            let msg = ShardMsg::Connect {
+                peer: peer.clone(),
+                lane,
+                // Nobody waits: the lane opens, or fails and is dialed again when used.
+                ready: Arc::new(TransferStatus::started()),
+            };
+            shard.send(shard.lane_shard(lane), msg);
+        }
     }
 }
 

@@ -164,3 +164,41 @@ fn a_silent_peer_times_out_at_the_call_s_timeout() {
     );
     assert!(e.to_string().contains("not connected within"), "{e}");
 }
+
+/// The first transfer to a peer opens all its lanes (as MORI-IO does): the next small
+/// transfers, each on another lane of its owner, find them up instead of dialing.
+#[test]
+fn the_first_transfer_opens_every_lane() {
+    let (a, b) = pair("conn_first", lanes(6));
+    let src = a.register_buffer(random_big(64, 2)).unwrap();
+    let dst = b.alloc_buffer(64).unwrap();
+    assert_ok(
+        &a.write(src.desc(), 0, dst.desc(), 0, 8, a.allocate_transfer_uid()),
+        "8 B",
+    );
+    let t0 = Instant::now();
+    while a.stats().unwrap().total().lane_connects < 6 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            a.stats().unwrap().total()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for i in 1..8usize {
+        assert_ok(
+            &a.write(
+                src.desc(),
+                i * 8,
+                dst.desc(),
+                i * 8,
+                8,
+                a.allocate_transfer_uid(),
+            ),
+            "8 B",
+        );
+    }
+    assert_bytes_eq(&dst.to_vec(), &src.to_vec(), "eight writes");
+    let t = a.stats().unwrap().total();
+    assert_eq!((t.lane_connects, t.lane_failures), (6, 0), "{t:?}");
+}

@@ -141,8 +141,17 @@ fn per_peer_counters_match_what_was_done_on_both_sides() {
     let st = a.write(src.desc(), 0, &d_mem, 0, small, a.allocate_transfer_uid());
     assert_ne!(wait(&st), StatusCode::Success);
 
-    // The initiator, per peer.
-    let stats = a.stats().unwrap();
+    // The initiator, per peer, once every lane to D failed: the first transfer to a peer
+    // opens all its lanes (as MORI-IO does), and those without work fail on their own time.
+    let t0 = Instant::now();
+    let stats = loop {
+        let s = a.stats().unwrap();
+        let failed = s.per_peer().get(D).map_or(0, |p| p.lane_failures);
+        if failed >= n_lanes as u64 || t0.elapsed() > Duration::from_secs(10) {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
     let pa = stats.per_peer();
     let mut peers = vec![B, C, D];
     peers.sort();
@@ -177,8 +186,12 @@ fn per_peer_counters_match_what_was_done_on_both_sides() {
         "{to_d:?}"
     );
     assert_eq!((to_d.bytes_sent, to_d.bytes_received), (0, 0), "{to_d:?}");
-    assert_eq!((to_d.lane_connects, to_d.lane_failures), (0, 1), "{to_d:?}");
-    assert_eq!(to_d.lanes.len(), 1, "{to_d:?}");
+    assert_eq!(
+        (to_d.lane_connects, to_d.lane_failures),
+        (0, n_lanes as u64),
+        "{to_d:?}"
+    );
+    assert_eq!(to_d.lanes.len(), n_lanes as usize, "{to_d:?}");
     for p in [to_b, to_c, to_d] {
         // Nobody wrote to or read from A.
         assert_eq!(
