@@ -202,3 +202,51 @@ fn the_first_transfer_opens_every_lane() {
     let t = a.stats().unwrap().total();
     assert_eq!((t.lane_connects, t.lane_failures), (6, 0), "{t:?}");
 }
+
+/// A peer that restarts on the same address: its lanes went down with it, and the next
+/// transfer opens them all again (not one per transfer, as they come).
+#[test]
+fn lanes_that_went_down_are_all_opened_again_by_the_next_transfer() {
+    let port = closed_port();
+    let cfg = lanes(4);
+    let b = morio::IoEngine::new(
+        "conn_again_b",
+        morio::IoEngineConfig::new("127.0.0.1", port),
+    )
+    .unwrap();
+    b.create_backend(cfg.clone()).unwrap();
+    let a = engine("conn_again_a", cfg.clone());
+    a.register_remote_engine(&b.engine_desc()).unwrap();
+    let src = a.register_buffer(random_big(64, 3)).unwrap();
+    let dst = b.alloc_buffer(64).unwrap();
+    let connects = |want: u64| {
+        let t0 = Instant::now();
+        while a.stats().unwrap().total().lane_connects < want {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "{:?}",
+                a.stats().unwrap().total()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    assert_ok(
+        &a.write(src.desc(), 0, dst.desc(), 0, 8, a.allocate_transfer_uid()),
+        "before",
+    );
+    connects(4);
+    // The peer's backend goes and comes back on the same port; a's lanes see it close.
+    b.remove_backend(morio::BackendType::Tcp).unwrap();
+    b.create_backend(cfg).unwrap();
+    assert_eq!(b.engine_desc().port, port);
+    let t0 = Instant::now();
+    loop {
+        let st = a.write(src.desc(), 0, dst.desc(), 0, 8, a.allocate_transfer_uid());
+        if wait(&st) == morio::StatusCode::Success {
+            break;
+        }
+        // The first write may meet a lane that has not yet seen the close.
+        assert!(t0.elapsed() < Duration::from_secs(10), "{}", st.message());
+    }
+    connects(8);
+}

@@ -198,6 +198,14 @@ fn die_as(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: String, failure: bool) {
         let mut st = shard.stats.borrow_mut();
         st.count_lane_failure(lane.counters, lane.lane);
     }
+    if lane.connected.get().is_some() {
+        // A connection that was up went down (the peer restarted, say): the next transfer
+        // opens all lanes again, as the first did. A dial that failed leaves it be, so an
+        // unreachable peer is not dialed once per lane by every transfer.
+        lane.peer
+            .opened
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+    }
     {
         let mut lanes = shard.lanes.borrow_mut();
         let key = (lane.peer.key.clone(), lane.lane);
