@@ -123,6 +123,30 @@ fn no_waiter_sleeps_through_the_completion() {
     });
 }
 
+/// A completion callback registered while another thread completes the status runs exactly
+/// once, whichever comes first, and sees the terminal code (as an event loop's wake-up
+/// must: never lost, never twice).
+#[test]
+fn a_completion_callback_runs_once_whoever_comes_first() {
+    check(|| {
+        let s = Arc::new(TransferStatus::started());
+        let calls = Arc::new(loom::sync::atomic::AtomicUsize::new(0));
+        let done = {
+            let s = s.clone();
+            thread::spawn(move || s.update(StatusCode::Success, "done"))
+        };
+        {
+            let (calls, seen) = (calls.clone(), s.clone());
+            s.on_complete(move || {
+                assert_eq!(seen.code(), StatusCode::Success);
+                calls.fetch_add(1, loom::sync::atomic::Ordering::SeqCst);
+            });
+        }
+        done.join().unwrap();
+        assert_eq!(calls.load(loom::sync::atomic::Ordering::SeqCst), 1);
+    });
+}
+
 /// Two errors race: the first one stored is the one every observer sees, with its own
 /// message, and it never changes.
 #[test]

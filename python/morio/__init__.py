@@ -41,6 +41,7 @@ from ._morio import (
     set_wait_spin_us,
 )
 from ._morio import _shutdown_all
+from ._aio import wait_all_async, wait_async
 
 try:
     from ._morio import Discovery
@@ -77,6 +78,8 @@ __all__ = [
     "set_log_level",
     "set_wait_spin_adaptive",
     "set_wait_spin_us",
+    "wait_all_async",
+    "wait_async",
 ]
 if "Discovery" in globals():
     __all__.append("Discovery")

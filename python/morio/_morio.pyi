@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import os
 from collections.abc import Sequence
-from typing import Any, Optional, Protocol, Union
+from typing import Any, Generator, Optional, Protocol, Union
 
 __version__: str
 GPU_RUNTIMES: list[str]
@@ -237,6 +237,10 @@ class TransferStatus:
     def Failed(self) -> bool: ...
     def SetCode(self, code: int) -> None: ...
     def SetMessage(self, message: str) -> None: ...
+    def __await__(self) -> Generator[Any, None, StatusCode]:
+        """morio: ``await status`` in a running asyncio loop: its code once not IN_PROGRESS,
+        without blocking the loop (RuntimeError outside a running loop)."""
+        ...
     def Wait(self) -> StatusCode:
         """Block (GIL released, Ctrl-C honoured) until not IN_PROGRESS."""
     def WaitFor(self, timeout_ms: int = -1) -> StatusCode:
@@ -368,3 +372,10 @@ def fabric_alloc(size: int, device: int) -> int:
 def fabric_free(ptr: int) -> None:
     """MORI's FABRIC allocator: raises NotImplementedError (morio implements TCP only)."""
 def _shutdown_all() -> None: ...
+
+class _Notifier:
+    """Internal: the eventfd one asyncio loop watches (see ``morio._aio``)."""
+    def __init__(self) -> None: ...
+    def fileno(self) -> int: ...
+    def watch(self, status: TransferStatus) -> int: ...
+    def drain(self) -> list[int]: ...

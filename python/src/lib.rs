@@ -5,6 +5,7 @@
 // pyclasses are Python-facing: their repr is what users see, not Debug.
 #![allow(missing_debug_implementations)]
 
+mod aio;
 mod config;
 mod desc;
 #[cfg(feature = "etcd")]
@@ -104,6 +105,7 @@ fn _morio(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<desc::PyEngineDesc>()?;
     m.add_class::<desc::PyMemoryDesc>()?;
     m.add_class::<status::PyTransferStatus>()?;
+    m.add_class::<aio::PyNotifier>()?;
     m.add_class::<engine::PyIoEngine>()?;
     m.add_class::<session::PyIoEngineSession>()?;
     #[cfg(feature = "etcd")]

@@ -99,6 +99,15 @@ pub fn deadline_of(timeout_ms: i64) -> Option<Instant> {
 
 #[pymethods]
 impl PyTransferStatus {
+    /// `await status` (in a running asyncio event loop): the status's code once it is not
+    /// `IN_PROGRESS`, without blocking the loop (the completion rings an `eventfd` the loop
+    /// watches; see `morio.wait_async`).
+    fn __await__<'py>(slf: PyRef<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let fut = py.import("morio._aio")?.call_method1("future_of", (slf,))?;
+        fut.call_method0("__await__")
+    }
+
     #[new]
     fn new() -> Self {
         Self::wrap(Arc::new(TransferStatus::new()))

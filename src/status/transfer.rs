@@ -19,11 +19,19 @@ use crate::sync::{Condvar, Mutex, MutexGuard};
 /// (typically as `Arc<TransferStatus>`). Starts as `INIT`.
 pub struct TransferStatus {
     code: AtomicU32,
-    message: Mutex<String>,
+    message: Mutex<Locked>,
     changed: Condvar,
     /// Threads asleep on `changed` (changed under `message`'s lock): a completion with no
     /// sleeper skips the futex wake-up syscall.
     sleepers: AtomicU32,
+}
+
+/// What the status's mutex guards besides the code's stores.
+#[derive(Default)]
+struct Locked {
+    msg: String,
+    /// Called once the code is first terminal ([`TransferStatus::on_complete`]).
+    on_done: Vec<Box<dyn FnOnce() + Send>>,
 }
 
 impl TransferStatus {
@@ -41,7 +49,7 @@ impl TransferStatus {
     fn with_code(code: StatusCode) -> Self {
         TransferStatus {
             code: AtomicU32::new(code.as_u32()),
-            message: Mutex::new(String::new()),
+            message: Mutex::new(Locked::default()),
             changed: Condvar::new(),
             sleepers: AtomicU32::new(0),
         }
@@ -64,7 +72,28 @@ impl TransferStatus {
 
     /// Current message (empty unless set).
     pub fn message(&self) -> String {
-        self.lock().clone()
+        self.lock().msg.clone()
+    }
+
+    /// Call `f` once the code is terminal (`SUCCESS` or an error): at once, on this thread,
+    /// if it is already; else on the thread that makes it terminal (an engine's shard), right
+    /// after it wakes the waiters, so `f` must be quick and must not block (an event loop's
+    /// wake-up: a queue push and an `eventfd` write, say). Any number may be registered.
+    pub fn on_complete(&self, f: impl FnOnce() + Send + 'static) {
+        let mut guard = self.lock();
+        if self.code().is_terminal() {
+            drop(guard);
+            f();
+        } else {
+            guard.on_done.push(Box::new(f));
+        }
+    }
+
+    /// Run the completion callbacks taken from under the lock.
+    fn complete(hooks: Vec<Box<dyn FnOnce() + Send>>) {
+        for h in hooks {
+            h();
+        }
     }
 
     /// Code is `INIT`.
@@ -94,23 +123,35 @@ impl TransferStatus {
         if self.code().is_error() {
             return;
         }
-        *guard = msg.into();
+        guard.msg = msg.into();
         self.code.store(code.as_u32(), Ordering::Release);
+        let hooks = if code.is_terminal() {
+            std::mem::take(&mut guard.on_done)
+        } else {
+            Vec::new()
+        };
         drop(guard);
         self.wake_sleepers();
+        Self::complete(hooks);
     }
 
     /// Stores `code` unconditionally (even over an error) and wakes waiters.
     pub fn set_code(&self, code: StatusCode) {
-        let guard = self.lock();
+        let mut guard = self.lock();
         self.code.store(code.as_u32(), Ordering::Release);
+        let hooks = if code.is_terminal() {
+            std::mem::take(&mut guard.on_done)
+        } else {
+            Vec::new()
+        };
         drop(guard);
         self.wake_sleepers();
+        Self::complete(hooks);
     }
 
     /// Replaces the message, leaving the code alone.
     pub fn set_message(&self, msg: impl Into<String>) {
-        *self.lock() = msg.into();
+        self.lock().msg = msg.into();
     }
 
     /// Blocks until the code is not `IN_PROGRESS` and returns it. Returns at once for
@@ -196,7 +237,7 @@ impl TransferStatus {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, String> {
+    fn lock(&self) -> MutexGuard<'_, Locked> {
         // A panic elsewhere while holding the lock cannot leave a String half-written in a
         // way that matters here; keep going rather than propagate the panic.
         self.message.lock().unwrap_or_else(PoisonError::into_inner)
@@ -214,7 +255,7 @@ impl fmt::Debug for TransferStatus {
         let mut d = f.debug_struct("TransferStatus");
         d.field("code", &self.code());
         match self.message.try_lock() {
-            Ok(m) => d.field("message", &*m),
+            Ok(m) => d.field("message", &m.msg),
             Err(_) => d.field("message", &"<locked>"),
         };
         d.finish()
