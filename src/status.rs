@@ -172,6 +172,36 @@ mod tests {
         s
     }
 
+    /// Completion callbacks run once each, when the code first becomes terminal (not on
+    /// IN_PROGRESS or INIT, not again on a later error), and at once where it already is.
+    #[test]
+    fn completion_callbacks_run_once_at_the_first_terminal_code() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let calls = Arc::new(AtomicUsize::new(0));
+        let hook = |c: &Arc<AtomicUsize>| {
+            let c = c.clone();
+            move || {
+                c.fetch_add(1, Ordering::SeqCst);
+            }
+        };
+        let s = TransferStatus::new();
+        s.on_complete(hook(&calls));
+        s.on_complete(hook(&calls));
+        s.set_code(StatusCode::InProgress);
+        s.update(StatusCode::InProgress, "still");
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+        s.update(StatusCode::ErrRdmaOp, "lost");
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        s.update(StatusCode::ErrBadState, "ignored");
+        s.set_code(StatusCode::Success);
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        s.on_complete(hook(&calls));
+        assert_eq!(calls.load(Ordering::SeqCst), 3, "already terminal: at once");
+        let init = TransferStatus::new();
+        init.on_complete(hook(&calls));
+        assert_eq!(calls.load(Ordering::SeqCst), 3, "INIT is not terminal");
+    }
+
     /// Sets `code` on `s` from another thread after `ms` milliseconds.
     fn complete_later(
         s: &Arc<TransferStatus>,
