@@ -8,7 +8,8 @@
 //! [`IDLE_PEER`] ([`InboundStatuses::sweep`]), so neither statuses nor peers pile up.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::status::StatusCode;
@@ -71,6 +72,11 @@ pub struct InboundStatuses {
     store: Mutex<Store>,
     max_age: Duration,
     caps: StatusCaps,
+    /// Rung when a status is recorded while someone waits for one ([`Self::pop_wait`]).
+    arrived: Condvar,
+    /// Threads in [`Self::pop_wait`]'s sleep (changed under `store`'s lock): a record with
+    /// none skips the wake-up.
+    waiters: AtomicUsize,
 }
 
 /// `msg`, cut to at most [`MAX_STATUS_MSG_BYTES`] at a character boundary.
@@ -110,6 +116,8 @@ impl InboundStatuses {
             store: Mutex::new(Store::default()),
             max_age,
             caps,
+            arrived: Condvar::new(),
+            waiters: AtomicUsize::new(0),
         }
     }
 
@@ -197,6 +205,10 @@ impl InboundStatuses {
                 break;
             }
         }
+        // Under the lock a waiter checks and counts itself under: none is missed.
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.arrived.notify_all();
+        }
     }
 
     /// Past the total cap: the oldest status of the peer holding the most goes (never the
@@ -232,14 +244,51 @@ impl InboundStatuses {
 
     /// Remove and return the status of `uid` from `peer`, if recorded and not expired.
     pub fn pop(&self, peer: &str, uid: u64) -> Option<(StatusCode, String)> {
-        let now = Instant::now();
+        self.pop_locked(&mut self.lock(), peer, uid)
+    }
+
+    /// [`Self::pop`], waiting for the status to be recorded until `deadline` (`None`:
+    /// without end) if it is not yet.
+    pub fn pop_wait(
+        &self,
+        peer: &str,
+        uid: u64,
+        deadline: Option<Instant>,
+    ) -> Option<(StatusCode, String)> {
         let mut guard = self.lock();
+        loop {
+            if let Some(s) = self.pop_locked(&mut guard, peer, uid) {
+                return Some(s);
+            }
+            let left = match deadline {
+                None => None,
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(l) if !l.is_zero() => Some(l),
+                    _ => return None,
+                },
+            };
+            self.waiters.fetch_add(1, Ordering::SeqCst);
+            guard = match left {
+                None => self.arrived.wait(guard).unwrap_or_else(|e| e.into_inner()),
+                Some(l) => {
+                    self.arrived
+                        .wait_timeout(guard, l)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+            };
+            self.waiters.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    fn pop_locked(&self, store: &mut Store, peer: &str, uid: u64) -> Option<(StatusCode, String)> {
+        let now = Instant::now();
         let Store {
             peers,
             by_len,
             total,
             ..
-        } = &mut *guard;
+        } = store;
         let p = peers.get_mut(peer)?;
         let before = p.by_uid.len();
         Self::prune(p, now, self.max_age, self.caps.per_peer);
@@ -318,6 +367,38 @@ mod tests {
 
     fn store(max_age: Duration) -> InboundStatuses {
         InboundStatuses::new(max_age, StatusCaps::DEFAULT)
+    }
+
+    /// A waiter gets its status when it is recorded (others' records wake it but are left
+    /// alone), and nothing at its deadline when none comes.
+    #[test]
+    fn pop_wait_returns_its_status_when_recorded_or_nothing_at_the_deadline() {
+        let s = Arc::new(store(Duration::from_secs(60)));
+        let t0 = Instant::now();
+        let late = Instant::now() + Duration::from_millis(100);
+        assert_eq!(s.pop_wait("a", 7, Some(late)), None);
+        assert!(t0.elapsed() >= Duration::from_millis(100));
+        let recorder = {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(30));
+                s.record("a", 0, 8, StatusCode::Success, "someone else's");
+                std::thread::sleep(Duration::from_millis(30));
+                s.record("a", 0, 7, StatusCode::ErrNotFound, "mine");
+            })
+        };
+        let got = s.pop_wait("a", 7, Some(Instant::now() + Duration::from_secs(30)));
+        assert_eq!(got, Some((StatusCode::ErrNotFound, "mine".to_string())));
+        recorder.join().unwrap();
+        assert_eq!(
+            s.pop("a", 8),
+            Some((StatusCode::Success, "someone else's".into()))
+        );
+        assert_eq!(
+            s.pop_wait("a", 7, Some(Instant::now())),
+            None,
+            "popped once"
+        );
     }
 
     #[test]

@@ -26,7 +26,7 @@ use crate::enums;
 use crate::memory::{self, Keep, Memory};
 use crate::seq::usizes;
 use crate::session::PyIoEngineSession;
-use crate::status::{deadline_of, wait_many, PyTransferStatus};
+use crate::status::{deadline_of, wait_many, PyTransferStatus, SIGNAL_SLICE};
 
 /// An engine error as the Python exception that fits it.
 pub fn engine_err(e: EngineError) -> PyErr {
@@ -628,6 +628,38 @@ impl PyIoEngine {
         let engine = self.engine()?;
         let st = py.detach(|| engine.pop_inbound_transfer_status(remote_key, transfer_uid));
         Ok(st.map(|s| PyTransferStatus::wrap(Arc::new(s))))
+    }
+
+    /// `pop_inbound_transfer_status`, waiting at most `timeout_ms` (-1: without end) for the
+    /// transfer to end here if it has not yet; None once the time is up. The GIL is released
+    /// and Ctrl-C honoured, as in `Wait()`.
+    #[pyo3(signature = (remote_key, transfer_uid, timeout_ms = -1))]
+    fn wait_inbound_transfer_status(
+        &self,
+        py: Python<'_>,
+        remote_key: &str,
+        transfer_uid: u64,
+        timeout_ms: i64,
+    ) -> PyResult<Option<PyTransferStatus>> {
+        let engine = self.engine()?;
+        let deadline = deadline_of(timeout_ms);
+        loop {
+            let slice = match deadline {
+                None => SIGNAL_SLICE,
+                Some(d) => d
+                    .saturating_duration_since(std::time::Instant::now())
+                    .min(SIGNAL_SLICE),
+            };
+            let st =
+                py.detach(|| engine.wait_inbound_transfer_status(remote_key, transfer_uid, slice));
+            if let Some(s) = st {
+                return Ok(Some(PyTransferStatus::wrap(Arc::new(s))));
+            }
+            if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                return Ok(None);
+            }
+            py.check_signals()?;
+        }
     }
 
     /// MORI's `WaitAll`: waits (GIL released, Ctrl-C honoured) and returns the first error in

@@ -11,7 +11,7 @@ use crate::enums;
 
 /// How long one GIL-free wait lasts before the thread takes the GIL back to look for a
 /// pending signal (Ctrl-C); a completion ends the wait at once whatever this is.
-const SIGNAL_SLICE: Duration = Duration::from_millis(50);
+pub const SIGNAL_SLICE: Duration = Duration::from_millis(50);
 
 /// Completion object of one transfer (MORI-IO's `TransferStatus`).
 ///

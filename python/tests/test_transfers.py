@@ -84,3 +84,28 @@ def test_peer_restart_with_same_key(engines):
     wait_ok(a.write(smd, 0, d2md, 0, 1000, uid))
     assert np.array_equal(dst2, src) and np.array_equal(dst1, src)
     assert wait_inbound(b2, a.get_engine_desc().key, uid).Succeeded()
+
+
+def test_the_target_waits_for_an_inbound_status(engines):
+    """wait_inbound_transfer_status blocks (GIL released) until the transfer ends at the
+    target, then pops its status; a uid that never comes is None at the timeout."""
+    import time
+
+    a, b = engines.pair("inbound_wait")
+    n = 1 << 20
+    src, dst = pattern(n, 3), np.zeros(n, np.uint8)
+    sm, dm = a.register_array(src), b.register_array(dst)
+    uid = a.allocate_transfer_uid()
+    key = a.get_engine_desc().key
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(b.wait_inbound_transfer_status(key, uid, 20_000)))
+    waiter.start()
+    time.sleep(0.05)
+    wait_ok(a.write(sm, 0, dm, 0, n, uid))
+    waiter.join(20)
+    assert got and got[0] is not None and got[0].Code() == StatusCode.SUCCESS
+    assert np.array_equal(src, dst)
+    t0 = time.monotonic()
+    assert b.wait_inbound_transfer_status(key, uid + 1000, timeout_ms=150) is None
+    assert time.monotonic() - t0 >= 0.14
+    assert b.wait_inbound_transfer_status(key, uid, timeout_ms=0) is None  # popped already

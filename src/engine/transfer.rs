@@ -129,6 +129,26 @@ impl IoEngine {
         Some(s)
     }
 
+    /// [`Self::pop_inbound_transfer_status`], waiting at most `timeout` for the transfer to
+    /// end here if it has not yet (the target's side of a push: the decode side of a KV-cache
+    /// hand-off waits for the blocks of a request without polling). `None` once `timeout`
+    /// passes; a status popped already (or aged out) is not waited for again, it is `None` at
+    /// `timeout` too. Without a backend, `None` at once.
+    pub fn wait_inbound_transfer_status(
+        &self,
+        remote_key: &str,
+        uid: u64,
+        timeout: std::time::Duration,
+    ) -> Option<TransferStatus> {
+        let store = lock(&self.core.inbound).clone()?;
+        let deadline = std::time::Instant::now().checked_add(timeout);
+        let (code, msg) = store.pop_wait(remote_key, uid, deadline)?;
+        let s = TransferStatus::new();
+        s.set_message(msg);
+        s.set_code(code);
+        Some(s)
+    }
+
     /// MORI's `WaitAll`: see [`crate::status::wait_all`].
     pub fn wait_all(&self, statuses: &[Arc<TransferStatus>], timeout_ms: i64) -> StatusCode {
         wait_all(statuses, timeout_ms)

@@ -1,5 +1,7 @@
 //! Core cases: write, read (truly verified), batch, session, with inbound statuses.
 
+use std::time::Duration;
+
 use super::common::*;
 use morio::{IoEngine, IoEngineConfig, StatusCode};
 
@@ -217,5 +219,34 @@ fn inbound_chunks_are_timed() {
     assert!(
         text.contains("morio_inbound_chunk_latency_seconds_count"),
         "{text}"
+    );
+}
+
+/// The target waits for a transfer's inbound status instead of polling: it returns when the
+/// transfer ends there, with its code; a uid that never comes is `None` at the timeout.
+#[test]
+fn the_target_waits_for_an_inbound_status() {
+    let (a, b) = pair("inbound_wait", test_cfg());
+    let n = 1 << 20;
+    let src = random_buffer(&a, n, 4);
+    let dst = b.alloc_buffer(n).unwrap();
+    let uid = a.allocate_transfer_uid();
+    std::thread::scope(|sc| {
+        let waiter = sc.spawn(|| {
+            b.wait_inbound_transfer_status(a.key(), uid, Duration::from_secs(20))
+                .map(|s| s.code())
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert_ok(&a.write(src.desc(), 0, dst.desc(), 0, n, uid), "write");
+        assert_eq!(waiter.join().unwrap(), Some(StatusCode::Success));
+    });
+    assert_bytes_eq(&dst.to_vec(), &src.to_vec(), "write");
+    let t0 = std::time::Instant::now();
+    let none = b.wait_inbound_transfer_status(a.key(), uid + 1000, Duration::from_millis(150));
+    assert!(none.is_none());
+    assert!(
+        t0.elapsed() >= Duration::from_millis(150),
+        "{:?}",
+        t0.elapsed()
     );
 }
