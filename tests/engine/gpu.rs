@@ -63,6 +63,29 @@ fn small_slots() -> TcpBackendConfig {
     })
 }
 
+/// One batch write of the segments `[local offsets, remote offsets, sizes]` from `src` on
+/// `a` into `dst`, which must then hold `want`.
+fn batch_write_checked(
+    a: &IoEngine,
+    src: &RegisteredBuffer,
+    dst: &RegisteredBuffer,
+    [lo, ro, sz]: [&Vec<usize>; 3],
+    want: &[u8],
+    what: &str,
+) {
+    let uid = a.allocate_transfer_uid();
+    let st = a.batch_write(
+        &[src.desc().clone()],
+        std::slice::from_ref(lo),
+        &[dst.desc().clone()],
+        std::slice::from_ref(ro),
+        std::slice::from_ref(sz),
+        &[uid],
+    );
+    assert_ok(&st[0], what);
+    assert_bytes_eq(&dst.to_vec(), want, what);
+}
+
 /// MORI-IO's `test_tcp_gpu_write_read_and_batch_staging`: 4096-byte GPU buffers on device 0.
 #[test]
 fn tcp_gpu_write_read_and_batch_staging() {
@@ -185,17 +208,14 @@ fn gpu_batches_of_small_and_scattered_segments() {
         for ((&l, &r), &z) in lo.iter().zip(&ro).zip(&sz) {
             want[r..r + z].copy_from_slice(&s[l..l + z]);
         }
-        let uid = a.allocate_transfer_uid();
-        let st = a.batch_write(
-            &[src.desc().clone()],
-            std::slice::from_ref(&lo),
-            &[dst.desc().clone()],
-            std::slice::from_ref(&ro),
-            std::slice::from_ref(&sz),
-            &[uid],
+        batch_write_checked(
+            &a,
+            &src,
+            &dst,
+            [&lo, &ro, &sz],
+            &want,
+            "8 B x 256 batch write",
         );
-        assert_ok(&st[0], "8 B x 256 batch write");
-        assert_bytes_eq(&dst.to_vec(), &want, "8 B x 256 batch write");
 
         // A batch of 8 transfers with segments of uneven, slot-straddling sizes, read back.
         let fresh = random_bytes(n, 7);
@@ -259,17 +279,14 @@ fn a_chunks_segments_are_copied_in_batches() {
             want[r..r + 16].copy_from_slice(&s[l..l + 16]);
         }
         let (copies, batches) = (fake.copies(), fake.batches());
-        let uid = a.allocate_transfer_uid();
-        let st = a.batch_write(
-            &[src.desc().clone()],
-            std::slice::from_ref(&lo),
-            &[dst.desc().clone()],
-            std::slice::from_ref(&ro),
-            std::slice::from_ref(&sz),
-            &[uid],
+        batch_write_checked(
+            &a,
+            &src,
+            &dst,
+            [&lo, &ro, &sz],
+            &want,
+            "16 B x 256 batch write",
         );
-        assert_ok(&st[0], "16 B x 256 batch write");
-        assert_bytes_eq(&dst.to_vec(), &want, "16 B x 256 batch write");
         let (copies, batches) = (fake.copies() - copies, fake.batches() - batches);
         // Staged: 256 D2H and 256 H2D copies; same host: 256 device-to-device copies. One
         // 4 KiB payload fits a slot, so each side issues one batch.
