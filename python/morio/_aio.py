@@ -14,10 +14,11 @@ from ._morio import StatusCode, TransferStatus, _Notifier
 
 
 class _LoopWaiter:
-    """The notifier of one event loop and the futures it resolves."""
+    """The notifier of one event loop and the futures it resolves. It holds no reference to
+    its loop (the loop holds it, through its reader callback), so a finished loop and its
+    notifier go together."""
 
     def __init__(self, loop):
-        self._loop = loop
         self._notifier = _Notifier()
         self._pending = {}
         loop.add_reader(self._notifier.fileno(), self._drain)
@@ -28,8 +29,8 @@ class _LoopWaiter:
             if fut is not None and not fut.done():
                 fut.set_result(status.Code())
 
-    def wait(self, status):
-        fut = self._loop.create_future()
+    def wait(self, loop, status):
+        fut = loop.create_future()
         self._pending[self._notifier.watch(status)] = (fut, status)
         return fut
 
@@ -49,7 +50,7 @@ def future_of(status: TransferStatus) -> "asyncio.Future[StatusCode]":
     waiter = _waiters.get(loop)
     if waiter is None:
         waiter = _waiters[loop] = _LoopWaiter(loop)
-    return waiter.wait(status)
+    return waiter.wait(loop, status)
 
 
 async def wait_async(status: TransferStatus) -> StatusCode:
