@@ -8,13 +8,18 @@
 #         (.dev/morio): idle shards that tick once a second must cost nothing;
 #   same  issue 22's rows: host memory and GPU memory same-host against TCP, and the spinning
 #         single 8 B through rings and over TCP, traced (trace-stages.py) for the hops left.
-# Needs .dev/morio, .dev/morio-s29, .dev/engine-tests, .dev/wheels/ (carry .dev).
-#   SECTIONS="tests gseg lat same"  which parts to run (default all)   ROUNDS=2
+#   mb    (when .dev/morio-nomb exists: docs/perf/experiments/glommio-no-membarrier.patch)
+#         default, busy-polling and spinning small rows, glommio's membarrier on park against
+#         fences: whether parking shards' interrupts make the tails.
+# Needs .dev/morio, .dev/morio-s29, .dev/engine-tests, .dev/wheels/ (carry .dev); .dev/morio-nomb
+# for `mb`.
+#   SECTIONS="tests gseg lat same mb"  which parts to run (default all)   ROUNDS=2
 set -u
 O=${OUT:-/tmp/s30-goals}
 R=${ROUNDS:-2}
-S=${SECTIONS:-tests gseg lat same}
-mkdir -p "$O"/gseg "$O"/lat "$O"/same
+S=${SECTIONS:-tests gseg lat same mb}
+mkdir -p "$O"/gseg "$O"/lat "$O"/same "$O"/mb
+[ -x .dev/morio-nomb ] || S=${S//mb/}
 on() { [[ " $S " == *" $1 "* ]]; }
 b() { # DIR NAME BIN [ENV=VAL...] -- ARGS...
 	local d=$1 n=$2 bin=$3
@@ -71,6 +76,15 @@ for ((r = 1; r <= R; r++)); do
 			b lat "dw64m-r$r-$bin" $bin -- --op-type write "${one[@]}"
 		done
 	fi
+	if on mb; then
+		for bin in morio morio-nomb; do
+			L=(--op-type write --iters 1000)
+			b mb "d8b1-r$r-$bin" $bin -- "${L[@]}" --buffer-size 8 --transfer-batch-size 1
+			b mb "d8b64-r$r-$bin" $bin -- "${L[@]}" --buffer-size 8 --transfer-batch-size 64 --enable-batch-transfer --enable-sess
+			b mb "d4k256-r$r-$bin" $bin -- "${L[@]}" --buffer-size 4096 --transfer-batch-size 256 --enable-batch-transfer --enable-sess
+			b mb "s8b1-r$r-$bin" $bin -- "${L[@]}" --buffer-size 8 --transfer-batch-size 1 --shards 2 --spin-us 2000 --wait-spin-us 1000
+		done
+	fi
 	if on same; then
 		for sh in require off; do
 			t="r$r-$sh"
@@ -91,10 +105,10 @@ if on same; then
 		--spin-us 2000 --wait-spin-us 1000 --same-host require >/dev/null 2>&1
 	python3 scripts/bench/trace-stages.py /tmp/s30-trace 2>&1 | tail -30
 fi
-for d in gseg lat same; do
+for d in gseg lat same mb; do
 	if ls "$O/$d"/*.json >/dev/null 2>&1; then
 		echo "== $d"
 		python3 scripts/bench/ab-ratios.py "$O/$d" | cut -c1-125
 	fi
 done
-(cd "$O" && tar czf s30-goals-json.tar.gz gseg lat same && rm -rf gseg lat same)
+(cd "$O" && tar czf s30-goals-json.tar.gz gseg lat same mb && rm -rf gseg lat same mb)
