@@ -49,6 +49,10 @@ if on tests; then
 			grep -E "GB/s|FAIL" | head -2
 	done
 fi
+if on mb && [ -x .dev/membarrier ]; then
+	echo "== what a glommio park's membarrier costs the parker and spinning threads"
+	timeout 60 .dev/membarrier 8
+fi
 big=(--buffer-size 1048576 --transfer-batch-size 256 --enable-batch-transfer --enable-sess --batch-contiguous --iters 64)
 one=(--buffer-size 67108864 --transfer-batch-size 1 --iters 64)
 for ((r = 1; r <= R; r++)); do
