@@ -237,9 +237,10 @@ fn idle_engines_burn_no_cpu_case() {
         let (t0, c0, th0) = (std::time::Instant::now(), cpu_time(), thread_cpu());
         std::thread::sleep(Duration::from_millis(300));
         let (wall, used) = (t0.elapsed(), cpu_time() - c0);
-        // Idle shards tick once a second (`IDLE_TICK`); one busy core would cost all of `wall`.
+        // Idle shards tick once a second (`IDLE_TICK`): about 1 ms of CPU in all here, where
+        // ticking every 20 ms cost 37 ms; one busy core would cost all of `wall`.
         assert!(
-            used < wall / 10,
+            used < wall / 30,
             "{what}: {used:?} of CPU in {wall:?} with no transfer running; by thread \
              (µs): {:?}",
             cpu_since(&th0)
