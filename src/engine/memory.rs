@@ -152,8 +152,18 @@ impl IoEngine {
         // cannot export (a virtual-memory pool) is staged through host memory instead.
         let ipc = match gpu.ipc_export(dev, ptr) {
             Ok(e) => Some(e),
-            Err(e) => {
+            // A runtime that exports nothing at all: nothing to say per region.
+            Err(e @ crate::gpu::GpuError::Unavailable(_)) => {
                 log::debug!("GPU memory at {ptr:#x} is not exported for same-host peers: {e}");
+                None
+            }
+            Err(e) => {
+                // Not a silent slow path: between processes of this host this memory moves
+                // at host-memory speed instead of the GPU's.
+                log::info!(
+                    "GPU memory at {ptr:#x} ({size} bytes) cannot be shared with processes of \
+                     this host ({e}): transfers to and from them stage it through host memory"
+                );
                 None
             }
         };

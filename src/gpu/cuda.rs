@@ -252,10 +252,12 @@ impl GpuRuntime for CudaRuntime {
         )
         .unwrap_or(1);
         if legacy == 0 {
-            return Err(GpuError::Unavailable(
-                "memory from a virtual-memory allocator (cuMemCreate) has no legacy IPC handle"
+            return Err(GpuError::Call {
+                call: "cuIpcGetMemHandle",
+                msg: "memory from a virtual-memory allocator (cuMemCreate) has no legacy IPC \
+                      handle"
                     .into(),
-            ));
+            });
         }
         let (mut base, mut size) = (0u64, 0usize);
         // SAFETY: writes two values; the driver checks `ptr`.
