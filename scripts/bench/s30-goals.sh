@@ -81,12 +81,16 @@ for ((r = 1; r <= R; r++)); do
 		done
 	fi
 	if on mb; then
-		for bin in morio morio-nomb; do
-			L=(--op-type write --iters 1000)
-			b mb "d8b1-r$r-$bin" $bin -- "${L[@]}" --buffer-size 8 --transfer-batch-size 1
-			b mb "d8b64-r$r-$bin" $bin -- "${L[@]}" --buffer-size 8 --transfer-batch-size 64 --enable-batch-transfer --enable-sess
-			b mb "d4k256-r$r-$bin" $bin -- "${L[@]}" --buffer-size 4096 --transfer-batch-size 256 --enable-batch-transfer --enable-sess
-			b mb "s8b1-r$r-$bin" $bin -- "${L[@]}" --buffer-size 8 --transfer-batch-size 1 --shards 2 --spin-us 2000 --wait-spin-us 1000
+		# Fewer parks (a longer busy window) is the other way to fewer barriers: bp1000.
+		for v in morio morio-nomb "morio 1000"; do
+			set -- $v
+			bin=$1 tag=$1 X=()
+			if (($# > 1)); then tag="$1-bp$2" X=(--busy-poll-us "$2"); fi
+			L=(--op-type write --iters 1000 "${X[@]}")
+			b mb "d8b1-r$r-$tag" $bin -- "${L[@]}" --buffer-size 8 --transfer-batch-size 1
+			b mb "d8b64-r$r-$tag" $bin -- "${L[@]}" --buffer-size 8 --transfer-batch-size 64 --enable-batch-transfer --enable-sess
+			b mb "d4k256-r$r-$tag" $bin -- "${L[@]}" --buffer-size 4096 --transfer-batch-size 256 --enable-batch-transfer --enable-sess
+			b mb "s8b1-r$r-$tag" $bin -- "${L[@]}" --buffer-size 8 --transfer-batch-size 1 --shards 2 --spin-us 2000 --wait-spin-us 1000
 		done
 	fi
 	if on same; then
