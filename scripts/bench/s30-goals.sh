@@ -14,6 +14,8 @@
 # Needs .dev/morio, .dev/morio-s29, .dev/engine-tests, .dev/wheels/ (carry .dev); .dev/morio-nomb
 # for `mb`.
 #   SECTIONS="tests gseg lat same mb"  which parts to run (default all)   ROUNDS=2
+# All of it may pass a call's 10 minutes: run SECTIONS="tests gseg", then "lat same mb"
+# (each about 4-5 minutes on the H200 host; rows time out at 120 s each).
 set -u
 O=${OUT:-/tmp/s30-goals}
 R=${ROUNDS:-2}
