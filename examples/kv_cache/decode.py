@@ -4,7 +4,7 @@
 It holds its own zeroed paged KV cache, listens on a side channel, and for prefill's request
 allocates blocks from its own block table (other indices than prefill's), sends its engine
 and memory descriptors and that table, then waits for prefill's "done". It then checks every
-transfer's inbound status (``pop_inbound_transfer_status``) and every block byte for byte:
+transfer's inbound status (``wait_inbound_transfer_status``) and every block byte for byte:
 each requested block must hold prefill's pattern for the matching prefill block, and every
 block it did not ask for must still be zero. Exit status 0 only if all of that holds.
 
@@ -40,21 +40,16 @@ def listen(a) -> socket.socket:
 
 def pop_inbound(engine: IOEngine, key: str, uids: list[int], timeout: float) -> list[str]:
     """Problems with the inbound statuses of ``uids`` (empty: all SUCCESS). A status the
-    engine has not recorded yet is polled for until ``timeout``."""
-    problems, late = [], 0
+    engine has not recorded yet is waited for (without polling) until ``timeout``."""
+    problems = []
     deadline = time.monotonic() + timeout
     for uid in uids:
-        st = engine.pop_inbound_transfer_status(key, uid)
-        while st is None and time.monotonic() < deadline:
-            late += 1
-            time.sleep(0.001)
-            st = engine.pop_inbound_transfer_status(key, uid)
+        left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+        st = engine.wait_inbound_transfer_status(key, uid, left_ms)
         if st is None:
             problems.append(f"uid {uid}: no inbound status")
         elif not st.Succeeded():
             problems.append(f"uid {uid}: inbound {st.Code().name} {st.Message()}")
-    if late:
-        kc.log(ROLE, f"note: inbound statuses appeared only after {late} polls")
     return problems
 
 

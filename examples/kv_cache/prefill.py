@@ -77,6 +77,8 @@ def transfer(a, sock) -> int:
         if len(dst_blocks) != len(src_blocks):
             raise RuntimeError(f"decode allocated {len(dst_blocks)} blocks for {len(src_blocks)}")
         engine.register_remote_engine(peer)
+        # Every connection up before the clock starts (and a refusing peer is an error here).
+        engine.connect_remote_engine(peer.key, timeout_ms=int(a.timeout * 1000))
         sess = engine.create_session(local, remote)
         if sess is None:
             raise RuntimeError("create_session returned None (no backend)")
