@@ -31,6 +31,7 @@ mod desc;
 pub mod discovery;
 mod engine;
 mod error;
+mod fdpass;
 pub mod gpu;
 mod host;
 mod inbound_status;

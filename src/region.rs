@@ -78,8 +78,9 @@ pub struct DeviceMem {
     pub bus_id: String,
     /// The runtime that owns the device.
     pub gpu: Arc<dyn GpuRuntime>,
-    /// The allocation exported for same-host peers, where the runtime could export it.
-    pub ipc: Option<crate::gpu::IpcExport>,
+    /// The allocations exported for same-host peers (one, or one per VMM chunk), where the
+    /// runtime could export them; kept exported as long as the region lives.
+    pub ipc: Option<Arc<crate::gpu::IpcExports>>,
 }
 
 /// A buffer the engine allocated for `register_buffer`. Shared by the registered region and

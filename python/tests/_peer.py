@@ -83,21 +83,27 @@ def same_host_target_main(conn) -> None:
 
 
 CUDA_BYTES = 3 << 20
+VMM_BYTES = 72 << 20
 
 
-def cuda_target_main(conn, mode: str) -> None:
-    """A target holding a CUDA tensor of pattern 5 (from torch's caching allocator, at an
-    offset inside its block): sends its descriptors, then on request reports a checksum of
-    the tensor (after the initiator wrote it) and waits for "done"."""
+def cuda_target_main(conn, mode: str, n: int = CUDA_BYTES, expandable: bool = False) -> None:
+    """A target holding a CUDA tensor of `n` bytes of pattern 5 (from torch's caching
+    allocator, at an offset inside its block; with `expandable`, from its expandable segments,
+    starting inside a 20 MiB chunk): sends its descriptors, then on request reports a checksum
+    of the tensor (after the initiator wrote it) and waits for "done"."""
     try:
+        import os
+
+        if expandable:
+            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         import torch
 
         from morio import BackendType, IOEngine, IOEngineConfig, TcpBackendConfig
 
         engine = IOEngine("cuda_target", IOEngineConfig("127.0.0.1", 0))
         engine.create_backend(BackendType.TCP, TcpBackendConfig(num_data_conns=2, same_host=mode))
-        pad = torch.zeros(4096, dtype=torch.uint8, device="cuda:0")
-        mem = torch.from_numpy(big_n(5, CUDA_BYTES)).to("cuda:0")
+        pad = torch.zeros((5 << 20) if expandable else 4096, dtype=torch.uint8, device="cuda:0")
+        mem = torch.from_numpy(big_n(5, n)).to("cuda:0")
         torch.cuda.synchronize()
         md = engine.register_torch_tensor(mem)
         conn.send_bytes(engine.get_engine_desc().pack())
@@ -117,8 +123,6 @@ def cuda_target_main(conn, mode: str) -> None:
 def big_n(seed: int, n: int) -> np.ndarray:
     return ((np.arange(n, dtype=np.int64) * (2 * seed + 1) + seed) % 253 + 1).astype(np.uint8)
 
-
-VMM_BYTES = 72 << 20
 
 
 def vmm_main(conn, mode: str) -> None:
@@ -175,3 +179,57 @@ def vmm_main(conn, mode: str) -> None:
         b.close()
     except BaseException:
         conn.send({"ok": False, "error": traceback.format_exc()})
+
+
+def vmm_initiator_main(conn, mode: str) -> None:
+    """An initiator whose CUDA tensors come from torch's expandable segments, against a
+    `cuda_target_main` of another process holding such memory too (its descriptors come
+    through `conn`): reads the target's tensor whole, writes pattern 9 over it from a tensor
+    of its own, then a batch of pattern 13 pieces straddling the 20 MiB seams; reports what it
+    verified and its statistics (or the traceback)."""
+    try:
+        import os
+
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+        import torch
+
+        from morio import BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc
+        from morio import TcpBackendConfig
+
+        t_desc = EngineDesc.unpack(conn.recv_bytes())
+        md = MemoryDesc.unpack(conn.recv_bytes())
+        n = VMM_BYTES
+        a = IOEngine("vmm_initiator", IOEngineConfig("127.0.0.1", 0))
+        a.create_backend(BackendType.TCP, TcpBackendConfig(num_data_conns=2, same_host=mode))
+        a.register_remote_engine(t_desc)
+        pad = torch.empty(3 << 20, dtype=torch.uint8, device="cuda:0")
+        got = torch.zeros(n, dtype=torch.uint8, device="cuda:0")
+        st = a.read(a.register_torch_tensor(got), 0, md, 0, n, a.allocate_transfer_uid())
+        st.Wait()
+        assert st.Succeeded(), st.Message()
+        torch.cuda.synchronize()
+        assert np.array_equal(got.cpu().numpy(), big_n(5, n)), "read"
+        src = torch.from_numpy(big_n(9, n)).to("cuda:0")
+        other = torch.from_numpy(big_n(13, n)).to("cuda:0")
+        torch.cuda.synchronize()
+        st = a.write(a.register_torch_tensor(src), 0, md, 0, n, a.allocate_transfer_uid())
+        st.Wait()
+        assert st.Succeeded(), st.Message()
+        om = a.register_torch_tensor(other)
+        st = a.batch_write([om], [VMM_OFFS], [md], [VMM_OFFS], [VMM_SIZES], [a.allocate_transfer_uid()])[0]
+        st.Wait()
+        assert st.Succeeded(), st.Message()
+        segments = torch.cuda.memory._snapshot().get("segments", [])
+        expandable = any(s.get("is_expandable") for s in segments)
+        keys = ("lane_connects", "lane_connects_same_host", "gpu_ipc_bytes", "gpu_staged_bytes")
+        total = {k: sum(s[k] for s in a.stats()) for k in keys}
+        conn.send({"ok": True, "expandable": expandable, **total})
+        del pad
+        a.close()
+    except BaseException:
+        conn.send({"ok": False, "error": traceback.format_exc()})
+
+
+# Pieces across the 20 MiB seams of expandable segments (offsets in the tensors).
+VMM_OFFS = [0, (20 << 20) - 4096 - 5, (40 << 20) - 7, VMM_BYTES - (3 << 20)]
+VMM_SIZES = [1 << 20, 8192 + 11, 6 << 20, 3 << 20]

@@ -166,6 +166,45 @@ def test_cuda_tensors_from_expandable_segments(mode):
         assert proc.exitcode == 0
 
 
+@pytest.mark.parametrize("mode", ["require", "off"])
+def test_cuda_vmm_tensors_between_two_processes(mode):
+    """CUDA tensors from torch's expandable segments in two processes: each 20 MiB chunk is
+    exported as a file descriptor, taken by the peer process (`pidfd_getfd`) and mapped, so
+    reads and writes across the chunks' seams move device to device (`require`), or staged
+    over TCP (`off`); verified both ways."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    n = _peer.VMM_BYTES
+    with peer_process(_peer.cuda_target_main, mode, n, True) as (target, tproc):
+        assert target.poll(120), "the target process did not answer"
+        t_desc, md = target.recv_bytes(), target.recv_bytes()
+        with peer_process(_peer.vmm_initiator_main, mode) as (init, iproc):
+            init.send_bytes(t_desc)
+            init.send_bytes(md)
+            assert init.poll(120), "the initiator did not answer"
+            got = init.recv()
+            assert got["ok"], got.get("error")
+            print(got)
+            assert got["expandable"], "torch did not use expandable segments here"
+            if mode == "off":
+                assert got["gpu_ipc_bytes"] == 0 and got["gpu_staged_bytes"] > 0, got
+            else:
+                assert got["lane_connects_same_host"] == got["lane_connects"] >= 1, got
+                # Both ways through the chunks' descriptors, nothing staged.
+                assert got["gpu_ipc_bytes"] > 0 and got["gpu_staged_bytes"] == 0, got
+            iproc.join(20)
+            assert iproc.exitcode == 0
+        want = _peer.big_n(9, n)
+        for o, z in zip(_peer.VMM_OFFS, _peer.VMM_SIZES):
+            want[o:o + z] = _peer.big_n(13, n)[o:o + z]
+        target.send("checksum")
+        assert target.poll(60)
+        there = np.frombuffer(target.recv(), np.uint8)
+        assert np.array_equal(there, want)
+        finish_peer(target, tproc)
+
+
 def test_gpu_ipc_check_says_why_not():
     """gpu_ipc_unavailable() is None only where the build has a GPU runtime and it exports
     memory; anywhere else it names the reason."""

@@ -150,8 +150,28 @@ impl IoEngine {
         gpu.check_device_range(dev, ptr, size)?;
         // Exported once here, so same-host peers can copy it on their GPU; memory a runtime
         // cannot export (a virtual-memory pool) is staged through host memory instead.
-        let ipc = match gpu.ipc_export(dev, ptr) {
-            Ok(e) => Some(e),
+        let ipc = match gpu.ipc_export_range(dev, ptr, size) {
+            Ok(e) => {
+                let covered: u64 = e
+                    .list()
+                    .iter()
+                    .map(|x| {
+                        let lo = x.base.max(ptr);
+                        let hi = (x.base + x.size).min(ptr + size as u64);
+                        hi.saturating_sub(lo)
+                    })
+                    .sum();
+                if covered < size as u64 {
+                    log::info!(
+                        "{} of the {size} bytes of GPU memory at {ptr:#x} cannot be shared with \
+                         processes of this host (VMM chunks the runtime could not export): \
+                         transfers of them to and from those processes stage them through host \
+                         memory",
+                        size as u64 - covered
+                    );
+                }
+                Some(Arc::new(e))
+            }
             // A runtime that exports nothing at all: nothing to say per region.
             Err(e @ crate::gpu::GpuError::Unavailable(_)) => {
                 log::debug!("GPU memory at {ptr:#x} is not exported for same-host peers: {e}");
@@ -249,8 +269,11 @@ impl IoEngine {
         if let Some(dm) = region.device() {
             desc.device_id = dm.dev;
             desc.device_bus_id = dm.bus_id.clone();
-            if let Some(ex) = &dm.ipc {
-                desc.ipc_handle = ex.handle;
+            // MORI's descriptor carries one legacy handle (VMM chunks are offered on the wire).
+            if let Some([ex]) = dm.ipc.as_deref().map(|e| e.list()) {
+                if ex.kind == crate::gpu::IpcKind::Legacy {
+                    desc.ipc_handle = ex.handle;
+                }
             }
             desc.loc = MemoryLocationType::Gpu;
         }

@@ -12,7 +12,7 @@ use cudarc::driver::sys;
 use super::ipc::IpcCache;
 use super::{
     BatchCopy, CopyDir, DeviceBuf, DeviceInfo, GpuError, GpuFence, GpuRuntime, GpuStream,
-    IpcExport, IpcLease, PinnedBuf,
+    IpcExport, IpcExports, IpcKind, IpcLease, PinnedBuf,
 };
 
 /// The IPC mappings this process opened: one table for the process, since every engine's
@@ -20,7 +20,7 @@ use super::{
 fn opened() -> &'static IpcCache {
     static OPENED: OnceLock<Arc<IpcCache>> = OnceLock::new();
     OPENED.get_or_init(|| {
-        IpcCache::new(Box::new(|dev, base| {
+        IpcCache::new(Box::new(|dev, base, size, kind| {
             let ctx = (|| -> Result<usize, DriverError> {
                 let d = cu::device::get(dev)?;
                 // SAFETY: retains the primary context (already retained by the runtime that
@@ -29,8 +29,12 @@ fn opened() -> &'static IpcCache {
             })();
             if let Ok(ctx) = ctx {
                 if bind(ctx).is_ok() {
-                    // SAFETY: opened by `ipc_open` below, closed once (the cache forgot it).
-                    let _ = unsafe { sys::cuIpcCloseMemHandle(base) };
+                    match kind {
+                        // SAFETY: opened by `ipc_open` below, closed once (the cache forgot
+                        // it).
+                        IpcKind::Legacy => drop(unsafe { sys::cuIpcCloseMemHandle(base) }),
+                        IpcKind::PosixFd => super::cuda_vmm::unmap(base, size),
+                    }
                 }
             }
         }))
@@ -269,11 +273,53 @@ impl GpuRuntime for CudaRuntime {
         unsafe { sys::cuIpcGetMemHandle(&mut h, base) }
             .result()
             .map_err(err("cuIpcGetMemHandle"))?;
-        Ok(IpcExport {
-            handle: h.reserved.map(|c| c as u8),
+        Ok(IpcExport::legacy(
+            h.reserved.map(|c| c as u8),
             base,
-            size: size as u64,
-        })
+            size as u64,
+        ))
+    }
+
+    fn ipc_export_range(&self, dev: i32, ptr: u64, len: usize) -> Result<IpcExports, GpuError> {
+        bind(self.ctx(dev)?)?;
+        let end = ptr.saturating_add(len.max(1) as u64);
+        let (mut list, mut keep) = (Vec::new(), Vec::new());
+        let mut refused: Option<GpuError> = None;
+        let mut at = ptr;
+        while at < end {
+            let (mut base, mut size) = (0u64, 0usize);
+            // SAFETY: writes two values; the driver checks `at`.
+            unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, at) }
+                .result()
+                .map_err(err("cuMemGetAddressRange"))?;
+            let legacy: u64 = Self::attr(
+                at,
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+            )
+            .unwrap_or(1);
+            let r = if legacy != 0 {
+                self.ipc_export(dev, at).map(|e| (e, None))
+            } else {
+                super::cuda_vmm::export(base, size as u64).map(|(e, fd)| (e, Some(fd)))
+            };
+            match r {
+                Ok((e, fd)) => {
+                    list.push(e);
+                    keep.extend(fd);
+                }
+                Err(e) => {
+                    refused.get_or_insert(e);
+                }
+            }
+            if base + size as u64 <= at {
+                break;
+            }
+            at = base + size as u64;
+        }
+        match refused {
+            Some(e) if list.is_empty() => Err(e),
+            _ => Ok(IpcExports::new(list, keep)),
+        }
     }
 
     fn ipc_open(&self, dev: i32, pid: u32, export: &IpcExport) -> Result<IpcLease, GpuError> {
@@ -291,6 +337,9 @@ impl GpuRuntime for CudaRuntime {
         }
         let open = |handle: &[u8; super::IPC_HANDLE_BYTES]| {
             bind(ctx)?;
+            if export.kind == IpcKind::PosixFd {
+                return super::cuda_vmm::import(dev, pid, export);
+            }
             let h = sys::CUipcMemHandle_st {
                 reserved: handle.map(|b| b as std::ffi::c_char),
             };

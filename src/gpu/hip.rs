@@ -24,7 +24,7 @@ use super::{
 fn opened() -> &'static IpcCache {
     static OPENED: OnceLock<Arc<IpcCache>> = OnceLock::new();
     OPENED.get_or_init(|| {
-        IpcCache::new(Box::new(|dev, base| {
+        IpcCache::new(Box::new(|dev, base, _, _| {
             if set_device(dev).is_ok() {
                 // SAFETY: opened by `ipc_open` below, closed once (the cache forgot it).
                 let _ = unsafe { hip::hipIpcCloseMemHandle(base as *mut c_void) };
@@ -363,16 +363,22 @@ impl GpuRuntime for HipRuntime {
         check("hipIpcGetMemHandle", unsafe {
             hip::hipIpcGetMemHandle(&mut h, base as *mut c_void)
         })?;
-        Ok(IpcExport {
-            handle: h.reserved.map(|c| c as u8),
-            base,
-            size,
-        })
+        Ok(IpcExport::legacy(h.reserved.map(|c| c as u8), base, size))
     }
 
     fn ipc_open(&self, dev: i32, pid: u32, export: &IpcExport) -> Result<IpcLease, GpuError> {
         self.ordinal(dev)?;
         set_device(dev)?;
+        if export.kind != super::IpcKind::Legacy {
+            // HIP's VMM import (hipMemImportFromShareableHandle) is not built: staged.
+            return Err(GpuError::Call {
+                call: "hipIpcOpenMemHandle",
+                msg: format!(
+                    "{:?} exports are not opened by the HIP runtime",
+                    export.kind
+                ),
+            });
+        }
         if pid == std::process::id() {
             // Not opened in the exporting process itself: reachable as it is.
             let (base, size) = address_range(export.base)?;

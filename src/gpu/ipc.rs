@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use super::{GpuError, IpcExport, IPC_HANDLE_BYTES};
+use super::{GpuError, IpcExport, IpcKind, IPC_HANDLE_BYTES};
 
 /// Mappings kept open at most; beyond it unused ones are closed first, and if all are in use
 /// opening is refused (peers then stage through host memory).
@@ -20,8 +20,8 @@ pub(crate) const MAX_OPENED: usize = 4096;
 /// How long an unused mapping stays open.
 pub const IDLE_CLOSE: Duration = Duration::from_secs(10);
 
-/// Closes one mapping: its device and its base in this process.
-pub(crate) type Closer = Box<dyn Fn(i32, u64) + Send + Sync>;
+/// Closes one mapping: its device, its base and size in this process, and how it was opened.
+pub(crate) type Closer = Box<dyn Fn(i32, u64, u64, IpcKind) + Send + Sync>;
 
 /// An exported allocation as this process reaches it, held open while the lease lives.
 #[derive(Debug, Clone)]
@@ -46,6 +46,7 @@ impl IpcLease {
 
 #[derive(Debug)]
 struct Entry {
+    kind: IpcKind,
     handle: [u8; IPC_HANDLE_BYTES],
     dev: i32,
     base: u64,
@@ -118,7 +119,7 @@ impl IpcCache {
         let key = (pid, export.base);
         let now = Instant::now();
         if let Some(e) = m.get_mut(&key) {
-            if e.handle == export.handle && e.dev == dev {
+            if e.handle == export.handle && e.kind == export.kind && e.dev == dev {
                 e.last = now;
                 return Ok(IpcLease {
                     base: e.base,
@@ -126,8 +127,8 @@ impl IpcCache {
                     _use: Some(e.uses.clone()),
                 });
             }
-            if e.handle != export.handle {
-                (self.close)(e.dev, e.base);
+            if e.handle != export.handle || e.kind != export.kind {
+                (self.close)(e.dev, e.base, e.size, e.kind);
                 m.remove(&key);
             }
         }
@@ -150,6 +151,7 @@ impl IpcCache {
         m.insert(
             key,
             Entry {
+                kind: export.kind,
                 handle: export.handle,
                 dev,
                 base,
@@ -171,7 +173,7 @@ impl IpcCache {
         m.retain(|_, e| {
             let close = e.unused_since(now, idle);
             if close {
-                (self.close)(e.dev, e.base);
+                (self.close)(e.dev, e.base, e.size, e.kind);
             }
             !close
         });
@@ -191,11 +193,7 @@ mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
 
     fn export(tag: u8, base: u64) -> IpcExport {
-        IpcExport {
-            handle: [tag; IPC_HANDLE_BYTES],
-            base,
-            size: 4096,
-        }
+        IpcExport::legacy([tag; IPC_HANDLE_BYTES], base, 4096)
     }
 
     /// The (device, base) pairs a cache closed.
@@ -204,7 +202,7 @@ mod tests {
     fn recording() -> (Arc<IpcCache>, Closed) {
         let closed = Arc::new(Mutex::new(Vec::new()));
         let c = closed.clone();
-        let cache = IpcCache::new(Box::new(move |dev, base| {
+        let cache = IpcCache::new(Box::new(move |dev, base, _, _| {
             c.lock().unwrap().push((dev, base))
         }));
         (cache, closed)

@@ -16,6 +16,8 @@ pub(crate) mod staging;
 pub mod cuda;
 #[cfg(feature = "cuda")]
 mod cuda_batch;
+#[cfg(feature = "cuda")]
+mod cuda_vmm;
 #[cfg(feature = "hip")]
 pub mod hip;
 
@@ -62,16 +64,120 @@ pub enum GpuError {
 /// `MemoryDesc::ipc_handle`).
 pub const IPC_HANDLE_BYTES: usize = 64;
 
+/// How another process of this host reaches an exported allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum IpcKind {
+    /// A legacy IPC handle (`cuIpcGetMemHandle`), opened with `cuIpcOpenMemHandle`.
+    Legacy = 1,
+    /// A virtual-memory chunk (`cuMemCreate`, mapped at `base`) exported as a file
+    /// descriptor the exporter keeps open: the handle holds the descriptor's number in the
+    /// exporter and a random serial; the peer takes a duplicate (`pidfd_getfd`), imports it
+    /// (`cuMemImportFromShareableHandle`) and maps it.
+    PosixFd = 2,
+}
+
+impl IpcKind {
+    /// The kind with wire number `v`.
+    pub fn from_wire(v: u8) -> Option<Self> {
+        match v {
+            1 => Some(Self::Legacy),
+            2 => Some(Self::PosixFd),
+            _ => None,
+        }
+    }
+}
+
 /// A device allocation exported for the other processes of this host: the handle they open,
 /// and the allocation it names here (a registered range is `base + offset`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IpcExport {
-    /// The runtime's handle of the allocation.
+    /// How the handle is opened.
+    pub kind: IpcKind,
+    /// The runtime's handle of the allocation ([`IpcKind::PosixFd`]: see [`Self::posix_fd`]).
     pub handle: [u8; IPC_HANDLE_BYTES],
-    /// Start of the allocation in the exporting process.
+    /// Start of the allocation (its mapping, for VMM memory) in the exporting process.
     pub base: u64,
     /// Its size in bytes.
     pub size: u64,
+}
+
+impl IpcExport {
+    /// A legacy IPC handle of the allocation `base..base+size`.
+    pub fn legacy(handle: [u8; IPC_HANDLE_BYTES], base: u64, size: u64) -> Self {
+        Self {
+            kind: IpcKind::Legacy,
+            handle,
+            base,
+            size,
+        }
+    }
+
+    /// Descriptor `fd` of the exporting process, naming the chunk mapped at `base..base+size`;
+    /// `serial` tells this export from any later one of the same address or descriptor
+    /// number.
+    pub fn posix_fd(fd: i32, serial: u64, base: u64, size: u64) -> Self {
+        let mut handle = [0u8; IPC_HANDLE_BYTES];
+        handle[..4].copy_from_slice(&fd.to_le_bytes());
+        handle[4..12].copy_from_slice(&serial.to_le_bytes());
+        Self {
+            kind: IpcKind::PosixFd,
+            handle,
+            base,
+            size,
+        }
+    }
+
+    /// The exporter's descriptor number, for [`IpcKind::PosixFd`].
+    pub fn fd(&self) -> Option<i32> {
+        (self.kind == IpcKind::PosixFd).then(|| {
+            i32::from_le_bytes([
+                self.handle[0],
+                self.handle[1],
+                self.handle[2],
+                self.handle[3],
+            ])
+        })
+    }
+
+    /// Whether `off..off+len` of the region starting at `addr` (exporter's address) lies in
+    /// this allocation; the offset in it if so.
+    pub fn offset_of(&self, addr: u64, len: u64) -> Option<u64> {
+        let at = addr.checked_sub(self.base)?;
+        (at.checked_add(len)? <= self.size).then_some(at)
+    }
+}
+
+/// The allocations holding a registered GPU range, exported for same-host peers (one for
+/// ordinary memory, one per mapped chunk for VMM memory), sorted by address, and what keeps
+/// them exported (descriptors of [`IpcKind::PosixFd`] exports, closed with the region).
+#[derive(Debug, Default)]
+pub struct IpcExports {
+    list: Vec<IpcExport>,
+    _keep: Vec<std::os::fd::OwnedFd>,
+}
+
+impl IpcExports {
+    /// `list` (sorted by base here), kept exported while `keep` is open.
+    pub fn new(mut list: Vec<IpcExport>, keep: Vec<std::os::fd::OwnedFd>) -> Self {
+        list.sort_by_key(|e| e.base);
+        Self { list, _keep: keep }
+    }
+
+    /// The exports, by address.
+    pub fn list(&self) -> &[IpcExport] {
+        &self.list
+    }
+
+    /// The export holding exporter address `addr`, and its index.
+    pub fn find(&self, addr: u64) -> Option<(usize, &IpcExport)> {
+        let i = self
+            .list
+            .partition_point(|e| e.base <= addr)
+            .checked_sub(1)?;
+        let e = &self.list[i];
+        (addr - e.base < e.size).then_some((i, e))
+    }
 }
 
 /// One GPU as the runtime reports it.
@@ -111,6 +217,17 @@ pub trait GpuRuntime: Send + Sync + fmt::Debug {
             "the {} runtime exports no IPC handles",
             self.name()
         )))
+    }
+    /// Export every allocation holding `ptr..ptr+len` of `dev` (a registered range: one
+    /// allocation, or VMM chunks mapped side by side) for other processes of this host.
+    /// An error where none of it can be exported; chunks that cannot be are left out (peers
+    /// stage what they hold).
+    fn ipc_export_range(&self, dev: i32, ptr: u64, len: usize) -> Result<IpcExports, GpuError> {
+        let _ = len;
+        Ok(IpcExports::new(
+            vec![self.ipc_export(dev, ptr)?],
+            Vec::new(),
+        ))
     }
     /// Reach an allocation process `pid` exported (`export`, as it sent it) from device
     /// `dev` of this process: opened once and cached (closed once unused for
@@ -197,12 +314,28 @@ pub struct BatchCopy {
 /// ([`GpuStream::copy_batch`]); `MORIO_GPU_BATCH_COPIES=off` enqueues them one by one (an A/B
 /// knob, read once).
 pub(crate) fn batch_copies() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        !matches!(
-            std::env::var("MORIO_GPU_BATCH_COPIES").as_deref(),
-            Ok("off" | "0" | "false")
-        )
+    batch_mode() != BatchMode::Off
+}
+
+/// How chunks' small copies go to the runtime (`MORIO_GPU_BATCH_COPIES`, read once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BatchMode {
+    /// One call per copy (`off`).
+    Off,
+    /// Batched, the copy engines preferred (the default).
+    CopyEngines,
+    /// Batched, the driver choosing where they run (`sm`: an A/B knob; for a
+    /// device-to-device batch of tiny copies it may pick the SMs).
+    Driver,
+}
+
+/// The batching of small copies this process uses.
+pub(crate) fn batch_mode() -> BatchMode {
+    static MODE: std::sync::OnceLock<BatchMode> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var("MORIO_GPU_BATCH_COPIES").as_deref() {
+        Ok("off" | "0" | "false") => BatchMode::Off,
+        Ok("sm" | "driver") => BatchMode::Driver,
+        _ => BatchMode::CopyEngines,
     })
 }
 
@@ -213,10 +346,25 @@ pub(crate) fn batch_copies() -> bool {
 /// the copy engines preferred) stops paying (rapidsai/cudf#23675).
 pub const BATCH_MAX_COPY: usize = 128 << 10;
 
-/// Enqueue `copies` on `stream`: those of at most [`BATCH_MAX_COPY`] bytes as one batch,
-/// larger ones one call each. A batch's copies may run in any order, so copies whose
-/// destinations overlap (a batch that writes one place twice: the later segment wins) go one
-/// by one in their order, as do all of them when batching is off.
+/// Device-to-device copies larger than this go one call each: a single D2D copy runs on the
+/// SMs, a batch on the copy engines, at about 5 µs a copy whatever its size (H100 host,
+/// `scripts/bench/s31-goals.sh`: 16 KiB × 1024 between processes at 0.77–0.95 × one call
+/// per copy, 8 B × 1024 at 1.13 ×, 4 KiB × 256 at 0.99–1.37 ×; docs/perf/gpu-batch-copies.md).
+pub const D2D_BATCH_MAX_COPY: usize = 4 << 10;
+
+/// The largest copy batched in direction `dir`.
+fn batch_max(dir: CopyDir) -> usize {
+    match dir {
+        CopyDir::D2d => D2D_BATCH_MAX_COPY,
+        CopyDir::D2h | CopyDir::H2d => BATCH_MAX_COPY,
+    }
+}
+
+/// Enqueue `copies` on `stream`: those of at most [`BATCH_MAX_COPY`] bytes
+/// ([`D2D_BATCH_MAX_COPY`] device to device) as one batch, larger ones one call each. A
+/// batch's copies may run in any order, so copies whose destinations overlap (a batch that
+/// writes one place twice: the later segment wins) go one by one in their order, as do all of
+/// them when batching is off.
 ///
 /// # Safety
 /// As [`GpuStream::copy_batch`].
@@ -225,13 +373,14 @@ pub(crate) unsafe fn enqueue_copies(
     dir: CopyDir,
     copies: &[BatchCopy],
 ) -> Result<(), GpuError> {
-    let small = copies.iter().filter(|c| c.len <= BATCH_MAX_COPY).count();
+    let max = batch_max(dir);
+    let small = copies.iter().filter(|c| c.len <= max).count();
     if small < 2 || !batch_copies() || destinations_overlap(copies) {
         // SAFETY: forwarded from the caller.
         return unsafe { one_by_one(stream, dir, copies) };
     }
     let (batch, large): (Vec<BatchCopy>, Vec<BatchCopy>) =
-        copies.iter().partition(|c| c.len <= BATCH_MAX_COPY);
+        copies.iter().partition(|c| c.len <= max);
     // SAFETY: forwarded from the caller.
     unsafe {
         one_by_one(stream, dir, &large)?;

@@ -3,7 +3,7 @@
 
 /// The newest protocol version this build speaks, offered in HELLO; the acceptor answers with
 /// the version the connection then speaks (PROTOCOL.md, "Versions").
-pub const VERSION: u32 = 9;
+pub const VERSION: u32 = 10;
 /// The oldest protocol version this build speaks (HELLO's and HELLO_ACK's layouts are fixed
 /// from this version on; later versions only append fields to them).
 pub const MIN_VERSION: u32 = 6;
@@ -20,6 +20,10 @@ pub const MAX_RING_BYTES: usize = 16 << 20;
 /// The first version whose same-host connections carry their record streams in
 /// shared-memory rings (PROTOCOL.md "Same-host transport", "Rings").
 pub const RING_VERSION: u32 = 9;
+/// The first version whose same-host connections offer device parts in several allocations
+/// of any kind (DEVICES records: VMM memory, exported one chunk at a time as file
+/// descriptors; PROTOCOL.md "Device parts").
+pub const DEVICE_SETS_VERSION: u32 = 10;
 /// Random bytes each side of a handshake contributes ([`super::handshake`]).
 pub const NONCE_BYTES: usize = 16;
 /// An HMAC-SHA-256 proof in the handshake.

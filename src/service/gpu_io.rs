@@ -143,10 +143,10 @@ pub(crate) async fn push_from_device(
     } else {
         None
     };
-    if let Some((export, parts)) = offer {
+    if let Some((allocs, parts)) = offer {
         writer.push_header(frame, total);
         let taken = writer
-            .send_device(&export, &parts)
+            .send_device(&allocs, &parts)
             .await
             .map_err(|e| SendError::Conn(e.into()))?;
         if taken {

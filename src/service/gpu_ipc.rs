@@ -3,39 +3,72 @@
 //! sender's allocation and copies it device to device on its own stream, with no staging.
 
 use super::Shard;
-use crate::gpu::{BatchCopy, CopyDir, GpuError, IpcExport};
+use crate::gpu::{BatchCopy, CopyDir, GpuError, IpcExport, IpcKind, IpcLease};
 use crate::region::Region;
 use crate::transport::framed::{ConnError, FrameReader, FrameWriter};
-use crate::transport::local::{Device, Verdict};
+use crate::transport::local::{
+    Device, DevicePart, DeviceRecords, Verdict, MAX_DEVICE_ALLOCS, MAX_DEVICE_PAIRS,
+};
 use crate::transport::Rx;
 
-/// The exported allocation of `region` and the device parts (offsets in it) that carry its
-/// `spans`, where the connection takes them and this engine has device parts on.
+/// The exported allocations holding `spans` of `region` and the device parts that carry
+/// them, where the connection takes them and this engine has device parts on; `None` when
+/// any byte lies outside what was exported (a VMM chunk that could not be), or the offer
+/// would pass the record's limits or the connection's version: the payload is staged.
 pub(super) fn device_parts(
     shard: &Shard,
     writer: &FrameWriter,
     region: &Region,
     spans: &[(u64, u64)],
-) -> Option<(IpcExport, Vec<(u64, u64)>)> {
-    let ex = region.device()?.ipc?;
-    if shard.shared.cfg.gpu_ipc == Some(false) {
-        return None;
-    }
-    if !writer.offers_device()
+) -> Option<(Vec<IpcExport>, Vec<DevicePart>)> {
+    let exports = region.device()?.ipc.as_deref()?;
+    let records = writer.offers_device();
+    if shard.shared.cfg.gpu_ipc == Some(false)
+        || records == DeviceRecords::None
         || spans.is_empty()
-        || spans.len() > crate::transport::local::MAX_DEVICE_PAIRS
+        || spans.len() > MAX_DEVICE_PAIRS
         || spans.iter().any(|s| s.1 == 0)
     {
         return None;
     }
-    let at = region.device_addr(0).checked_sub(ex.base)?;
-    let parts: Vec<(u64, u64)> = spans.iter().map(|&(off, len)| (at + off, len)).collect();
-    // Only parts inside the exported allocation: the receiver opens that much (a region of
-    // several allocations is staged).
-    parts
-        .iter()
-        .all(|&(off, len)| off.checked_add(len).is_some_and(|e| e <= ex.size))
-        .then_some((ex, parts))
+    // Offer index of each export used, in order of first use.
+    let mut used: Vec<(usize, u16)> = Vec::new();
+    let mut allocs: Vec<IpcExport> = Vec::new();
+    let mut parts: Vec<DevicePart> = Vec::with_capacity(spans.len());
+    for &(off, len) in spans {
+        let mut at = region.device_addr(off);
+        let mut left = len;
+        while left > 0 {
+            let (i, e) = exports.find(at)?;
+            let k = left.min(e.base + e.size - at);
+            let alloc = match used.iter().find(|u| u.0 == i) {
+                Some(&(_, a)) => a,
+                None => {
+                    if allocs.len() == MAX_DEVICE_ALLOCS {
+                        return None;
+                    }
+                    used.push((i, allocs.len() as u16));
+                    allocs.push(*e);
+                    allocs.len() as u16 - 1
+                }
+            };
+            match parts.last_mut() {
+                // A part that goes on where the last one ended (spans of one chunk after
+                // another) extends it.
+                Some(p) if p.alloc == alloc && p.off + p.len == at - e.base => p.len += k,
+                _ => parts.push(DevicePart {
+                    alloc,
+                    off: at - e.base,
+                    len: k,
+                }),
+            }
+            at += k;
+            left -= k;
+        }
+    }
+    let single = matches!(&allocs[..], [a] if a.kind == IpcKind::Legacy);
+    (parts.len() <= MAX_DEVICE_PAIRS && (single || records == DeviceRecords::Sets))
+        .then_some((allocs, parts))
 }
 
 /// Copy offered device parts `d` of process `pid` into `spans` of `region` on this shard's
@@ -68,39 +101,56 @@ pub(super) async fn take_device(
         // The staging path reports the failure (and drains the bytes).
         return decline(reader, Verdict::Declined);
     };
-    let map = match dm.gpu.ipc_open(dm.dev, pid, &d.export) {
-        Ok(m) => m,
-        Err(e) => {
-            ipc_refused(pid, &e);
-            return decline(reader, Verdict::DeclinedForGood);
+    let mut maps: Vec<IpcLease> = Vec::with_capacity(d.allocs.len());
+    for ex in &d.allocs {
+        if reader.device_refused(ex.kind) {
+            return decline(reader, Verdict::Declined);
         }
-    };
-    if let Some(&(off, len)) = d
-        .parts
-        .iter()
-        .find(|&&(off, len)| off.checked_add(len).is_none_or(|end| end > map.size))
-    {
+        match dm.gpu.ipc_open(dm.dev, pid, ex) {
+            Ok(m) => maps.push(m),
+            Err(e) => {
+                ipc_refused(pid, ex.kind, &e);
+                reader.refuse_device(ex.kind);
+                // A runtime that cannot open legacy handles opens none: the peer stops
+                // offering on this connection. Other kinds are declined each time (without
+                // trying again), so the peer's legacy memory still moves device to device.
+                let v = if ex.kind == IpcKind::Legacy {
+                    Verdict::DeclinedForGood
+                } else {
+                    Verdict::Declined
+                };
+                return decline(reader, v);
+            }
+        }
+    }
+    if let Some(p) = d.parts.iter().find(|p| {
+        p.off
+            .checked_add(p.len)
+            .is_none_or(|end| end > maps[p.alloc as usize].size)
+    }) {
         return Err(ConnError::Violation(format!(
-            "device part {off}+{len} outside the peer's {}-byte allocation",
-            map.size
+            "device part {}+{} outside the peer's {}-byte allocation",
+            p.off, p.len, maps[p.alloc as usize].size
         )));
     }
     let mut copies = Vec::new();
     let mut src = d.parts.iter().copied();
-    let (mut s_off, mut s_left) = src.next().unwrap_or_default();
+    let (mut s_base, mut s_off, mut s_left) = (0u64, 0u64, 0u64);
     'spans: for &(dst_off, len) in spans {
         let mut done = 0u64;
         while done < len {
             if s_left == 0 {
                 match src.next() {
-                    Some((o, l)) => (s_off, s_left) = (o, l),
+                    Some(p) => {
+                        (s_base, s_off, s_left) = (maps[p.alloc as usize].base, p.off, p.len)
+                    }
                     None => break 'spans,
                 }
             }
             let k = s_left.min(len - done);
             copies.push(BatchCopy {
                 dst: region.device_addr(dst_off + done),
-                src: map.base + s_off,
+                src: s_base + s_off,
                 len: k as usize,
             });
             done += k;
@@ -130,15 +180,15 @@ pub(super) async fn take_device(
     Ok(Some(failed.map_or(Ok(()), Err)))
 }
 
-/// Log, once per peer process, that its GPU memory cannot be opened here.
-fn ipc_refused(pid: u32, e: &GpuError) {
-    static SEEN: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+/// Log, once per peer process and kind, that its GPU memory cannot be opened here.
+fn ipc_refused(pid: u32, kind: IpcKind, e: &GpuError) {
+    static SEEN: std::sync::Mutex<Vec<(u32, IpcKind)>> = std::sync::Mutex::new(Vec::new());
     let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
-    if !seen.contains(&pid) {
-        seen.push(pid);
+    if !seen.contains(&(pid, kind)) {
+        seen.push((pid, kind));
         log::warn!(
-            "cannot open the GPU memory of same-host process {pid} ({e}): staging it through \
-             host memory"
+            "cannot open the GPU memory ({kind:?} export) of same-host process {pid} ({e}): \
+             staging it through host memory"
         );
     }
 }

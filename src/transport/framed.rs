@@ -370,6 +370,19 @@ impl FrameReader<Rx> {
         Ok(d.map(|d| (d, pid)))
     }
 
+    /// Whether exports of `kind` from the peer could not be opened here before (on this
+    /// connection).
+    pub(crate) fn device_refused(&self, kind: crate::gpu::IpcKind) -> bool {
+        matches!(&self.r, Rx::Local(r) if r.refused(kind))
+    }
+
+    /// Remember that exports of `kind` from the peer cannot be opened here.
+    pub(crate) fn refuse_device(&mut self, kind: crate::gpu::IpcKind) {
+        if let Rx::Local(r) = &mut self.r {
+            r.refuse(kind);
+        }
+    }
+
     /// Answer the offered device parts (see [`crate::transport::local::Verdict`]); taken,
     /// they stand for `len` payload bytes.
     pub(crate) fn settle_device(
@@ -479,7 +492,7 @@ impl FrameWriter {
     ) {
         let start = self.buf.len();
         encode_chunk_segs(Kind::Read, final_, head, segs, 0, &mut self.buf);
-        if to_device && self.w.offers_device() {
+        if to_device && self.w.offers_device() != crate::transport::local::DeviceRecords::None {
             self.buf[start + 3] |= FLAG_TO_DEVICE;
         }
     }
@@ -513,19 +526,19 @@ impl FrameWriter {
         frame.encode(payload, &mut self.buf);
     }
 
-    /// Whether GPU memory may be offered as device parts on this connection.
-    pub(crate) fn offers_device(&self) -> bool {
+    /// Which device records GPU memory may be offered in on this connection.
+    pub(crate) fn offers_device(&self) -> crate::transport::local::DeviceRecords {
         self.w.offers_device()
     }
 
-    /// Send everything queued (a frame's header last), then offer `parts` of `export` as
+    /// Send everything queued (a frame's header last), then offer `parts` of `allocs` as
     /// that frame's payload; `Ok(false)` when the peer declined: send its bytes then.
     pub(crate) async fn send_device(
         &mut self,
-        export: &crate::gpu::IpcExport,
-        parts: &[(u64, u64)],
+        allocs: &[crate::gpu::IpcExport],
+        parts: &[crate::transport::local::DevicePart],
     ) -> io::Result<bool> {
-        let r = self.w.send_device(&self.buf, export, parts).await;
+        let r = self.w.send_device(&self.buf, allocs, parts).await;
         self.buf.clear();
         r
     }

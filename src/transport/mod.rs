@@ -298,22 +298,25 @@ impl Tx {
         matches!(self, Tx::Local(w) if w.rides_ring())
     }
 
-    /// Whether GPU memory may be offered as device parts (a same-host connection whose peer
-    /// takes them).
-    pub(crate) fn offers_device(&self) -> bool {
-        matches!(self, Tx::Local(w) if w.offers_device())
+    /// Which device records GPU memory may be offered in (a same-host connection whose peer
+    /// takes them; `None` elsewhere).
+    pub(crate) fn offers_device(&self) -> local::DeviceRecords {
+        match self {
+            Tx::Local(w) => w.offers_device(),
+            _ => local::DeviceRecords::None,
+        }
     }
 
-    /// Send `head`, then offer `parts` of `export` as the payload after it; `Ok(false)` when
+    /// Send `head`, then offer `parts` of `allocs` as the payload after it; `Ok(false)` when
     /// the peer declined (or the transport has no device parts): send the bytes then.
     pub(crate) async fn send_device(
         &mut self,
         head: &[u8],
-        export: &crate::gpu::IpcExport,
-        parts: &[(u64, u64)],
+        allocs: &[crate::gpu::IpcExport],
+        parts: &[local::DevicePart],
     ) -> io::Result<bool> {
         match self {
-            Tx::Local(w) => w.send_device(head, export, parts).await,
+            Tx::Local(w) => w.send_device(head, allocs, parts).await,
             // No device parts here: the head leaves alone, the bytes follow as usual.
             other => other.send_all(&[head]).await.map(|()| false),
         }

@@ -10,6 +10,7 @@ mod connect;
 mod failures;
 mod gpu;
 mod gpu_same_host;
+mod gpu_vmm;
 mod host;
 mod in_process;
 mod mori_cases;

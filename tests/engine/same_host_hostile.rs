@@ -356,3 +356,150 @@ fn hostile_device_parts_close_the_connection_and_land_nothing() {
         }
     }
 }
+
+/// A DEVICES record (version 10, PROTOCOL.md "Several allocations") naming `parts`
+/// (allocation index, offset, length) of `allocs`.
+fn devices(
+    allocs: &[morio::gpu::IpcExport],
+    cell: &Slot,
+    token: u64,
+    parts: &[(u16, u64, u64)],
+) -> Vec<u8> {
+    let mut v = vec![5u8];
+    for w in [cell as *const Slot as u64, token] {
+        v.extend_from_slice(&w.to_le_bytes());
+    }
+    v.extend_from_slice(&(allocs.len() as u16).to_le_bytes());
+    v.extend_from_slice(&(parts.len() as u32).to_le_bytes());
+    for a in allocs {
+        v.push(a.kind as u8);
+        v.extend_from_slice(&a.handle);
+        v.extend_from_slice(&a.base.to_le_bytes());
+        v.extend_from_slice(&a.size.to_le_bytes());
+    }
+    for &(i, off, len) in parts {
+        v.extend_from_slice(&i.to_le_bytes());
+        v.extend_from_slice(&off.to_le_bytes());
+        v.extend_from_slice(&len.to_le_bytes());
+    }
+    v
+}
+
+/// Device parts in several VMM chunks from a raw peer (the fake runtime; the chunks exported
+/// as descriptors the target takes out of this process): parts across a seam land and are
+/// acknowledged with 1; a descriptor that names no export is declined (not for good) and the
+/// bytes that follow land instead; a part past its allocation, and a DEVICES record on a
+/// version 9 connection, close the connection without a success.
+#[test]
+fn hostile_device_sets_are_checked_and_unknown_descriptors_declined() {
+    use morio::gpu::fake::FakeGpu;
+    use morio::gpu::{GpuRuntime, IpcExport};
+    use std::os::fd::AsRawFd;
+    use std::sync::Arc;
+
+    let fake_b = Arc::new(FakeGpu::new(1));
+    let b = engine(
+        "sh_devs_hostile_b",
+        cfg_with(|c| c.same_host = Some(SameHost::Auto)),
+    );
+    b.set_gpu_runtime(fake_b.clone()).unwrap();
+    let (chunk, n) = (64usize << 10, 96usize << 10);
+    let dst = b.alloc_gpu_buffer(0, n).unwrap();
+    let d = dst.desc().clone();
+    // The raw peer's VMM memory: two chunks side by side, each exported as a descriptor.
+    let fake_a = Arc::new(FakeGpu::new(1));
+    let src = fake_a.clone().alloc_device_chunked(0, chunk, 2).unwrap();
+    let payload = random_bytes(2 * chunk, 6);
+    src.write_at(0, &payload).unwrap();
+    let exports = fake_a.ipc_export_range(0, src.ptr(), 2 * chunk).unwrap();
+    let ex: Vec<IpcExport> = exports.list().to_vec();
+    assert_eq!(ex.len(), 2);
+
+    // Correct: 96 KiB from offset 16 KiB, across the seam (32 KiB of the second chunk).
+    let mut slot = Slot::new();
+    let mut s = same_host_session(&b, "sh_devs_a", &mut slot);
+    slot.live.store(5, Ordering::SeqCst);
+    let mut rec = inline(&write_head(1, &d, 0, n as u64));
+    let first = (chunk - (16 << 10)) as u64;
+    rec.extend(devices(
+        &ex,
+        &slot,
+        5,
+        &[(0, 16 << 10, first), (1, 0, n as u64 - first)],
+    ));
+    s.write_all(&rec).unwrap();
+    match next_answer(&mut s) {
+        Some(Frame::Complete(r)) => assert_eq!((r.uid, r.code), (1, 0), "{r:?}"),
+        other => panic!("expected COMPLETE, got {other:?}"),
+    }
+    assert_eq!(slot.acked.load(Ordering::SeqCst), 1, "taken");
+    assert_bytes_eq(
+        &dst.to_vec(),
+        &payload[16 << 10..(16 << 10) + n],
+        "across the seam",
+    );
+
+    // A descriptor of this process that is no export (a socket): declined this time, and
+    // the bytes follow inline.
+    let (sock, _other) = std::os::unix::net::UnixStream::pair().unwrap();
+    let bogus = IpcExport::posix_fd(sock.as_raw_fd(), 1, ex[0].base, ex[0].size);
+    let mut slot = Slot::new();
+    let mut s = same_host_session(&b, "sh_devs_bogus", &mut slot);
+    slot.live.store(7, Ordering::SeqCst);
+    let mut rec = inline(&write_head(2, &d, 0, n as u64));
+    rec.extend(devices(&[bogus], &slot, 7, &[(0, 0, n as u64)]));
+    s.write_all(&rec).unwrap();
+    let t0 = std::time::Instant::now();
+    while slot.acked.load(Ordering::SeqCst) == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no answer to the offer"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        slot.acked.load(Ordering::SeqCst),
+        1 << 40,
+        "declined, not for good"
+    );
+    let bytes = random_bytes(n, 8);
+    s.write_all(&inline(&bytes)).unwrap();
+    match next_answer(&mut s) {
+        Some(Frame::Complete(r)) => assert_eq!((r.uid, r.code), (2, 0), "{r:?}"),
+        other => panic!("expected COMPLETE, got {other:?}"),
+    }
+    assert_bytes_eq(&dst.to_vec(), &bytes, "the bytes after the decline");
+
+    for (uid, what) in [
+        (3u64, "a part past its allocation"),
+        (4, "a DEVICES record on a version 9 connection"),
+    ] {
+        let landed = dst.to_vec();
+        let mut slot = Slot::new();
+        let version = if uid == 4 { 9 } else { VERSION };
+        let mut s = same_host_session_v(&b, &format!("sh_devs_{uid}"), &mut slot, version).0;
+        slot.live.store(11, Ordering::SeqCst);
+        let mut rec = inline(&write_head(uid, &d, 0, n as u64));
+        rec.extend(match uid {
+            3 => devices(
+                &ex,
+                &slot,
+                11,
+                &[
+                    (0, 0, chunk as u64 + 1),
+                    (1, 0, n as u64 - chunk as u64 - 1),
+                ],
+            ),
+            _ => devices(
+                &ex,
+                &slot,
+                11,
+                &[(0, 0, chunk as u64), (1, 0, n as u64 - chunk as u64)],
+            ),
+        });
+        s.write_all(&rec).unwrap();
+        refused(&mut s, &slot, &b, &format!("sh_devs_{uid}"), uid, what);
+        assert_bytes_eq(&dst.to_vec(), &landed, what);
+    }
+    drop((b, exports, src));
+}

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use morio_shards::rt;
 
-pub(crate) use records::{Device, MAX_DEVICE_PAIRS};
+pub(crate) use records::{Device, DevicePart, DeviceRecords, MAX_DEVICE_ALLOCS, MAX_DEVICE_PAIRS};
 pub(crate) use ring::{counts as ring_counts, default_bytes as default_ring_bytes};
 pub(crate) use rx::{LocalRx, Verdict};
 pub(crate) use tx::LocalTx;
@@ -340,19 +340,9 @@ pub(crate) fn rings_enabled() -> bool {
     })
 }
 
-/// A duplicate of descriptor `fd` of process `pid` (`pidfd_getfd`, which asks for the same
-/// permission as reading its memory); `None` if the kernel refuses.
+/// A duplicate of descriptor `fd` of process `pid`; `None` if the kernel refuses.
 fn take_fd(pid: libc::pid_t, fd: RawFd) -> Option<OwnedFd> {
-    // SAFETY: raw system calls with integer arguments; each returned descriptor is owned here.
-    unsafe {
-        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid, 0);
-        if pidfd < 0 {
-            return None;
-        }
-        let pidfd = OwnedFd::from_raw_fd(pidfd as RawFd);
-        let got = libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0);
-        (got >= 0).then(|| OwnedFd::from_raw_fd(got as RawFd))
-    }
+    crate::fdpass::take_fd(pid, fd).ok()
 }
 
 /// The wake channel of a sending half: the end it waits on, and the end the peer takes.
@@ -469,7 +459,7 @@ pub(crate) struct Upgrade {
     /// How long a send may wait for the peer to take its parts (`op_timeout`).
     pub(crate) stall: Duration,
     /// Whether the connection carries device parts (its version has them).
-    pub(crate) device_parts: bool,
+    pub(crate) device: DeviceRecords,
 }
 
 /// This side's half of the same-host step: its slot holding its proof and the descriptor of
@@ -539,7 +529,7 @@ impl Offer {
             bell: self.bell,
             peer_bell: taken.bell,
             stall,
-            device_parts: version >= crate::proto::limits::DEVICE_PARTS_VERSION,
+            device: DeviceRecords::of_version(version),
         }
     }
 }
@@ -570,14 +560,14 @@ impl LocalConn {
         let offered = up.ring.map(|ring| (ring, up.bell));
         let (wake_rx, wake_tx) = up.wake.map(|w| (w.rx, w.tx)).unzip();
         (
-            LocalRx::new(r, pid, up.peer_wake, up.device_parts, offered, wake_tx),
+            LocalRx::new(r, pid, up.peer_wake, up.device, offered, wake_tx),
             LocalTx::new(
                 w,
                 pid,
                 up.slot,
                 wake_rx,
                 up.stall,
-                up.device_parts,
+                up.device,
                 peer_ring.map(|ring| (ring, peer_bell)),
             ),
         )

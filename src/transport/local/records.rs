@@ -14,11 +14,15 @@
 //! word) or declines it (writes [`DECLINED`] or [`DECLINED_FOR_GOOD`]); after a decline the
 //! same bytes follow as ordinary records. A `RING` record (`u8 4`, version 9) says the rest
 //! of the sender's stream is in the shared-memory ring the receiver offered ([`super::ring`]).
+//! A `DEVICES` record (`u8 5`, version 10) offers GPU memory as DEVICE does, in up to
+//! [`MAX_DEVICE_ALLOCS`] allocations of any [`IpcKind`] (VMM memory maps one per chunk):
+//! `u64 cell`, `u64 token`, `u16 k`, `u32 n`, then `k` allocations (`u8 kind`, the 64-byte
+//! handle, `u64 base`, `u64 size`), then `n` parts (`u16 alloc`, `u64 offset`, `u64 len`).
 //! All little-endian.
 
 use std::fmt;
 
-use crate::gpu::{IpcExport, IPC_HANDLE_BYTES};
+use crate::gpu::{IpcExport, IpcKind, IPC_HANDLE_BYTES};
 
 /// Tag of an INLINE record.
 pub(crate) const INLINE: u8 = 1;
@@ -29,6 +33,16 @@ pub(crate) const DEVICE: u8 = 3;
 /// Tag of the RING record (version 9): the sender's next bytes are in the ring the receiver
 /// offered, and the socket carries only doorbells from here on.
 pub(crate) const RING: u8 = 4;
+/// Tag of a DEVICES record (version 10): device parts in several allocations of any kind.
+pub(crate) const DEVICES: u8 = 5;
+/// Bytes of a DEVICES record before its allocations.
+pub(crate) const DEVICES_HEAD: usize = 1 + 8 + 8 + 2 + 4;
+/// Bytes of one allocation of a DEVICES record.
+pub(crate) const DEVICES_ALLOC: usize = 1 + IPC_HANDLE_BYTES + 8 + 8;
+/// Bytes of one part of a DEVICES record.
+pub(crate) const DEVICES_PART: usize = 2 + 8 + 8;
+/// Most allocations a DEVICES record names (a chunk spread over more is staged).
+pub(crate) const MAX_DEVICE_ALLOCS: usize = 256;
 /// Bytes of a DEVICE record before its pairs.
 pub(crate) const DEVICE_HEAD: usize = 1 + IPC_HANDLE_BYTES + 8 + 8 + 8 + 4;
 /// Most pairs a DEVICE record carries (a chunk of more pieces is staged).
@@ -66,24 +80,66 @@ pub(crate) struct Pull {
     pub(crate) index: u32,
 }
 
-/// Parts of the sender's GPU memory the receiver may copy through an IPC handle.
+/// Which device records a connection carries, by its version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum DeviceRecords {
+    /// None (version 7): GPU memory is staged.
+    None,
+    /// DEVICE records only (versions 8 and 9): one legacy allocation per offer.
+    Single,
+    /// DEVICE and DEVICES records (version 10).
+    Sets,
+}
+
+impl DeviceRecords {
+    /// What a connection speaking `version` carries.
+    pub(crate) fn of_version(version: u32) -> Self {
+        use crate::proto::limits::{DEVICE_PARTS_VERSION, DEVICE_SETS_VERSION};
+        if version >= DEVICE_SETS_VERSION {
+            Self::Sets
+        } else if version >= DEVICE_PARTS_VERSION {
+            Self::Single
+        } else {
+            Self::None
+        }
+    }
+}
+
+/// One part of a device offer: `len` bytes at `off` of allocation `alloc` (an index into
+/// [`Device::allocs`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DevicePart {
+    /// Which of the offer's allocations.
+    pub(crate) alloc: u16,
+    /// Offset in that allocation.
+    pub(crate) off: u64,
+    /// Bytes.
+    pub(crate) len: u64,
+}
+
+/// Parts of the sender's GPU memory the receiver may copy through IPC handles.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Device {
-    /// The sender's allocation: handle, base (its size is not sent: the receiver learns it
-    /// from its own runtime when it opens the handle).
-    pub(crate) export: IpcExport,
+    /// The sender's allocations: kind, handle, base, size (a DEVICE record sends no size:
+    /// 0, the receiver learns it from its runtime when it opens the handle).
+    pub(crate) allocs: Vec<IpcExport>,
     /// The sender's cell, as for [`Pull`].
     pub(crate) cell: u64,
     /// The cell's value while the sender waits.
     pub(crate) token: u64,
-    /// (offset in the allocation, length) in payload order.
-    pub(crate) parts: Vec<(u64, u64)>,
+    /// The parts, in payload order.
+    pub(crate) parts: Vec<DevicePart>,
 }
 
 impl Device {
     /// Payload bytes it stands for.
     pub(crate) fn len(&self) -> u64 {
-        self.parts.iter().map(|p| p.1).sum()
+        self.parts.iter().map(|p| p.len).sum()
+    }
+
+    /// Whether a version-8 DEVICE record can carry it (one legacy allocation).
+    pub(crate) fn fits_device_record(&self) -> bool {
+        matches!(&self.allocs[..], [a] if a.kind == IpcKind::Legacy)
     }
 }
 
@@ -154,28 +210,66 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Option<(Record, usize)>, BadRecord> {
             if buf.len() < used {
                 return Ok(None);
             }
-            let parts: Vec<(u64, u64)> = (0..n)
-                .map(|i| {
-                    (
-                        u64_at(DEVICE_HEAD + 16 * i),
-                        u64_at(DEVICE_HEAD + 16 * i + 8),
-                    )
+            let parts: Vec<DevicePart> = (0..n)
+                .map(|i| DevicePart {
+                    alloc: 0,
+                    off: u64_at(DEVICE_HEAD + 16 * i),
+                    len: u64_at(DEVICE_HEAD + 16 * i + 8),
                 })
                 .collect();
-            let mut total = 0u64;
-            for &(off, len) in &parts {
-                total = match (len, off.checked_add(len), total.checked_add(len)) {
-                    (1.., Some(_), Some(t)) => t,
-                    _ => return Err(BadRecord(tag)),
-                };
-            }
-            let export = IpcExport {
-                handle,
-                base,
-                size: 0,
-            };
+            check_parts(&parts, &[u64::MAX]).ok_or(BadRecord(tag))?;
             let d = Device {
-                export,
+                allocs: vec![IpcExport::legacy(handle, base, 0)],
+                cell,
+                token,
+                parts,
+            };
+            Ok(Some((Record::Device(d), used)))
+        }
+        DEVICES if buf.len() < DEVICES_HEAD => Ok(None),
+        DEVICES => {
+            let (cell, token) = (u64_at(1), u64_at(9));
+            let k = u16::from_le_bytes([buf[17], buf[18]]) as usize;
+            let n = u32::from_le_bytes([buf[19], buf[20], buf[21], buf[22]]) as usize;
+            if k == 0 || k > MAX_DEVICE_ALLOCS || n == 0 || n > MAX_DEVICE_PAIRS || token == 0 {
+                return Err(BadRecord(tag));
+            }
+            let at_parts = DEVICES_HEAD + DEVICES_ALLOC * k;
+            let used = at_parts + DEVICES_PART * n;
+            if buf.len() < used {
+                return Ok(None);
+            }
+            let mut allocs = Vec::with_capacity(k);
+            for i in 0..k {
+                let at = DEVICES_HEAD + DEVICES_ALLOC * i;
+                let kind = IpcKind::from_wire(buf[at]).ok_or(BadRecord(tag))?;
+                let mut handle = [0u8; IPC_HANDLE_BYTES];
+                handle.copy_from_slice(&buf[at + 1..at + 1 + IPC_HANDLE_BYTES]);
+                let (base, size) = (u64_at(at + 65), u64_at(at + 73));
+                if size == 0 || base.checked_add(size).is_none() {
+                    return Err(BadRecord(tag));
+                }
+                allocs.push(IpcExport {
+                    kind,
+                    handle,
+                    base,
+                    size,
+                });
+            }
+            let parts: Vec<DevicePart> = (0..n)
+                .map(|i| {
+                    let at = at_parts + DEVICES_PART * i;
+                    DevicePart {
+                        alloc: u16::from_le_bytes([buf[at], buf[at + 1]]),
+                        off: u64_at(at + 2),
+                        len: u64_at(at + 10),
+                    }
+                })
+                .collect();
+            let sizes: Vec<u64> = allocs.iter().map(|a| a.size).collect();
+            check_parts(&parts, &sizes).ok_or(BadRecord(tag))?;
+            let d = Device {
+                allocs,
                 cell,
                 token,
                 parts,
@@ -187,18 +281,56 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Option<(Record, usize)>, BadRecord> {
     }
 }
 
-/// Append a DEVICE record (its sender keeps to at most [`MAX_DEVICE_PAIRS`] parts, none
-/// empty: a receiver refuses any other).
-pub(crate) fn put_device(d: &Device, out: &mut Vec<u8>) {
-    out.push(DEVICE);
-    out.extend_from_slice(&d.export.handle);
-    for v in [d.export.base, d.cell, d.token] {
+/// Whether every part is non-empty, inside its allocation (of `sizes`) and the whole adds
+/// up without overflow.
+fn check_parts(parts: &[DevicePart], sizes: &[u64]) -> Option<()> {
+    let mut total = 0u64;
+    for p in parts {
+        let size = *sizes.get(p.alloc as usize)?;
+        if p.len == 0 || p.off.checked_add(p.len)? > size {
+            return None;
+        }
+        total = total.checked_add(p.len)?;
+    }
+    Some(())
+}
+
+/// Append `d` as a DEVICE record (version 8: one legacy allocation, see
+/// [`Device::fits_device_record`]) or, with `sets`, a DEVICES record (version 10). Its
+/// sender keeps to the limits ([`MAX_DEVICE_PAIRS`] parts, none empty, [`MAX_DEVICE_ALLOCS`]
+/// allocations): a receiver refuses any other.
+pub(crate) fn put_device(d: &Device, sets: bool, out: &mut Vec<u8>) {
+    if !sets {
+        debug_assert!(d.fits_device_record());
+        let a = &d.allocs[0];
+        out.push(DEVICE);
+        out.extend_from_slice(&a.handle);
+        for v in [a.base, d.cell, d.token] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&(d.parts.len() as u32).to_le_bytes());
+        for p in &d.parts {
+            out.extend_from_slice(&p.off.to_le_bytes());
+            out.extend_from_slice(&p.len.to_le_bytes());
+        }
+        return;
+    }
+    out.push(DEVICES);
+    for v in [d.cell, d.token] {
         out.extend_from_slice(&v.to_le_bytes());
     }
+    out.extend_from_slice(&(d.allocs.len() as u16).to_le_bytes());
     out.extend_from_slice(&(d.parts.len() as u32).to_le_bytes());
-    for &(off, len) in &d.parts {
-        out.extend_from_slice(&off.to_le_bytes());
-        out.extend_from_slice(&len.to_le_bytes());
+    for a in &d.allocs {
+        out.push(a.kind as u8);
+        out.extend_from_slice(&a.handle);
+        out.extend_from_slice(&a.base.to_le_bytes());
+        out.extend_from_slice(&a.size.to_le_bytes());
+    }
+    for p in &d.parts {
+        out.extend_from_slice(&p.alloc.to_le_bytes());
+        out.extend_from_slice(&p.off.to_le_bytes());
+        out.extend_from_slice(&p.len.to_le_bytes());
     }
 }
 
@@ -241,23 +373,45 @@ mod tests {
             assert_eq!(parse(&rest[..n]), Ok(None), "{n} bytes");
         }
         let d = Device {
-            export: IpcExport {
-                handle: [9; IPC_HANDLE_BYTES],
-                base: 0x7000_0000,
-                size: 0,
-            },
+            allocs: vec![IpcExport::legacy([9; IPC_HANDLE_BYTES], 0x7000_0000, 0)],
             cell: 0x5555_0000,
             token: 7,
-            parts: vec![(0, 1 << 20), (4 << 20, 4096)],
+            parts: parts(&[(0, 0, 1 << 20), (0, 4 << 20, 4096)]),
         };
         let mut b = Vec::new();
-        put_device(&d, &mut b);
+        put_device(&d, false, &mut b);
         assert_eq!(b.len(), DEVICE_HEAD + 32);
         assert_eq!(d.len(), (1 << 20) + 4096);
         assert_eq!(parse(&b), Ok(Some((Record::Device(d), b.len()))));
         for n in 0..b.len() {
             assert_eq!(parse(&b[..n]), Ok(None), "{n} bytes");
         }
+        // Several allocations of both kinds (VMM chunks side by side, a legacy one).
+        let d = Device {
+            allocs: vec![
+                IpcExport::posix_fd(17, 0xfeed, 0x8000_0000, 20 << 20),
+                IpcExport::posix_fd(18, 0xbeef, 0x8140_0000, 20 << 20),
+                IpcExport::legacy([3; IPC_HANDLE_BYTES], 0x9000_0000, 4096),
+            ],
+            cell: 0x5555_0000,
+            token: 9,
+            parts: parts(&[(0, (20 << 20) - 8, 8), (1, 0, 8), (2, 0, 4096), (1, 64, 1)]),
+        };
+        let mut b = Vec::new();
+        put_device(&d, true, &mut b);
+        assert_eq!(b.len(), DEVICES_HEAD + 3 * DEVICES_ALLOC + 4 * DEVICES_PART);
+        assert_eq!(parse(&b), Ok(Some((Record::Device(d.clone()), b.len()))));
+        assert_eq!(d.allocs[1].fd(), Some(18));
+        assert!(!d.fits_device_record());
+        for n in 0..b.len() {
+            assert_eq!(parse(&b[..n]), Ok(None), "{n} bytes");
+        }
+    }
+
+    fn parts(p: &[(u16, u64, u64)]) -> Vec<DevicePart> {
+        p.iter()
+            .map(|&(alloc, off, len)| DevicePart { alloc, off, len })
+            .collect()
     }
 
     #[test]
@@ -283,29 +437,63 @@ mod tests {
             assert_eq!(parse(&b), Err(BadRecord(PULL)), "{bad:?}");
         }
         assert_eq!(parse(&[INLINE, 0, 0, 0, 0]), Err(BadRecord(INLINE)));
-        let dev = |parts: Vec<(u64, u64)>, token| Device {
-            export: IpcExport {
-                handle: [1; IPC_HANDLE_BYTES],
-                base: 4096,
-                size: 0,
-            },
+        let dev = |p: &[(u16, u64, u64)], token| Device {
+            allocs: vec![IpcExport::legacy([1; IPC_HANDLE_BYTES], 4096, 0)],
             cell: 8,
             token,
-            parts,
+            parts: parts(p),
         };
         for bad in [
-            dev(vec![(0, 0)], 1),
-            dev(vec![(u64::MAX, 2)], 1),
-            dev(vec![(0, u64::MAX), (0, 2)], 1),
-            dev(vec![(0, 1)], 0),
-            dev(vec![(0, 1); MAX_DEVICE_PAIRS + 1], 1),
+            dev(&[(0, 0, 0)], 1),
+            dev(&[(0, u64::MAX, 2)], 1),
+            dev(&[(0, 0, u64::MAX), (0, 0, 2)], 1),
+            dev(&[(0, 0, 1)], 0),
+            dev(&[(0, 0, 1); MAX_DEVICE_PAIRS + 1], 1),
         ] {
             let mut b = Vec::new();
-            put_device(&bad, &mut b);
+            put_device(&bad, false, &mut b);
             assert_eq!(parse(&b), Err(BadRecord(DEVICE)), "{:?}", &bad.parts[..1]);
         }
+        // DEVICES: parts outside their allocation or naming none, empty or too many
+        // allocations, an unknown kind, an allocation of no bytes or past the address space.
+        let two = |p: &[(u16, u64, u64)]| Device {
+            allocs: vec![
+                IpcExport::posix_fd(3, 1, 0x1000, 4096),
+                IpcExport::legacy([2; IPC_HANDLE_BYTES], 0x4000, 8192),
+            ],
+            cell: 8,
+            token: 1,
+            parts: parts(p),
+        };
+        let mut many = two(&[(0, 0, 1)]);
+        many.allocs = vec![many.allocs[0]; MAX_DEVICE_ALLOCS + 1];
+        let mut none = two(&[(0, 0, 1)]);
+        none.allocs.clear();
+        let mut empty = two(&[(0, 0, 1)]);
+        empty.allocs[1].size = 0;
+        let mut wraps = two(&[(0, 0, 1)]);
+        wraps.allocs[1].base = u64::MAX - 10;
+        for bad in [
+            two(&[(0, 4090, 7)]),
+            two(&[(1, 8192, 1)]),
+            two(&[(2, 0, 1)]),
+            two(&[(1, 0, 0)]),
+            many,
+            none,
+            empty,
+            wraps,
+        ] {
+            let mut b = Vec::new();
+            put_device(&bad, true, &mut b);
+            assert_eq!(parse(&b), Err(BadRecord(DEVICES)), "{bad:?}");
+        }
+        let mut b = Vec::new();
+        put_device(&two(&[(0, 4095, 1), (1, 0, 8192)]), true, &mut b);
+        assert!(parse(&b).unwrap().is_some());
+        b[DEVICES_HEAD] = 9;
+        assert_eq!(parse(&b), Err(BadRecord(DEVICES)), "unknown kind");
         assert_eq!(parse(&[9]), Err(BadRecord(9)));
-        assert_eq!(parse(&[5]), Err(BadRecord(5)));
+        assert_eq!(parse(&[6]), Err(BadRecord(6)));
         assert_eq!(parse(&[RING, 1]), Ok(Some((Record::Ring, 1))));
     }
 }

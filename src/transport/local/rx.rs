@@ -10,10 +10,12 @@ use futures_lite::AsyncRead;
 use morio_shards::rt;
 
 use super::records::{
-    parse, BadRecord, Device, Pull, Record, DECLINED, DECLINED_FOR_GOOD, DEVICE, RING,
+    parse, BadRecord, Device, DeviceRecords, Pull, Record, DECLINED, DECLINED_FOR_GOOD, DEVICES,
+    RING,
 };
 use super::ring::Inbound;
 use super::{read_peer, wake, write_peer_word, ACKED_OFFSET};
+use crate::gpu::IpcKind;
 
 /// Socket bytes buffered at most (record heads and inline bytes).
 const BUF_BYTES: usize = 64 << 10;
@@ -98,8 +100,11 @@ pub(crate) struct LocalRx {
     start: usize,
     end: usize,
     cur: Cur,
-    /// Whether the connection's version has DEVICE records (else one is refused).
-    device_parts: bool,
+    /// The device records the connection's version has (others are refused).
+    device: DeviceRecords,
+    /// Kinds of export this side could not open from the peer (offers of them are declined
+    /// without trying again), by [`IpcKind`] bit.
+    refused: u8,
 }
 
 impl LocalRx {
@@ -107,7 +112,7 @@ impl LocalRx {
         r: rt::ReadHalf,
         peer: libc::pid_t,
         wake: Option<std::os::fd::OwnedFd>,
-        device_parts: bool,
+        device: DeviceRecords,
         offered: Option<(Inbound, Option<super::Wake>)>,
         handed: Option<std::os::fd::OwnedFd>,
     ) -> Self {
@@ -126,8 +131,19 @@ impl LocalRx {
             start: 0,
             end: 0,
             cur: Cur::Idle,
-            device_parts,
+            device,
+            refused: 0,
         }
+    }
+
+    /// Whether exports of `kind` from the peer could not be opened here before.
+    pub(crate) fn refused(&self, kind: IpcKind) -> bool {
+        self.refused & (1 << kind as u8) != 0
+    }
+
+    /// Remember that exports of `kind` from the peer cannot be opened here.
+    pub(crate) fn refuse(&mut self, kind: IpcKind) {
+        self.refused |= 1 << kind as u8;
     }
 
     /// The record head at the start of the buffer (see [`parse`]); a DEVICE record on a
@@ -139,7 +155,18 @@ impl LocalRx {
             self.handed = None;
         }
         match rec {
-            Some((Record::Device(_), _)) if !self.device_parts => Err(BadRecord(DEVICE)),
+            Some((Record::Device(_), _)) => {
+                let tag = self.buf[self.start];
+                let needs = if tag == DEVICES {
+                    DeviceRecords::Sets
+                } else {
+                    DeviceRecords::Single
+                };
+                if self.device < needs {
+                    return Err(BadRecord(tag));
+                }
+                Ok(rec)
+            }
             Some((Record::Ring, _)) => {
                 let (mut ring, bell) = self.offered.take().ok_or(BadRecord(RING))?;
                 // The peer took the files in the handshake, before sending anything: close

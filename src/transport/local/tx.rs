@@ -11,8 +11,8 @@ use morio_shards::rt;
 use futures_lite::AsyncReadExt;
 
 use super::records::{
-    put_device, put_inline, put_pull, Device, Pull, DECLINED, DECLINED_FOR_GOOD, MAX_INLINE,
-    PULL_MIN_BYTES,
+    put_device, put_inline, put_pull, Device, DevicePart, DeviceRecords, Pull, DECLINED,
+    DECLINED_FOR_GOOD, MAX_INLINE, PULL_MIN_BYTES,
 };
 use std::os::fd::{AsRawFd, OwnedFd};
 
@@ -26,9 +26,9 @@ pub(crate) struct LocalTx {
     out: Out,
     cell: SlotRef,
     heads: Vec<u8>,
-    /// Whether GPU memory may be offered as DEVICE records (the connection's version has
+    /// Which device records GPU memory may be offered in (the connection's version has
     /// them, and the peer has not declined them for good).
-    device_parts: bool,
+    device: DeviceRecords,
     /// Parts of at least this many bytes are pulled by the peer, smaller ones sent inline.
     pull_min: usize,
 }
@@ -73,14 +73,14 @@ impl LocalTx {
         cell: SlotRef,
         wake: Option<OwnedFd>,
         stall: Duration,
-        device_parts: bool,
+        device: DeviceRecords,
         ring: Option<(Outbound, Option<OwnedFd>)>,
     ) -> Self {
         let waker = wake.map(|rx| (rt::unix_stream_from_fd(rx), false));
         Self {
             cell,
             heads: Vec::with_capacity(256),
-            device_parts,
+            device,
             pull_min: ring
                 .as_ref()
                 .map_or(PULL_MIN_BYTES, |(r, _)| ring_pull_min(r.cap())),
@@ -99,20 +99,21 @@ impl LocalTx {
         self.out.ring.is_some()
     }
 
-    /// Whether GPU memory may be offered to the peer as device parts.
-    pub(crate) fn offers_device(&self) -> bool {
-        self.device_parts
+    /// Which device records GPU memory may be offered to the peer in.
+    pub(crate) fn offers_device(&self) -> DeviceRecords {
+        self.device
     }
 
-    /// Send `head` (a frame's bytes), then offer `parts` (offset, length) of the exported
-    /// allocation `export` as its payload. `Ok(true)` once the peer has copied them (the
+    /// Send `head` (a frame's bytes), then offer `parts` of the exported allocations
+    /// `allocs` as its payload (a DEVICE record where one will do, else DEVICES: the caller
+    /// keeps to [`Self::offers_device`]). `Ok(true)` once the peer has copied them (the
     /// memory may be reused then); `Ok(false)` if it declined, and the caller must then send
     /// the same bytes as usual.
     pub(crate) async fn send_device(
         &mut self,
         head: &[u8],
-        export: &IpcExport,
-        parts: &[(u64, u64)],
+        allocs: &[IpcExport],
+        parts: &[DevicePart],
     ) -> io::Result<bool> {
         self.heads.clear();
         let token = loop {
@@ -126,12 +127,18 @@ impl LocalTx {
         }
         let at = self.heads.len();
         let d = Device {
-            export: *export,
+            allocs: allocs.to_vec(),
             cell: self.cell.addr(),
             token,
             parts: parts.to_vec(),
         };
-        put_device(&d, &mut self.heads);
+        let sets = !d.fits_device_record();
+        if self.device == DeviceRecords::None || (sets && self.device < DeviceRecords::Sets) {
+            return Err(io::Error::other(
+                "device parts this connection cannot carry",
+            ));
+        }
+        put_device(&d, sets, &mut self.heads);
         let cell = self.cell.slot();
         cell.acked.store(0, Ordering::SeqCst);
         cell.live.store(token, Ordering::SeqCst);
@@ -149,7 +156,7 @@ impl LocalTx {
                      it through host memory on this connection",
                     self.out.peer
                 );
-                self.device_parts = false;
+                self.device = DeviceRecords::None;
                 Ok(false)
             }
             v => Err(io::Error::new(

@@ -2,6 +2,7 @@
 //! behind addresses the CPU cannot dereference (so any code path that touches device memory
 //! directly crashes), copies run asynchronously on a worker thread per stream, and faults
 //! can be injected. Tests and `morio bench --gpu-runtime fake` use it to drive the pipeline.
+//! VMM memory (chunks mapped side by side, exported as file descriptors) is in [`vmm`].
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, AtomicUsize, Ordering};
@@ -9,10 +10,12 @@ use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+mod vmm;
+
 use super::ipc::IpcCache;
 use super::{
     BatchCopy, CopyDir, DeviceBuf, DeviceInfo, GpuError, GpuFence, GpuRuntime, GpuStream,
-    IpcExport, IpcLease, PinnedBuf, IPC_HANDLE_BYTES,
+    IpcExport, IpcExports, IpcKind, IpcLease, PinnedBuf, IPC_HANDLE_BYTES,
 };
 
 /// Allocations exported by every fake runtime of the process, by handle: a fake "other
@@ -54,6 +57,7 @@ struct State {
     fault_at_complete: AtomicBool,
     refuse_ipc: AtomicBool,
     refuse_export: AtomicBool,
+    refuse_vmm_export: AtomicBool,
     ipc_opens: AtomicU64,
     d2d_copies: AtomicU64,
     batches: AtomicU64,
@@ -65,6 +69,8 @@ struct State {
 struct Alloc {
     dev: i32,
     bytes: Mutex<Vec<u8>>,
+    /// A VMM chunk: a range may go on into the chunk mapped right after it.
+    vmm: bool,
 }
 
 impl FakeGpu {
@@ -73,7 +79,7 @@ impl FakeGpu {
         let allocs: Arc<Mutex<BTreeMap<u64, Arc<Alloc>>>> = Arc::default();
         let ipc_closes = Arc::new(AtomicU64::new(0));
         let (a, n) = (allocs.clone(), ipc_closes.clone());
-        let opened = IpcCache::new(Box::new(move |_, base| {
+        let opened = IpcCache::new(Box::new(move |_, base, _, _| {
             lock(&a).remove(&base);
             n.fetch_add(1, Ordering::Relaxed);
         }));
@@ -90,6 +96,7 @@ impl FakeGpu {
                 fault_at_complete: AtomicBool::new(false),
                 refuse_ipc: AtomicBool::new(false),
                 refuse_export: AtomicBool::new(false),
+                refuse_vmm_export: AtomicBool::new(false),
                 ipc_opens: AtomicU64::new(0),
                 d2d_copies: AtomicU64::new(0),
                 batches: AtomicU64::new(0),
@@ -172,6 +179,61 @@ impl FakeGpu {
         (ptr.checked_add(len as u64)? <= base + len_a).then(|| (base, a.clone()))
     }
 
+    /// The pieces of `ptr..ptr+len`: (allocation, offset in it, bytes), one allocation, or
+    /// VMM chunks mapped side by side; `None` where any byte is not mapped.
+    fn pieces(&self, ptr: u64, len: usize) -> Option<Vec<(Arc<Alloc>, usize, usize)>> {
+        let allocs = self.st.allocs.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::new();
+        let (mut at, mut left) = (ptr, len as u64);
+        ptr.checked_add(len as u64)?;
+        loop {
+            let (&base, a) = allocs.range(..=at).next_back()?;
+            let len_a = lock(&a.bytes).len() as u64;
+            if at >= base + len_a {
+                return None;
+            }
+            if let Some((prev, _, _)) = out.last() {
+                let prev: &Arc<Alloc> = prev;
+                if !(prev.vmm && a.vmm) {
+                    return None;
+                }
+            }
+            let k = left.min(base + len_a - at);
+            out.push((a.clone(), (at - base) as usize, k as usize));
+            left -= k;
+            at += k;
+            if left == 0 {
+                return Some(out);
+            }
+        }
+    }
+
+    /// Copy device bytes at `src` into `dst` (`false`: not mapped).
+    fn read_dev(&self, src: u64, dst: &mut [u8]) -> bool {
+        let Some(p) = self.pieces(src, dst.len()) else {
+            return false;
+        };
+        let mut at = 0;
+        for (a, off, k) in p {
+            dst[at..at + k].copy_from_slice(&lock(&a.bytes)[off..off + k]);
+            at += k;
+        }
+        true
+    }
+
+    /// Copy `src` into device bytes at `dst` (`false`: not mapped).
+    fn write_dev(&self, dst: u64, src: &[u8]) -> bool {
+        let Some(p) = self.pieces(dst, src.len()) else {
+            return false;
+        };
+        let mut at = 0;
+        for (a, off, k) in p {
+            lock(&a.bytes)[off..off + k].copy_from_slice(&src[at..at + k]);
+            at += k;
+        }
+        true
+    }
+
     /// A fresh address range for one allocation.
     fn next_base(&self) -> u64 {
         BASE + self.st.next.fetch_add(1, Ordering::Relaxed) * SPAN
@@ -230,10 +292,10 @@ impl GpuRuntime for FakeGpu {
             len,
             why: why.into(),
         };
-        let (_, a) = self
-            .find(ptr, len)
+        let p = self
+            .pieces(ptr, len.max(1))
             .ok_or_else(|| bad("not inside one allocation"))?;
-        if a.dev != dev {
+        if let Some((a, _, _)) = p.iter().find(|(a, _, _)| a.dev != dev) {
             return Err(bad(&format!("it belongs to GPU {}", a.dev)));
         }
         Ok(())
@@ -272,6 +334,7 @@ impl GpuRuntime for FakeGpu {
         let a = Arc::new(Alloc {
             dev,
             bytes: Mutex::new(vec![0u8; len]),
+            vmm: false,
         });
         lock(&self.st.allocs).insert(base, a);
         let st = self.st.clone();
@@ -294,6 +357,12 @@ impl GpuRuntime for FakeGpu {
             call: "fake export",
             msg: "freed".into(),
         })?;
+        if a.vmm {
+            return Err(GpuError::Call {
+                call: "fake ipc export",
+                msg: "a VMM chunk has no legacy IPC handle".into(),
+            });
+        }
         let mut handle = [0u8; IPC_HANDLE_BYTES];
         handle[..8].copy_from_slice(b"fakeipc\0");
         handle[8..16].copy_from_slice(&rand::random::<u64>().to_le_bytes());
@@ -302,7 +371,34 @@ impl GpuRuntime for FakeGpu {
         let mut ex = lock(&EXPORTS);
         ex.retain(|_, w| w.strong_count() > 0);
         ex.insert(handle, Arc::downgrade(&a));
-        Ok(IpcExport { handle, base, size })
+        Ok(IpcExport::legacy(handle, base, size))
+    }
+
+    fn ipc_export_range(&self, dev: i32, ptr: u64, len: usize) -> Result<IpcExports, GpuError> {
+        self.check_device_range(dev, ptr, len)?;
+        let pieces = self.pieces(ptr, len.max(1)).ok_or(GpuError::Call {
+            call: "fake export",
+            msg: "freed".into(),
+        })?;
+        let (mut list, mut keep) = (Vec::new(), Vec::new());
+        let mut at = ptr;
+        for (a, off, k) in pieces {
+            if !a.vmm {
+                list.push(self.ipc_export(dev, at)?);
+            } else if self.vmm_exports() {
+                let (ex, fd) = vmm::export(&a, at - off as u64)?;
+                list.push(ex);
+                keep.push(fd);
+            }
+            at += k as u64;
+        }
+        if list.is_empty() {
+            return Err(GpuError::Call {
+                call: "fake vmm export",
+                msg: "refused (injected)".into(),
+            });
+        }
+        Ok(IpcExports::new(list, keep))
     }
 
     fn ipc_open(&self, dev: i32, pid: u32, export: &IpcExport) -> Result<IpcLease, GpuError> {
@@ -313,16 +409,18 @@ impl GpuRuntime for FakeGpu {
                 msg: "refused (injected)".into(),
             });
         }
-        // Every fake runtime opens through the export table, whatever the pid: a test's two
-        // engines in one process take the path two processes would.
+        // Every fake runtime opens through the export tables, whatever the pid: a test's two
+        // engines in one process take the path two processes would (a descriptor is taken
+        // from process `pid` with `pidfd_getfd`, as CUDA's importer must).
         let open = |h: &[u8; IPC_HANDLE_BYTES]| {
-            let a = lock(&EXPORTS)
-                .get(h)
-                .and_then(|w| w.upgrade())
-                .ok_or(GpuError::Call {
-                    call: "fake ipc open",
-                    msg: "no such handle".into(),
-                })?;
+            let a = match export.kind {
+                IpcKind::Legacy => lock(&EXPORTS).get(h).and_then(|w| w.upgrade()),
+                IpcKind::PosixFd => vmm::import(pid, export)?,
+            }
+            .ok_or(GpuError::Call {
+                call: "fake ipc open",
+                msg: "no such handle".into(),
+            })?;
             let size = lock(&a.bytes).len() as u64;
             let base = self.next_base();
             lock(&self.st.allocs).insert(base, a);
@@ -334,23 +432,23 @@ impl GpuRuntime for FakeGpu {
 
     unsafe fn copy_to_device(&self, dev: i32, dst: u64, src: &[u8]) -> Result<(), GpuError> {
         self.check_device_range(dev, dst, src.len())?;
-        let (base, a) = self.find(dst, src.len()).ok_or(GpuError::Call {
-            call: "fake copy",
-            msg: "freed".into(),
-        })?;
-        let off = (dst - base) as usize;
-        lock(&a.bytes)[off..off + src.len()].copy_from_slice(src);
+        if !self.write_dev(dst, src) {
+            return Err(GpuError::Call {
+                call: "fake copy",
+                msg: "freed".into(),
+            });
+        }
         Ok(())
     }
 
     unsafe fn copy_from_device(&self, dev: i32, dst: &mut [u8], src: u64) -> Result<(), GpuError> {
         self.check_device_range(dev, src, dst.len())?;
-        let (base, a) = self.find(src, dst.len()).ok_or(GpuError::Call {
-            call: "fake copy",
-            msg: "freed".into(),
-        })?;
-        let off = (src - base) as usize;
-        dst.copy_from_slice(&lock(&a.bytes)[off..off + dst.len()]);
+        if !self.read_dev(src, dst) {
+            return Err(GpuError::Call {
+                call: "fake copy",
+                msg: "freed".into(),
+            });
+        }
         Ok(())
     }
 }
@@ -450,54 +548,31 @@ fn run_stream(gpu: FakeGpu, rx: mpsc::Receiver<Op>) {
                 if delay > 0 {
                     std::thread::sleep(Duration::from_nanos(delay));
                 }
-                match gpu.find(src, len) {
-                    Some((base, a)) => {
-                        let off = (src - base) as usize;
-                        let b = lock(&a.bytes);
-                        // SAFETY: `dst` is pinned memory the submitter keeps alive and
-                        // untouched until the fence after this copy completes.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(b[off..].as_ptr(), dst as *mut u8, len)
-                        };
-                    }
-                    None => error = Some(format!("D2H from freed memory {src:#x}")),
+                // SAFETY: `dst` is pinned memory the submitter keeps alive and untouched
+                // until the fence after this copy completes.
+                let dst = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, len) };
+                if !gpu.read_dev(src, dst) {
+                    error = Some(format!("D2H from freed memory {src:#x}"));
                 }
             }
             Op::H2d { dst, src, len } => {
                 if delay > 0 {
                     std::thread::sleep(Duration::from_nanos(delay));
                 }
-                match gpu.find(dst, len) {
-                    Some((base, a)) => {
-                        let off = (dst - base) as usize;
-                        let mut b = lock(&a.bytes);
-                        // SAFETY: as above, `src` is live pinned memory.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                src as *const u8,
-                                b[off..].as_mut_ptr(),
-                                len,
-                            )
-                        };
-                    }
-                    None => error = Some(format!("H2D into freed memory {dst:#x}")),
+                // SAFETY: as above, `src` is live pinned memory.
+                let src = unsafe { std::slice::from_raw_parts(src as *const u8, len) };
+                if !gpu.write_dev(dst, src) {
+                    error = Some(format!("H2D into freed memory {dst:#x}"));
                 }
             }
             Op::D2d { dst, src, len } => {
                 if delay > 0 {
                     std::thread::sleep(Duration::from_nanos(delay));
                 }
-                match (gpu.find(src, len), gpu.find(dst, len)) {
-                    (Some((sb, s)), Some((db, d))) => {
-                        // Copied out first: source and destination may be one allocation.
-                        let bytes = {
-                            let off = (src - sb) as usize;
-                            lock(&s.bytes)[off..off + len].to_vec()
-                        };
-                        let off = (dst - db) as usize;
-                        lock(&d.bytes)[off..off + len].copy_from_slice(&bytes);
-                    }
-                    _ => error = Some(format!("D2D between freed memory {src:#x} -> {dst:#x}")),
+                // Copied out first: source and destination may be one allocation.
+                let mut bytes = vec![0u8; len];
+                if !(gpu.read_dev(src, &mut bytes) && gpu.write_dev(dst, &bytes)) {
+                    error = Some(format!("D2D between freed memory {src:#x} -> {dst:#x}"));
                 }
             }
         }
@@ -525,7 +600,7 @@ impl GpuStream for FakeStream {
 
     unsafe fn d2d(&self, dst: u64, src: u64, len: usize) -> Result<(), GpuError> {
         self.check(dst, len)?;
-        if self.gpu.find(src, len).is_none() {
+        if self.gpu.pieces(src, len).is_none() {
             return Err(GpuError::NotDeviceMemory {
                 dev: self.dev,
                 ptr: src,
