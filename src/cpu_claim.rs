@@ -140,12 +140,14 @@ impl ClaimDir {
     /// Claim CPUs for up to `want` shards among `usable`: plan over the CPUs no other engine
     /// holds (`plan(free, n)` chooses `n` of them, in shard order), claim the plan, and plan
     /// again when another engine took one of them in between. Returns the claims in shard
-    /// order: `want` of them when that many are free, fewer when not, none when every usable
-    /// CPU is claimed.
+    /// order: `want` of them when that many are free (and `spare` more stay free), fewer when
+    /// not (the last free CPU is taken rather than none), none when every usable CPU is
+    /// claimed.
     pub fn claim_planned(
         &self,
         usable: &CpuSet,
         want: usize,
+        spare: usize,
         plan: impl Fn(&CpuSet, usize) -> Result<Vec<usize>, TopologyError>,
     ) -> Result<Vec<CpuClaim>, TopologyError> {
         let mut held: Vec<CpuClaim> = Vec::new();
@@ -154,7 +156,9 @@ impl ClaimDir {
                 .iter()
                 .filter(|&c| held.iter().any(|h| h.cpu == c) || self.is_free(c))
                 .collect();
-            let n = want.min(free.len());
+            let n = want
+                .min(free.len().saturating_sub(spare))
+                .max(usize::from(!free.is_empty()).min(want));
             if n == 0 {
                 // Another engine probing a CPU holds it for an instant; look twice more
                 // before concluding that every CPU is taken.
@@ -288,24 +292,42 @@ mod tests {
         let d = ClaimDir::open(&t.0).unwrap();
         let usable: CpuSet = (0..8).collect();
         let plan = flat_plan(8);
-        let a = d.claim_planned(&usable, 3, &plan).unwrap();
-        let b = d.claim_planned(&usable, 3, &plan).unwrap();
+        let a = d.claim_planned(&usable, 3, 0, &plan).unwrap();
+        let b = d.claim_planned(&usable, 3, 0, &plan).unwrap();
         assert_eq!(cpus(&a), [0, 1, 2]);
         assert_eq!(cpus(&b), [3, 4, 5]);
         // Only two are left for a third claimer that wants three.
-        let c = d.claim_planned(&usable, 3, &plan).unwrap();
+        let c = d.claim_planned(&usable, 3, 0, &plan).unwrap();
         assert_eq!(cpus(&c), [6, 7]);
         // All taken: nothing for a fourth.
-        assert!(d.claim_planned(&usable, 1, &plan).unwrap().is_empty());
+        assert!(d.claim_planned(&usable, 1, 0, &plan).unwrap().is_empty());
         // A dropped claim frees its CPUs for the next claimer.
         drop(b);
-        let e = d.claim_planned(&usable, 8, &plan).unwrap();
+        let e = d.claim_planned(&usable, 8, 0, &plan).unwrap();
         assert_eq!(cpus(&e), [3, 4, 5]);
         drop((a, c, e));
         assert_eq!(
-            cpus(&d.claim_planned(&usable, 8, &plan).unwrap()),
+            cpus(&d.claim_planned(&usable, 8, 0, &plan).unwrap()),
             (0..8).collect::<Vec<_>>()
         );
+    }
+
+    #[test]
+    fn a_spare_cpu_stays_free_until_only_one_is_left() {
+        let t = TempDir::new("spare");
+        let d = ClaimDir::open(&t.0).unwrap();
+        let usable: CpuSet = (0..8).collect();
+        let plan = flat_plan(8);
+        let a = d.claim_planned(&usable, 4, 1, &plan).unwrap();
+        assert_eq!(cpus(&a), [0, 1, 2, 3]);
+        // Four free, four wanted: one stays free.
+        let b = d.claim_planned(&usable, 4, 1, &plan).unwrap();
+        assert_eq!(cpus(&b), [4, 5, 6]);
+        // One left: taken rather than none.
+        let c = d.claim_planned(&usable, 4, 1, &plan).unwrap();
+        assert_eq!(cpus(&c), [7]);
+        assert!(d.claim_planned(&usable, 4, 1, &plan).unwrap().is_empty());
+        drop((a, b, c));
     }
 
     #[test]
@@ -315,7 +337,7 @@ mod tests {
         let usable: CpuSet = (0..16).collect();
         let claims: Vec<Vec<CpuClaim>> = std::thread::scope(|s| {
             let hs: Vec<_> = (0..6)
-                .map(|_| s.spawn(|| d.claim_planned(&usable, 3, flat_plan(16)).unwrap()))
+                .map(|_| s.spawn(|| d.claim_planned(&usable, 3, 0, flat_plan(16)).unwrap()))
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
@@ -336,12 +358,12 @@ mod tests {
             Ok(free.iter().rev().take(n).collect())
         };
         assert_eq!(
-            cpus(&d.claim_planned(&usable, 3, reversed).unwrap()),
+            cpus(&d.claim_planned(&usable, 3, 0, reversed).unwrap()),
             [3, 2, 1]
         );
         let failing = |_: &CpuSet, _: usize| -> Result<Vec<usize>, TopologyError> {
             Err(TopologyError::NoCpus)
         };
-        assert!(d.claim_planned(&usable, 1, failing).is_err());
+        assert!(d.claim_planned(&usable, 1, 0, failing).is_err());
     }
 }

@@ -142,7 +142,11 @@ pub(crate) fn place_shards(cfg: &TcpBackendConfig) -> Result<ShardPlacement, Eng
         }
         .into());
     }
-    let claims = dir.claim_planned(&usable, want, plan)?;
+    // Without an explicit shard count, one CPU stays free for the application's threads: a
+    // busy-polling shard on every core leaves the thread that submits and waits none (two
+    // loopback engines of a 16-core host pinned 8 + 8; now 8 + 7, docs/perf/h100-s31.md).
+    let spare = usize::from(cfg.num_shards.is_none());
+    let claims = dir.claim_planned(&usable, want, spare, plan)?;
     if claims.is_empty() {
         log::warn!(
             "every allowed CPU ({allowed}) is claimed by another pinned morio engine on this \
@@ -250,7 +254,14 @@ mod tests {
         let cfg = pinned_cfg(&dir);
         let a = place_shards(&cfg).unwrap();
         let cpus: Vec<usize> = a.cpus.iter().flatten().copied().collect();
-        assert_eq!(cpus.len(), want(), "{:?}", a.cpus);
+        // One CPU stays free for the application (where there are two or more).
+        let n = allowed_cpus().len();
+        assert_eq!(
+            cpus.len(),
+            want().min(n - usize::from(n > 1)),
+            "{:?}",
+            a.cpus
+        );
         assert_eq!(a.claims.iter().map(CpuClaim::cpu).collect::<Vec<_>>(), cpus);
         // Take whatever is left, then nothing is.
         let rest = place_shards(&TcpBackendConfig {
@@ -272,7 +283,7 @@ mod tests {
         ));
         // Released claims are free again.
         drop((a, rest));
-        assert_eq!(place_shards(&cfg).unwrap().claims.len(), want());
+        assert_eq!(place_shards(&cfg).unwrap().claims.len(), cpus.len());
     }
 
     #[test]

@@ -79,9 +79,7 @@ pub(super) unsafe fn enqueue(
     attrs.srcAccessOrder = sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
     // Small copies on the copy engines, leaving the SMs to the application's kernels (a
     // serving engine computes while its KV cache moves); larger ones where the driver picks.
-    if copies.iter().all(|c| c.len <= super::BATCH_MAX_COPY)
-        && super::batch_mode() == super::BatchMode::CopyEngines
-    {
+    if copies.iter().all(|c| c.len <= super::BATCH_MAX_COPY) {
         attrs.flags = sys::CUmemcpyFlags::CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE as u32;
     }
     // One set of attributes, for the copies from index 0 on.

@@ -314,28 +314,12 @@ pub struct BatchCopy {
 /// ([`GpuStream::copy_batch`]); `MORIO_GPU_BATCH_COPIES=off` enqueues them one by one (an A/B
 /// knob, read once).
 pub(crate) fn batch_copies() -> bool {
-    batch_mode() != BatchMode::Off
-}
-
-/// How chunks' small copies go to the runtime (`MORIO_GPU_BATCH_COPIES`, read once).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum BatchMode {
-    /// One call per copy (`off`).
-    Off,
-    /// Batched, the copy engines preferred (the default).
-    CopyEngines,
-    /// Batched, the driver choosing where they run (`sm`: an A/B knob; for a
-    /// device-to-device batch of tiny copies it may pick the SMs).
-    Driver,
-}
-
-/// The batching of small copies this process uses.
-pub(crate) fn batch_mode() -> BatchMode {
-    static MODE: std::sync::OnceLock<BatchMode> = std::sync::OnceLock::new();
-    *MODE.get_or_init(|| match std::env::var("MORIO_GPU_BATCH_COPIES").as_deref() {
-        Ok("off" | "0" | "false") => BatchMode::Off,
-        Ok("sm" | "driver") => BatchMode::Driver,
-        _ => BatchMode::CopyEngines,
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        !matches!(
+            std::env::var("MORIO_GPU_BATCH_COPIES").as_deref(),
+            Ok("off" | "0" | "false")
+        )
     })
 }
 
@@ -346,22 +330,32 @@ pub(crate) fn batch_mode() -> BatchMode {
 /// the copy engines preferred) stops paying (rapidsai/cudf#23675).
 pub const BATCH_MAX_COPY: usize = 128 << 10;
 
-/// Device-to-device copies larger than this go one call each: a single D2D copy runs on the
-/// SMs, a batch on the copy engines, at about 5 µs a copy whatever its size (H100 host,
-/// `scripts/bench/s31-goals.sh`: 16 KiB × 1024 between processes at 0.77–0.95 × one call
-/// per copy, 8 B × 1024 at 1.13 ×, 4 KiB × 256 at 0.99–1.37 ×; docs/perf/gpu-batch-copies.md).
-pub const D2D_BATCH_MAX_COPY: usize = 4 << 10;
+/// The largest device-to-device copy batched: [`BATCH_MAX_COPY`] unless
+/// `MORIO_GPU_D2D_BATCH_MAX` (bytes, read once) says otherwise, an A/B knob (a single D2D copy
+/// may run on the SMs where a batch runs on the copy engines). On the H100 host 16 KiB ×
+/// 1024 between processes moved at 8.7–10.5 GB/s batched against 5.6 with only copies up to
+/// 4 KiB batched and 8.8–9.2 unbatched, in rounds that varied by ±20 %
+/// (docs/perf/h100-s31.md).
+fn d2d_batch_max() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::env::var("MORIO_GPU_D2D_BATCH_MAX")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(BATCH_MAX_COPY)
+    })
+}
 
 /// The largest copy batched in direction `dir`.
 fn batch_max(dir: CopyDir) -> usize {
     match dir {
-        CopyDir::D2d => D2D_BATCH_MAX_COPY,
+        CopyDir::D2d => d2d_batch_max(),
         CopyDir::D2h | CopyDir::H2d => BATCH_MAX_COPY,
     }
 }
 
-/// Enqueue `copies` on `stream`: those of at most [`BATCH_MAX_COPY`] bytes
-/// ([`D2D_BATCH_MAX_COPY`] device to device) as one batch, larger ones one call each. A
+/// Enqueue `copies` on `stream`: those of at most [`BATCH_MAX_COPY`] bytes (device to
+/// device: `MORIO_GPU_D2D_BATCH_MAX`) as one batch, larger ones one call each. A
 /// batch's copies may run in any order, so copies whose destinations overlap (a batch that
 /// writes one place twice: the later segment wins) go one by one in their order, as do all of
 /// them when batching is off.

@@ -31,6 +31,13 @@ pub(super) fn device_parts(
     {
         return None;
     }
+    // Many tiny parts are staged: a device-to-device copy between processes costs the
+    // receiver several microseconds each, batched or not, where staged copies batch into one
+    // call per pinned slot on each side.
+    let total: u64 = spans.iter().map(|s| s.1).sum();
+    if total < ipc_min_part() * spans.len() as u64 {
+        return None;
+    }
     // Offer index of each export used, in order of first use.
     let mut used: Vec<(usize, u16)> = Vec::new();
     let mut allocs: Vec<IpcExport> = Vec::new();
@@ -69,6 +76,21 @@ pub(super) fn device_parts(
     let single = matches!(&allocs[..], [a] if a.kind == IpcKind::Legacy);
     (parts.len() <= MAX_DEVICE_PAIRS && (single || records == DeviceRecords::Sets))
         .then_some((allocs, parts))
+}
+
+/// Payloads whose parts average fewer bytes than this are staged rather than offered as
+/// device parts (`MORIO_GPU_IPC_MIN_PART`, bytes, read once; 0 offers every payload): on
+/// the H100 host 1024 parts of 8 B took 4.8–5.6 ms device to device against 1.8–1.9 ms
+/// staged with batched copies, 256 of 4 KiB 0.8–1.0 ms against 0.47–0.55, while 1024 of
+/// 16 KiB took 1.6–1.9 ms device to device against 2.4 staged (docs/perf/h100-s31.md).
+fn ipc_min_part() -> u64 {
+    static MIN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| {
+        std::env::var("MORIO_GPU_IPC_MIN_PART")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(8 << 10)
+    })
 }
 
 /// Copy offered device parts `d` of process `pid` into `spans` of `region` on this shard's

@@ -55,7 +55,7 @@ fn gpu_to_gpu_moves_as_device_parts_without_staging() {
         "the handle is in the descriptor"
     );
     let staged_before = fake.copies() - fake.d2d_copies();
-    for (off, len) in [(7usize, 1000usize), (4096, 300 << 10), (1 << 20, 2 << 20)] {
+    for (off, len) in [(7usize, 10_000usize), (4096, 300 << 10), (1 << 20, 2 << 20)] {
         let what = format!("write of {len} at {off}");
         let uid = a.allocate_transfer_uid();
         assert_ok(&a.write(src.desc(), off, dst.desc(), off, len, uid), &what);

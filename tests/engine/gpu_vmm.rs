@@ -62,7 +62,7 @@ fn vmm_chunks_move_device_to_device_across_their_seams() {
             sd.ipc_handle, [0u8; 64],
             "MORI's field holds legacy handles only"
         );
-        for (off, len) in [(CHUNK - 7, 14), (3, N - 3), (5 * CHUNK + 100, 3 * CHUNK)] {
+        for (off, len) in [(CHUNK - 7, 9000), (3, N - 3), (5 * CHUNK + 100, 3 * CHUNK)] {
             let what = format!("write of {len} at {off}");
             let uid = a.allocate_transfer_uid();
             assert_ok(&a.write(&sd, off, &dd, off, len, uid), &what);
@@ -74,9 +74,9 @@ fn vmm_chunks_move_device_to_device_across_their_seams() {
             assert_bytes_eq(&read(&k, off, len), &src_bytes[off..off + len], &what);
         }
         // A batch whose pieces straddle seams, landing at other offsets.
-        let offs: Vec<usize> = (0..CHUNKS - 1).map(|i| (i + 1) * CHUNK - 1000).collect();
-        let dsts: Vec<usize> = offs.iter().map(|o| N - 3000 - o).collect();
-        let sizes = vec![3000usize; offs.len()];
+        let offs: Vec<usize> = (0..CHUNKS - 1).map(|i| (i + 1) * CHUNK - 5000).collect();
+        let dsts: Vec<usize> = offs.iter().map(|o| N - 9000 - o).collect();
+        let sizes = vec![9000usize; offs.len()];
         let sts = a.batch_write(
             std::slice::from_ref(&sd),
             std::slice::from_ref(&offs),
@@ -87,7 +87,7 @@ fn vmm_chunks_move_device_to_device_across_their_seams() {
         );
         assert_ok(&sts[0], "batch write");
         for (&o, &t) in offs.iter().zip(&dsts) {
-            assert_bytes_eq(&read(&d, t, 3000), &src_bytes[o..o + 3000], "piece");
+            assert_bytes_eq(&read(&d, t, 9000), &src_bytes[o..o + 9000], "piece");
         }
         for e in [&a, &b] {
             let t = e.stats().unwrap().total();
@@ -168,15 +168,15 @@ fn refused_vmm_imports_are_staged_and_ordinary_memory_still_moves_device_to_devi
         assert!(t.gpu_ipc_declined >= 3, "{t:?}");
         assert_eq!(t.gpu_staged_bytes, 3 * N as u64, "{t:?}");
         fake.refuse_ipc(false);
-        let plain = a.alloc_gpu_buffer(0, 4096).unwrap();
-        assert!(plain.write_at(0, &[5u8; 4096]));
+        let plain = a.alloc_gpu_buffer(0, 1 << 16).unwrap();
+        assert!(plain.write_at(0, &[5u8; 1 << 16]));
         let before = fake.d2d_copies();
         let uid = a.allocate_transfer_uid();
         assert_ok(
-            &a.write(plain.desc(), 0, dst.desc(), 0, 4096, uid),
+            &a.write(plain.desc(), 0, dst.desc(), 0, 1 << 16, uid),
             "legacy",
         );
-        assert_eq!(bytes_at(&dst, 0, 4096), vec![5u8; 4096]);
+        assert_eq!(bytes_at(&dst, 0, 1 << 16), vec![5u8; 1 << 16]);
         assert!(
             fake.d2d_copies() > before,
             "offered and taken device to device"
@@ -185,4 +185,47 @@ fn refused_vmm_imports_are_staged_and_ordinary_memory_still_moves_device_to_devi
         drop((a, b, plain, dst));
     }
     drop(bufs);
+}
+
+/// Payloads of tiny parts are staged, not offered as device parts (one device-to-device copy
+/// between processes costs more than staging many small ones in batches): a batch of 8-byte
+/// pieces and a single 4 KiB write are staged, a batch of 16 KiB pieces moves device to
+/// device.
+#[test]
+fn tiny_parts_are_staged_and_larger_ones_offered() {
+    let fake = Arc::new(FakeGpu::new(1));
+    let rt: Arc<dyn GpuRuntime> = fake.clone();
+    let (a, b) = pair("gpu_tiny_parts", cfg());
+    a.set_gpu_runtime(rt.clone()).unwrap();
+    b.set_gpu_runtime(rt).unwrap();
+    let src = a.alloc_gpu_buffer(0, N).unwrap();
+    let dst = b.alloc_gpu_buffer(0, N).unwrap();
+    let bytes = random_big(N, 44);
+    assert!(src.write_at(0, &bytes));
+    let batch = |size: usize, n: usize| {
+        let offs: Vec<usize> = (0..n).map(|i| i * 2 * size).collect();
+        let st = a.batch_write(
+            &[src.desc().clone()],
+            std::slice::from_ref(&offs),
+            &[dst.desc().clone()],
+            std::slice::from_ref(&offs),
+            &[vec![size; n]],
+            &[a.allocate_transfer_uid()],
+        );
+        assert_ok(&st[0], &format!("{n} x {size}"));
+        for &o in &offs {
+            assert_bytes_eq(&bytes_at(&dst, o, size), &bytes[o..o + size], "piece");
+        }
+    };
+    let moved = |e: &IoEngine| {
+        let t = e.stats().unwrap().total();
+        (t.gpu_ipc_bytes, t.gpu_staged_bytes)
+    };
+    batch(8, 64);
+    let uid = a.allocate_transfer_uid();
+    assert_ok(&a.write(src.desc(), 0, dst.desc(), 0, 4096, uid), "4 KiB");
+    assert_eq!(moved(&a), (0, 64 * 8 + 4096), "staged");
+    batch(16 << 10, 16);
+    assert_eq!(moved(&a), (16 * (16 << 10), 64 * 8 + 4096), "offered");
+    drop((a, b, src, dst));
 }

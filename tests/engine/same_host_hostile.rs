@@ -442,7 +442,7 @@ fn hostile_device_sets_are_checked_and_unknown_descriptors_declined() {
     // A descriptor of this process that is no export (a socket): declined this time, and
     // the bytes follow inline.
     let (sock, _other) = std::os::unix::net::UnixStream::pair().unwrap();
-    let bogus = IpcExport::posix_fd(sock.as_raw_fd(), 1, ex[0].base, ex[0].size);
+    let bogus = IpcExport::posix_fd(sock.as_raw_fd(), 1, ex[0].base, 2 * chunk as u64);
     let mut slot = Slot::new();
     let mut s = same_host_session(&b, "sh_devs_bogus", &mut slot);
     slot.live.store(7, Ordering::SeqCst);
