@@ -299,6 +299,11 @@ impl GpuRuntime for CudaRuntime {
             .unwrap_or(1);
             let r = if legacy != 0 {
                 self.ipc_export(dev, at).map(|e| (e, None))
+            } else if !super::export_fd_allowed(keep.len()) {
+                Err(GpuError::Call {
+                    call: "cuMemExportToShareableHandle",
+                    msg: "VMM exports already hold a quarter of RLIMIT_NOFILE".into(),
+                })
             } else {
                 super::cuda_vmm::export(base, size as u64).map(|(e, fd)| (e, Some(fd)))
             };

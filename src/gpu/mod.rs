@@ -157,16 +157,49 @@ pub struct IpcExports {
     _keep: Vec<std::os::fd::OwnedFd>,
 }
 
+/// Descriptors this process holds for VMM exports, over every region.
+static EXPORT_FDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Whether one more VMM chunk may be exported as a descriptor, `pending` already exported
+/// for the region being registered: exports hold at most a quarter of the process's
+/// descriptor limit (`RLIMIT_NOFILE`), so a VMM region of thousands of chunks cannot take
+/// the descriptors the application's sockets need. Chunks beyond are staged (registration
+/// says how many bytes).
+pub(crate) fn export_fd_allowed(pending: usize) -> bool {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into `lim`.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return false;
+    }
+    let held = EXPORT_FDS.load(std::sync::atomic::Ordering::Relaxed) + pending;
+    fd_budget_allows(held, lim.rlim_cur)
+}
+
+/// Whether `held` export descriptors leave room for one more under a descriptor limit of
+/// `limit`.
+fn fd_budget_allows(held: usize, limit: u64) -> bool {
+    (held as u64) < limit / 4
+}
+
 impl IpcExports {
     /// `list` (sorted by base here), kept exported while `keep` is open.
     pub fn new(mut list: Vec<IpcExport>, keep: Vec<std::os::fd::OwnedFd>) -> Self {
         list.sort_by_key(|e| e.base);
+        EXPORT_FDS.fetch_add(keep.len(), std::sync::atomic::Ordering::Relaxed);
         Self { list, _keep: keep }
     }
 
     /// The exports, by address.
     pub fn list(&self) -> &[IpcExport] {
         &self.list
+    }
+
+    /// Descriptors this process holds for VMM exports, over every region.
+    pub fn held_descriptors() -> usize {
+        EXPORT_FDS.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The export holding exporter address `addr`, and its index.
@@ -177,6 +210,12 @@ impl IpcExports {
             .checked_sub(1)?;
         let e = &self.list[i];
         (addr - e.base < e.size).then_some((i, e))
+    }
+}
+
+impl Drop for IpcExports {
+    fn drop(&mut self) {
+        EXPORT_FDS.fetch_sub(self._keep.len(), std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -650,6 +689,15 @@ pub fn detect() -> Result<Arc<dyn GpuRuntime>, GpuError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vmm_exports_keep_to_a_quarter_of_the_descriptor_limit() {
+        assert!(fd_budget_allows(0, 1024));
+        assert!(fd_budget_allows(255, 1024));
+        assert!(!fd_budget_allows(256, 1024));
+        assert!(!fd_budget_allows(0, 3), "a tiny limit exports nothing");
+        assert!(fd_budget_allows(250_000, 1 << 20));
+    }
     use fake::FakeGpu;
 
     fn copy(dst: u64, src: u64, len: usize) -> BatchCopy {

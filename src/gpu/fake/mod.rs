@@ -385,7 +385,7 @@ impl GpuRuntime for FakeGpu {
         for (a, off, k) in pieces {
             if !a.vmm {
                 list.push(self.ipc_export(dev, at)?);
-            } else if self.vmm_exports() {
+            } else if self.vmm_exports() && super::export_fd_allowed(keep.len()) {
                 let (ex, fd) = vmm::export(&a, at - off as u64)?;
                 list.push(ex);
                 keep.push(fd);

@@ -66,7 +66,7 @@ spin_us = 0
 # same_host_ring_bytes = "1MiB"
 # The newest protocol version this node offers. For rolling upgrades: keep the fleet on the
 # version its oldest node speaks until every node runs the new build, then raise it.
-# max_protocol_version = 9
+# max_protocol_version = 10
 
 [auth]
 # A file holding the deployment secret (at least 16 bytes; a trailing newline is ignored)
@@ -518,7 +518,7 @@ mod tests {
         );
         let sh = DEFAULT_TOML
             .replace("# same_host = \"auto\"", "same_host = \"off\"")
-            .replace("# max_protocol_version = 9", "max_protocol_version = 6");
+            .replace("# max_protocol_version = 10", "max_protocol_version = 6");
         let t = ServeConfig::parse(&sh).unwrap().tcp_config();
         assert_eq!(
             (t.same_host, t.max_protocol_version),
@@ -526,7 +526,7 @@ mod tests {
         );
         for bad in [
             DEFAULT_TOML.replace("# same_host = \"auto\"", "same_host = \"sideways\""),
-            DEFAULT_TOML.replace("# max_protocol_version = 9", "max_protocol_version = 99"),
+            DEFAULT_TOML.replace("# max_protocol_version = 10", "max_protocol_version = 99"),
         ] {
             assert!(ServeConfig::parse(&bad).is_err());
         }
