@@ -293,10 +293,12 @@ fn received(r: isize, fd: std::os::fd::RawFd, cx: &Context<'_>) -> Option<Poll<i
         crate::busy::note_activity();
     }
     if r >= 0 {
+        crate::busy::forget_armed(fd, libc::POLLIN);
         return Some(Poll::Ready(Ok(r as usize)));
     }
     let e = io::Error::last_os_error();
     if e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted {
+        crate::busy::forget_armed(fd, libc::POLLIN);
         return Some(Poll::Ready(Err(e)));
     }
     crate::busy::wait_readable(fd, cx).then_some(Poll::Pending)
@@ -307,6 +309,8 @@ fn received(r: isize, fd: std::os::fd::RawFd, cx: &Context<'_>) -> Option<Poll<i
 fn armed<T>(p: Poll<T>, fd: std::os::fd::RawFd, events: i16, cx: &Context<'_>) -> Poll<T> {
     if p.is_pending() {
         crate::busy::note_armed(fd, events, cx);
+    } else {
+        crate::busy::forget_armed(fd, events);
     }
     p
 }

@@ -316,6 +316,21 @@ pub(crate) fn note_armed(fd: RawFd, events: i16, cx: &Context<'_>) {
     })
 }
 
+/// The runtime's readiness poll for `(fd, events)` completed, or the socket was read or
+/// written directly: whoever noted it with [`note_armed`] no longer waits on it, so the
+/// poller stops watching it. (Without this, a socket that came ready through the runtime
+/// while the shard was busy and then stayed quiet, as a same-host lane's does once its bytes
+/// move through shared memory, was polled on every turn for the rest of its life.)
+pub(crate) fn forget_armed(fd: RawFd, events: i16) {
+    BUSY.with(|b| {
+        if let Some(b) = b.borrow_mut().as_mut() {
+            if !b.armed.is_empty() {
+                b.armed.retain(|w| !(w.fd == fd && w.events == events));
+            }
+        }
+    })
+}
+
 /// Add a waiter for `(fd, events)` to `list`, or give the existing one this waker.
 fn add(list: &mut Vec<Waiter>, fd: RawFd, events: i16, cx: &Context<'_>) {
     match list.iter_mut().find(|w| w.fd == fd && w.events == events) {
@@ -692,6 +707,31 @@ mod tests {
         // Woken once and forgotten: the bytes still queued wake nobody again.
         assert!(matches!(turn(false), Turn::Quiet));
         assert_eq!(count.0.load(Ordering::SeqCst), 1);
+    }
+
+    /// A reader the runtime woke itself (or that read its socket directly) is no longer
+    /// watched: its quiet socket is not polled on every turn afterwards.
+    #[test]
+    fn armed_sockets_are_forgotten_once_the_runtime_answered() {
+        enable(Duration::from_secs(60), Box::new(|| false));
+        let (_tx, rx) = UnixStream::pair().unwrap();
+        let (_tx2, rx2) = UnixStream::pair().unwrap();
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let cx = Context::from_waker(&waker);
+        note_armed(rx.as_raw_fd(), libc::POLLIN, &cx);
+        note_armed(rx.as_raw_fd(), libc::POLLOUT, &cx);
+        note_armed(rx2.as_raw_fd(), libc::POLLIN, &cx);
+        let armed = || BUSY.with(|b| b.borrow().as_ref().map_or(0, |b| b.armed.len()));
+        assert_eq!(armed(), 3);
+        forget_armed(rx.as_raw_fd(), libc::POLLIN);
+        assert_eq!(armed(), 2, "only that socket and direction");
+        forget_armed(rx.as_raw_fd(), libc::POLLOUT);
+        forget_armed(rx2.as_raw_fd(), libc::POLLIN);
+        assert_eq!(armed(), 0);
+        note_activity();
+        assert!(matches!(turn(false), Turn::Quiet));
+        assert_eq!(count.0.load(Ordering::SeqCst), 0);
     }
 
     /// A task woken on the shard runs before the poller's next poll, but the poller never
