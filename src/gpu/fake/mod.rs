@@ -2,7 +2,7 @@
 //! behind addresses the CPU cannot dereference (so any code path that touches device memory
 //! directly crashes), copies run asynchronously on a worker thread per stream, and faults
 //! can be injected. Tests and `morio bench --gpu-runtime fake` use it to drive the pipeline.
-//! VMM memory (chunks mapped side by side, exported as file descriptors) is in [`vmm`].
+//! VMM memory (chunks mapped side by side, exported as file descriptors) is in `vmm.rs`.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, AtomicUsize, Ordering};
