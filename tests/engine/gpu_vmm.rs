@@ -229,3 +229,51 @@ fn tiny_parts_are_staged_and_larger_ones_offered() {
     assert_eq!(moved(&a), (16 * (16 << 10), 64 * 8 + 4096), "offered");
     drop((a, b, src, dst));
 }
+
+/// A VMM source deregistered while a device copy from it is in flight: deregistration waits
+/// for it (the chunks' descriptors stay open until the receiver acknowledged), and the same
+/// memory registered again is exported afresh (new descriptors, new serials), so the
+/// receiver replaces its mappings instead of reusing ones made for the old registration.
+#[test]
+fn a_vmm_source_registered_again_is_exported_and_opened_afresh() {
+    let fake = Arc::new(FakeGpu::new(1));
+    let rt: Arc<dyn GpuRuntime> = fake.clone();
+    let first = random_big(N, 45);
+    let second = random_big(N, 46);
+    let bufs;
+    {
+        let (a, b) = pair("vmm_again", cfg());
+        a.set_gpu_runtime(rt.clone()).unwrap();
+        b.set_gpu_runtime(rt).unwrap();
+        let (s, sd) = vmm(&fake, &a, &first);
+        let dst = b.alloc_gpu_buffer(0, N).unwrap();
+        fake.set_copy_delay(std::time::Duration::from_millis(30));
+        let st = a.write(&sd, 0, dst.desc(), 0, N, a.allocate_transfer_uid());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        a.deregister_memory(&sd).unwrap();
+        let code = wait(&st);
+        assert!(
+            code == StatusCode::Success || code.is_error(),
+            "terminal: {code:?}: {}",
+            st.message()
+        );
+        fake.set_copy_delay(std::time::Duration::ZERO);
+        s.write_at(0, &second).unwrap();
+        // SAFETY: the chunks live until `s` drops, after the engines.
+        let again = unsafe { a.register_memory(s.ptr() as *mut u8, N, 0, MemoryLocationType::Gpu) }
+            .unwrap();
+        let opens = fake.ipc_opens();
+        let uid = a.allocate_transfer_uid();
+        assert_ok(
+            &a.write(&again, 0, dst.desc(), 0, N, uid),
+            "registered again",
+        );
+        assert_bytes_eq(&bytes_at(&dst, 0, N), &second, "registered again");
+        assert!(fake.ipc_opens() > opens, "the old mappings were replaced");
+        let t = a.stats().unwrap().total();
+        assert_eq!(t.gpu_staged_bytes, 0, "{t:?}");
+        bufs = s;
+        drop((a, b, dst));
+    }
+    drop(bufs);
+}
