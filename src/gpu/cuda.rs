@@ -33,7 +33,7 @@ fn opened() -> &'static IpcCache {
                         // SAFETY: opened by `ipc_open` below, closed once (the cache forgot
                         // it).
                         IpcKind::Legacy => drop(unsafe { sys::cuIpcCloseMemHandle(base) }),
-                        IpcKind::PosixFd => super::cuda_vmm::unmap(base, size),
+                        IpcKind::PosixFd | IpcKind::Fabric => super::cuda_vmm::unmap(base, size),
                     }
                 }
             }
@@ -299,13 +299,9 @@ impl GpuRuntime for CudaRuntime {
             .unwrap_or(1);
             let r = if legacy != 0 {
                 self.ipc_export(dev, at).map(|e| (e, None))
-            } else if !super::export_fd_allowed(keep.len()) {
-                Err(GpuError::Call {
-                    call: "cuMemExportToShareableHandle",
-                    msg: "VMM exports already hold a quarter of RLIMIT_NOFILE".into(),
-                })
             } else {
-                super::cuda_vmm::export(base, size as u64).map(|(e, fd)| (e, Some(fd)))
+                let fds_left = super::export_fd_allowed(keep.len());
+                super::cuda_vmm::export(base, size as u64, fds_left)
             };
             match r {
                 Ok((e, fd)) => {
@@ -342,7 +338,7 @@ impl GpuRuntime for CudaRuntime {
         }
         let open = |handle: &[u8; super::IPC_HANDLE_BYTES]| {
             bind(ctx)?;
-            if export.kind == IpcKind::PosixFd {
+            if export.kind != IpcKind::Legacy {
                 return super::cuda_vmm::import(dev, pid, export);
             }
             let h = sys::CUipcMemHandle_st {

@@ -2,14 +2,16 @@
 //! vLLM's cuMem pool map separately created chunks side by side, which have no legacy IPC
 //! handle. Each chunk made with a POSIX file-descriptor handle type is exported as a
 //! descriptor this process keeps open while the region is registered; a peer takes a
-//! duplicate (`pidfd_getfd`), imports it and maps it at an address of its own.
+//! duplicate (`pidfd_getfd`), imports it and maps it at an address of its own. A chunk made
+//! with only a fabric handle type (IMEX systems) is exported as its fabric handle, which the
+//! peer imports directly (built, but never run: no IMEX host is available).
 
 use std::ffi::c_void;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use cudarc::driver::sys;
 
-use super::{GpuError, IpcExport};
+use super::{GpuError, IpcExport, IpcKind};
 
 fn err(call: &'static str) -> impl Fn(sys::CUresult) -> GpuError {
     move |r| GpuError::Call {
@@ -28,10 +30,18 @@ fn ok(call: &'static str, r: sys::CUresult) -> Result<(), GpuError> {
 
 const POSIX_FD: sys::CUmemAllocationHandleType =
     sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+const FABRIC: sys::CUmemAllocationHandleType =
+    sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC;
 
 /// Export the chunk mapped at `base..base+size` (the current context's device): its
-/// descriptor, kept open by the caller for as long as peers may import it.
-pub(super) fn export(base: u64, size: u64) -> Result<(IpcExport, OwnedFd), GpuError> {
+/// descriptor, kept open by the caller for as long as peers may import it (`None` for a
+/// fabric handle, which needs nothing kept). `fds_left`: whether another descriptor may be
+/// held ([`super::export_fd_allowed`]).
+pub(super) fn export(
+    base: u64,
+    size: u64,
+    fds_left: bool,
+) -> Result<(IpcExport, Option<OwnedFd>), GpuError> {
     let mut h: sys::CUmemGenericAllocationHandle = 0;
     // SAFETY: writes one handle; the driver checks the address is mapped.
     ok("cuMemRetainAllocationHandle", unsafe {
@@ -44,14 +54,32 @@ pub(super) fn export(base: u64, size: u64) -> Result<(IpcExport, OwnedFd), GpuEr
         ok("cuMemGetAllocationPropertiesFromHandle", unsafe {
             sys::cuMemGetAllocationPropertiesFromHandle(&mut prop, h)
         })?;
-        if prop.requestedHandleTypes.0 & POSIX_FD.0 == 0 {
+        let types = prop.requestedHandleTypes.0;
+        if types & POSIX_FD.0 == 0 || !fds_left {
+            if types & FABRIC.0 != 0 {
+                // SAFETY: a plain 64-byte struct the driver fills.
+                let mut fh: sys::CUmemFabricHandle = unsafe { std::mem::zeroed() };
+                // SAFETY: writes one fabric handle for a live handle.
+                ok("cuMemExportToShareableHandle", unsafe {
+                    sys::cuMemExportToShareableHandle(
+                        &mut fh as *mut sys::CUmemFabricHandle as *mut c_void,
+                        h,
+                        FABRIC,
+                        0,
+                    )
+                })?;
+                return Ok((IpcExport::fabric(fh.data, base, size), None));
+            }
             return Err(GpuError::Call {
                 call: "cuMemExportToShareableHandle",
-                msg: format!(
-                    "the chunk was made without a file-descriptor handle type (handle types \
-                     {:#x})",
-                    prop.requestedHandleTypes.0
-                ),
+                msg: if fds_left {
+                    format!(
+                        "the chunk was made without a file-descriptor or fabric handle type \
+                         (handle types {types:#x})"
+                    )
+                } else {
+                    "VMM exports already hold a quarter of RLIMIT_NOFILE".into()
+                },
             });
         }
         let mut fd: libc::c_int = -1;
@@ -67,7 +95,7 @@ pub(super) fn export(base: u64, size: u64) -> Result<(IpcExport, OwnedFd), GpuEr
         // SAFETY: the driver made this descriptor for us; owned from here.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let ex = IpcExport::posix_fd(fd.as_raw_fd(), rand::random(), base, size);
-        Ok((ex, fd))
+        Ok((ex, Some(fd)))
     })();
     // SAFETY: drops the reference retained above (the mapping keeps its own).
     let _ = unsafe { sys::cuMemRelease(h) };
@@ -77,24 +105,35 @@ pub(super) fn export(base: u64, size: u64) -> Result<(IpcExport, OwnedFd), GpuEr
 /// Map the chunk process `pid` exported as `ex` into this process for device `dev` (the
 /// current context's): its base and size here. Undone by [`unmap`].
 pub(super) fn import(dev: i32, pid: u32, ex: &IpcExport) -> Result<(u64, u64), GpuError> {
-    let fd = ex.fd().ok_or(GpuError::Call {
-        call: "cuMemImportFromShareableHandle",
-        msg: "not a descriptor export".into(),
-    })?;
-    let taken = crate::fdpass::take_fd(pid as libc::pid_t, fd).map_err(|e| GpuError::Call {
-        call: "pidfd_getfd",
-        msg: e.to_string(),
-    })?;
     let mut h: sys::CUmemGenericAllocationHandle = 0;
-    // SAFETY: the driver reads the descriptor (passed by value, as CUDA documents).
-    ok("cuMemImportFromShareableHandle", unsafe {
-        sys::cuMemImportFromShareableHandle(
-            &mut h,
-            taken.as_raw_fd() as usize as *mut c_void,
-            POSIX_FD,
-        )
-    })?;
-    drop(taken);
+    if ex.kind == IpcKind::Fabric {
+        let mut fh = sys::CUmemFabricHandle { data: ex.handle };
+        // SAFETY: the driver reads the 64-byte fabric handle.
+        ok("cuMemImportFromShareableHandle", unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut h,
+                &mut fh as *mut sys::CUmemFabricHandle as *mut c_void,
+                FABRIC,
+            )
+        })?;
+    } else {
+        let fd = ex.fd().ok_or(GpuError::Call {
+            call: "cuMemImportFromShareableHandle",
+            msg: "not a descriptor export".into(),
+        })?;
+        let taken = crate::fdpass::take_fd(pid as libc::pid_t, fd).map_err(|e| GpuError::Call {
+            call: "pidfd_getfd",
+            msg: e.to_string(),
+        })?;
+        // SAFETY: the driver reads the descriptor (passed by value, as CUDA documents).
+        ok("cuMemImportFromShareableHandle", unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut h,
+                taken.as_raw_fd() as usize as *mut c_void,
+                POSIX_FD,
+            )
+        })?;
+    }
     let size = ex.size as usize;
     let mut va: sys::CUdeviceptr = 0;
     let r = (|| {

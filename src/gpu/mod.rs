@@ -75,6 +75,10 @@ pub enum IpcKind {
     /// exporter and a random serial; the peer takes a duplicate (`pidfd_getfd`), imports it
     /// (`cuMemImportFromShareableHandle`) and maps it.
     PosixFd = 2,
+    /// A virtual-memory chunk made with only a fabric handle type (torch's first choice
+    /// where an IMEX channel exists, as on GB200 systems): the handle is the chunk's
+    /// `CUmemFabricHandle`, imported with no descriptor to take.
+    Fabric = 3,
 }
 
 impl IpcKind {
@@ -83,6 +87,7 @@ impl IpcKind {
         match v {
             1 => Some(Self::Legacy),
             2 => Some(Self::PosixFd),
+            3 => Some(Self::Fabric),
             _ => None,
         }
     }
@@ -122,6 +127,16 @@ impl IpcExport {
         handle[4..12].copy_from_slice(&serial.to_le_bytes());
         Self {
             kind: IpcKind::PosixFd,
+            handle,
+            base,
+            size,
+        }
+    }
+
+    /// The fabric handle `handle` of the chunk mapped at `base..base+size`.
+    pub fn fabric(handle: [u8; IPC_HANDLE_BYTES], base: u64, size: u64) -> Self {
+        Self {
+            kind: IpcKind::Fabric,
             handle,
             base,
             size,

@@ -277,3 +277,48 @@ fn a_vmm_source_registered_again_is_exported_and_opened_afresh() {
     }
     drop(bufs);
 }
+
+/// VMM chunks exported as fabric handles (chunks made with only a fabric handle type, as
+/// torch makes them on IMEX systems) move device to device as descriptor exports do, with no
+/// descriptor to take.
+#[test]
+fn vmm_chunks_exported_as_fabric_handles_move_device_to_device() {
+    use morio::gpu::IpcKind;
+    let fake = Arc::new(FakeGpu::new(1));
+    fake.export_vmm_as_fabric(true);
+    let rt: Arc<dyn GpuRuntime> = fake.clone();
+    let src_bytes = random_big(N, 47);
+    let bufs;
+    {
+        let (a, b) = pair("vmm_fabric", cfg());
+        a.set_gpu_runtime(rt.clone()).unwrap();
+        b.set_gpu_runtime(rt).unwrap();
+        let (s, sd) = vmm(&fake, &a, &src_bytes);
+        let (d, dd) = vmm(&fake, &b, &vec![0u8; N]);
+        let kinds: Vec<IpcKind> = fake
+            .ipc_export_range(0, s.ptr(), N)
+            .unwrap()
+            .list()
+            .iter()
+            .map(|e| e.kind)
+            .collect();
+        assert_eq!(kinds, vec![IpcKind::Fabric; CHUNKS]);
+        let (off, len) = (CHUNK / 2, 5 * CHUNK);
+        let uid = a.allocate_transfer_uid();
+        assert_ok(&a.write(&sd, off, &dd, off, len, uid), "fabric write");
+        assert_bytes_eq(
+            &read(&d, off, len),
+            &src_bytes[off..off + len],
+            "fabric write",
+        );
+        let t = a.stats().unwrap().total();
+        assert_eq!(
+            (t.gpu_ipc_bytes, t.gpu_staged_bytes),
+            (len as u64, 0),
+            "{t:?}"
+        );
+        bufs = (s, d);
+        drop((a, b));
+    }
+    drop(bufs);
+}

@@ -58,6 +58,7 @@ struct State {
     refuse_ipc: AtomicBool,
     refuse_export: AtomicBool,
     refuse_vmm_export: AtomicBool,
+    vmm_fabric: AtomicBool,
     ipc_opens: AtomicU64,
     d2d_copies: AtomicU64,
     batches: AtomicU64,
@@ -97,6 +98,7 @@ impl FakeGpu {
                 refuse_ipc: AtomicBool::new(false),
                 refuse_export: AtomicBool::new(false),
                 refuse_vmm_export: AtomicBool::new(false),
+                vmm_fabric: AtomicBool::new(false),
                 ipc_opens: AtomicU64::new(0),
                 d2d_copies: AtomicU64::new(0),
                 batches: AtomicU64::new(0),
@@ -385,6 +387,8 @@ impl GpuRuntime for FakeGpu {
         for (a, off, k) in pieces {
             if !a.vmm {
                 list.push(self.ipc_export(dev, at)?);
+            } else if self.vmm_exports_fabric() {
+                list.push(vmm::export_fabric(&a, at - off as u64));
             } else if self.vmm_exports() && super::export_fd_allowed(keep.len()) {
                 let (ex, fd) = vmm::export(&a, at - off as u64)?;
                 list.push(ex);
@@ -416,6 +420,7 @@ impl GpuRuntime for FakeGpu {
             let a = match export.kind {
                 IpcKind::Legacy => lock(&EXPORTS).get(h).and_then(|w| w.upgrade()),
                 IpcKind::PosixFd => vmm::import(pid, export)?,
+                IpcKind::Fabric => vmm::import_fabric(export),
             }
             .ok_or(GpuError::Call {
                 call: "fake ipc open",

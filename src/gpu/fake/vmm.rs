@@ -1,7 +1,8 @@
 //! The fake runtime's VMM memory: chunks mapped side by side as one range (torch's
 //! expandable segments, vLLM's cuMem pool), exported one chunk at a time as a file
 //! descriptor (a memfd standing for `cuMemExportToShareableHandle`'s), which an importer
-//! takes out of the exporting process with `pidfd_getfd`, as CUDA's must.
+//! takes out of the exporting process with `pidfd_getfd`, as CUDA's must; or, as on IMEX
+//! systems, as a fabric handle the importer looks up directly.
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -9,11 +10,15 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 
 use super::{lock, Alloc, FakeGpu, SPAN};
-use crate::gpu::{DeviceBuf, GpuError, IpcExport};
+use crate::gpu::{DeviceBuf, GpuError, IpcExport, IPC_HANDLE_BYTES};
 
 /// Chunks exported by every fake runtime of the process, by the (device, inode) of the
 /// memfd that stands for each.
 static FD_EXPORTS: Mutex<BTreeMap<(u64, u64), Weak<Alloc>>> = Mutex::new(BTreeMap::new());
+
+/// Chunks exported as fabric handles, by handle.
+static FABRIC_EXPORTS: Mutex<BTreeMap<[u8; IPC_HANDLE_BYTES], Weak<Alloc>>> =
+    Mutex::new(BTreeMap::new());
 
 fn call(call: &'static str, msg: impl Into<String>) -> GpuError {
     GpuError::Call {
@@ -81,6 +86,17 @@ impl FakeGpu {
     pub(super) fn vmm_exports(&self) -> bool {
         !self.st.refuse_vmm_export.load(Ordering::Relaxed)
     }
+
+    /// Export VMM chunks as fabric handles rather than descriptors (as CUDA does for chunks
+    /// made with only a fabric handle type, on IMEX systems).
+    pub fn export_vmm_as_fabric(&self, on: bool) {
+        self.st.vmm_fabric.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether VMM chunks export as fabric handles.
+    pub(super) fn vmm_exports_fabric(&self) -> bool {
+        self.vmm_exports() && self.st.vmm_fabric.load(Ordering::Relaxed)
+    }
 }
 
 /// Export chunk `a` (mapped at `base` here): a descriptor the exporter keeps open.
@@ -116,4 +132,24 @@ pub(super) fn import(pid: u32, ex: &IpcExport) -> Result<Option<Arc<Alloc>>, Gpu
         .get(&file_id(&taken)?)
         .and_then(Weak::upgrade);
     Ok(a.filter(|a| lock(&a.bytes).len() as u64 == ex.size))
+}
+
+/// Export chunk `a` (mapped at `base` here) as a fabric handle.
+pub(super) fn export_fabric(a: &Arc<Alloc>, base: u64) -> IpcExport {
+    let mut handle = [0u8; IPC_HANDLE_BYTES];
+    handle[..8].copy_from_slice(b"fakefab\0");
+    handle[8..16].copy_from_slice(&rand::random::<u64>().to_le_bytes());
+    let mut t = lock(&FABRIC_EXPORTS);
+    t.retain(|_, w| w.strong_count() > 0);
+    t.insert(handle, Arc::downgrade(a));
+    let size = lock(&a.bytes).len() as u64;
+    IpcExport::fabric(handle, base, size)
+}
+
+/// The chunk exported as the fabric handle of `ex`, if any (of its size).
+pub(super) fn import_fabric(ex: &IpcExport) -> Option<Arc<Alloc>> {
+    let a = lock(&FABRIC_EXPORTS)
+        .get(&ex.handle)
+        .and_then(Weak::upgrade);
+    a.filter(|a| lock(&a.bytes).len() as u64 == ex.size)
 }

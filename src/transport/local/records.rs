@@ -392,14 +392,21 @@ mod tests {
                 IpcExport::posix_fd(17, 0xfeed, 0x8000_0000, 20 << 20),
                 IpcExport::posix_fd(18, 0xbeef, 0x8140_0000, 20 << 20),
                 IpcExport::legacy([3; IPC_HANDLE_BYTES], 0x9000_0000, 4096),
+                IpcExport::fabric([4; IPC_HANDLE_BYTES], 0xa000_0000, 2 << 20),
             ],
             cell: 0x5555_0000,
             token: 9,
-            parts: parts(&[(0, (20 << 20) - 8, 8), (1, 0, 8), (2, 0, 4096), (1, 64, 1)]),
+            parts: parts(&[
+                (0, (20 << 20) - 8, 8),
+                (1, 0, 8),
+                (2, 0, 4096),
+                (1, 64, 1),
+                (3, 1 << 20, 1 << 20),
+            ]),
         };
         let mut b = Vec::new();
         put_device(&d, true, &mut b);
-        assert_eq!(b.len(), DEVICES_HEAD + 3 * DEVICES_ALLOC + 4 * DEVICES_PART);
+        assert_eq!(b.len(), DEVICES_HEAD + 4 * DEVICES_ALLOC + 5 * DEVICES_PART);
         assert_eq!(parse(&b), Ok(Some((Record::Device(d.clone()), b.len()))));
         assert_eq!(d.allocs[1].fd(), Some(18));
         assert!(!d.fits_device_record());
