@@ -535,6 +535,10 @@ fn run_stream(gpu: FakeGpu, rx: mpsc::Receiver<Op>) {
     let mut error: Option<String> = None;
     while let Ok(op) = rx.recv() {
         let delay = gpu.st.delay_ns.load(Ordering::Relaxed);
+        let copy = matches!(op, Op::D2h { .. } | Op::H2d { .. } | Op::D2d { .. });
+        if copy && error.is_none() && delay > 0 {
+            std::thread::sleep(Duration::from_nanos(delay));
+        }
         match op {
             Op::Mark(m) => {
                 let st = if let Some(e) = &error {
@@ -550,9 +554,6 @@ fn run_stream(gpu: FakeGpu, rx: mpsc::Receiver<Op>) {
             _ if error.is_some() => {}
             Op::Fault => error = Some("injected fault (sticky, as a CUDA device error)".into()),
             Op::D2h { dst, src, len } => {
-                if delay > 0 {
-                    std::thread::sleep(Duration::from_nanos(delay));
-                }
                 // SAFETY: `dst` is pinned memory the submitter keeps alive and untouched
                 // until the fence after this copy completes.
                 let dst = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, len) };
@@ -561,9 +562,6 @@ fn run_stream(gpu: FakeGpu, rx: mpsc::Receiver<Op>) {
                 }
             }
             Op::H2d { dst, src, len } => {
-                if delay > 0 {
-                    std::thread::sleep(Duration::from_nanos(delay));
-                }
                 // SAFETY: as above, `src` is live pinned memory.
                 let src = unsafe { std::slice::from_raw_parts(src as *const u8, len) };
                 if !gpu.write_dev(dst, src) {
@@ -571,9 +569,6 @@ fn run_stream(gpu: FakeGpu, rx: mpsc::Receiver<Op>) {
                 }
             }
             Op::D2d { dst, src, len } => {
-                if delay > 0 {
-                    std::thread::sleep(Duration::from_nanos(delay));
-                }
                 // Copied out first: source and destination may be one allocation.
                 let mut bytes = vec![0u8; len];
                 if !(gpu.read_dev(src, &mut bytes) && gpu.write_dev(dst, &bytes)) {
