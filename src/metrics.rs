@@ -338,6 +338,15 @@ impl Collector for Snapshot {
         family(
             e,
             shards,
+            "express_writes",
+            "Small writes to a same-host peer put straight into its ring by the submitting thread",
+            None,
+            c,
+            |s, m| counter(m, s.express_writes),
+        )?;
+        family(
+            e,
+            shards,
             "lane_connects",
             "Lanes the shard connected (beyond its lanes: reconnects)",
             None,
@@ -446,6 +455,7 @@ mod tests {
         b.busy_poll_backoffs = 4;
         a.same_host_doorbells = 5;
         b.same_host_ring_full_waits = 2;
+        b.express_writes = 5;
         a.lane_connects = 4;
         b.lane_failures = 2;
         let stats = EngineStats { shards: vec![a, b] };
@@ -480,6 +490,7 @@ mod tests {
         assert_eq!(at("morio_busy_poll_backoffs_total", "1"), 4.0);
         assert_eq!(at("morio_same_host_doorbells_total", "0"), 5.0);
         assert_eq!(at("morio_same_host_ring_full_waits_total", "1"), 2.0);
+        assert_eq!(at("morio_express_writes_total", "1"), 5.0);
         assert_eq!(at("morio_lane_connects_total", "0"), 4.0);
         assert_eq!(at("morio_lane_failures_total", "1"), 2.0);
         assert_eq!(at("morio_outbound_latency_seconds_count", "0"), 3.0);

@@ -89,6 +89,10 @@ pub struct ShardStats {
     /// Times a send of this shard found a same-host peer's ring full and waited for room (a
     /// slow path: a peer that reads slowly, or rings too small for the traffic).
     pub same_host_ring_full_waits: u64,
+    /// Express writes answered on this shard's lanes: small writes to a same-host peer that
+    /// the submitting application thread put straight into the ring of one of them (no hop
+    /// through an owner shard; counted in `transfers_ok` / `transfers_failed` here too).
+    pub express_writes: u64,
     /// Lanes this shard connected (handshake done); more than its lanes means reconnects.
     pub lane_connects: u64,
     /// Of those, lanes on the same-host transport (a peer of this host; the rest are TCP).
@@ -140,6 +144,7 @@ impl ShardStats {
             busy_poll_backoffs: 0,
             same_host_doorbells: 0,
             same_host_ring_full_waits: 0,
+            express_writes: 0,
             lane_connects: 0,
             lane_connects_same_host: 0,
             lane_connects_ring: 0,
@@ -260,6 +265,7 @@ impl std::fmt::Debug for ShardStats {
             .field("busy_poll_backoffs", &self.busy_poll_backoffs)
             .field("same_host_doorbells", &self.same_host_doorbells)
             .field("same_host_ring_full_waits", &self.same_host_ring_full_waits)
+            .field("express_writes", &self.express_writes)
             .field("lane_connects", &self.lane_connects)
             .field("lane_connects_same_host", &self.lane_connects_same_host)
             .field("lane_connects_ring", &self.lane_connects_ring)
@@ -322,6 +328,7 @@ impl EngineStats {
             t.busy_poll_backoffs += s.busy_poll_backoffs;
             t.same_host_doorbells += s.same_host_doorbells;
             t.same_host_ring_full_waits += s.same_host_ring_full_waits;
+            t.express_writes += s.express_writes;
             t.lane_connects += s.lane_connects;
             t.lane_connects_same_host += s.lane_connects_same_host;
             t.lane_connects_ring += s.lane_connects_ring;

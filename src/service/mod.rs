@@ -12,6 +12,7 @@
 
 mod admission;
 mod bell;
+pub(crate) mod express;
 mod gpu_io;
 mod gpu_ipc;
 mod join;
@@ -334,8 +335,11 @@ async fn tick_loop(shard: Rc<Shard>) {
     let every = (shard.shared.cfg.op_timeout / 20)
         .clamp(Duration::from_millis(1), Duration::from_millis(20));
     let mut swept = now_ns();
+    // Express writes ride this shard's lanes (they fail on its tick when unanswered; one
+    // submitted while this loop idles waits at most an idle tick longer than its deadline).
+    let mut express_waiting = false;
     loop {
-        if shard.owner.borrow().is_empty() {
+        if shard.owner.borrow().is_empty() && !express_waiting {
             // A ring left from earlier work only costs one extra turn of this loop.
             let _ = rt::timeout(IDLE_TICK, shard.owns_work.wait()).await;
         } else {
@@ -343,6 +347,7 @@ async fn tick_loop(shard: Rc<Shard>) {
         }
         let now = now_ns();
         owner::tick(&shard, now);
+        express_waiting = lane::expire_express(&shard, now);
         // Joins outlive their initiator's deadline only when a chunk was lost; one shard
         // prunes the engine's table.
         if shard.id == 0 {

@@ -32,6 +32,8 @@ pub(crate) struct Peer {
     /// on the first transfer, as MORI-IO does, so the next small transfers find their lanes
     /// up instead of each paying a dial).
     pub opened: AtomicBool,
+    /// Express writes to it ([`super::express`]).
+    pub express: super::express::Express,
 }
 
 impl Peer {
@@ -42,6 +44,7 @@ impl Peer {
             addr,
             same_host: AtomicBool::new(false),
             opened: AtomicBool::new(false),
+            express: Default::default(),
         }
     }
 }

@@ -16,6 +16,8 @@ use crate::proto::frame::Op;
 use crate::proto::outbound::{Action, Outbound};
 use crate::status::{StatusCode, TransferStatus};
 
+/// A transfer in the table; counted in its peer's express state while it is
+/// ([`super::express::Express::owner_takes`]).
 #[derive(Debug)]
 struct Entry {
     gen: u64,
@@ -30,6 +32,12 @@ struct Entry {
     /// The shared stripes of a write that shares them, to stop its lanes taking more.
     stripes: Option<Arc<SharedStripes>>,
     submitted_ns: u64,
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        self.peer.express.owner_done();
+    }
 }
 
 /// Transfers owned by one shard, keyed by (peer key, uid): uids are unique per initiator, so
@@ -136,6 +144,10 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
         Ok(None) => return s.status.update(StatusCode::Success, ""),
         Err(r) => return fail_status(&s.status, r.code, r.msg),
     };
+    if !s.peer.express.owner_takes(s.uid) {
+        // An express write with this uid is in flight (MORI-compat, as above).
+        return fail_status(&s.status, codes::ERR_BAD_STATE, "duplicate peer/op id");
+    }
     shard.next_gen.set(gen + 1);
     let lanes: Vec<u16> = plan.lanes.iter().map(|(l, _)| *l).collect();
     {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use crate::desc::{MemoryDesc, MemoryLocationType};
 use crate::proto::frame::Op;
 use crate::proto::layout;
+use crate::service::express::Attempt;
 use crate::service::{now_ns, ShardMsg, Submission};
 use crate::status::{StatusCode, TransferStatus};
 use crate::trace;
@@ -191,6 +192,14 @@ impl Core {
             status: status.clone(),
         };
         trace::mark(uid, trace::stage::SUBMIT);
+        match sub.peer.express.try_write(shared, &sub, owner) {
+            Attempt::Sent => return status,
+            Attempt::Duplicate => {
+                status.update(StatusCode::ErrBadState, "duplicate peer/op id");
+                return status;
+            }
+            Attempt::Declined => {}
+        }
         if backend
             .mesh
             .send(owner, ShardMsg::Submit(Box::new(sub)))

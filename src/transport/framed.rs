@@ -444,6 +444,13 @@ impl FrameWriter {
         }
     }
 
+    /// The peer's ring, shared with express writers, when the stream goes through one.
+    pub(crate) fn shared_ring(
+        &self,
+    ) -> Option<std::sync::Arc<crate::transport::local::SharedRing>> {
+        self.w.shared_ring()
+    }
+
     /// Payloads up to this size are copied next to their header.
     pub(crate) fn inline_bytes(&self) -> usize {
         self.inline_bytes

@@ -298,6 +298,14 @@ impl Tx {
         matches!(self, Tx::Local(w) if w.rides_ring())
     }
 
+    /// The peer's ring, shared with express writers, when its bytes travel through one.
+    pub(crate) fn shared_ring(&self) -> Option<std::sync::Arc<local::SharedRing>> {
+        match self {
+            Tx::Local(w) => w.shared_ring(),
+            _ => None,
+        }
+    }
+
     /// Which device records GPU memory may be offered in (a same-host connection whose peer
     /// takes them; `None` elsewhere).
     pub(crate) fn offers_device(&self) -> local::DeviceRecords {

@@ -7,6 +7,7 @@ mod basic;
 mod common;
 mod concurrency;
 mod connect;
+mod express;
 mod failures;
 mod gpu;
 mod gpu_same_host;

@@ -10,9 +10,11 @@ use std::sync::Arc;
 use morio_shards::rt;
 
 use super::bell::Bell;
+use super::express::Pending;
 use super::msg::{LaneEvent, LaneWork, Peer, ShardMsg};
 use super::same_host;
 use super::{Shard, TaskGuard};
+use crate::proto::codes;
 use crate::proto::dispatch::TransferRef;
 use crate::proto::frame::{Frame, Hello};
 use crate::proto::handshake;
@@ -187,6 +189,9 @@ fn die_as(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: String, failure: bool) {
     for r in lane.ready.take() {
         r.update(StatusCode::ErrRdmaOp, msg.clone());
     }
+    for p in lane.peer.express.remove_lane(lane.lane) {
+        express_done(shard, lane, p, codes::ERR_BAD_STATE, &msg, false);
+    }
     let Some(hit) = lane
         .book
         .borrow_mut()
@@ -238,6 +243,50 @@ fn die_as(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: String, failure: bool) {
         let report = Report::Lost { msg: msg.clone() };
         self::report(shard, &lane.peer.key, to, report);
     }
+}
+
+/// An express transfer on `lane` ended with `code` (`sent`: its frame left, answered).
+fn express_done(shard: &Rc<Shard>, lane: &Lane, p: Pending, code: u32, msg: &str, sent: bool) {
+    let ok = code == codes::SUCCESS;
+    {
+        let latency_us = super::now_ns().saturating_sub(p.submitted_ns) / 1000;
+        let mut st = shard.stats.borrow_mut();
+        if sent {
+            st.count_sent(lane.counters, p.bytes);
+            st.express_writes += 1;
+        }
+        st.record_transfer(lane.counters, ok, latency_us);
+    }
+    if ok {
+        trace::mark_current(trace::stage::DONE);
+        p.status.update(StatusCode::Success, "");
+    } else {
+        p.status.update(
+            StatusCode::from_u32(code).unwrap_or(StatusCode::ErrBadState),
+            msg,
+        );
+    }
+}
+
+/// Fail the express transfers of this shard's lanes whose deadline passed; whether any
+/// express transfer is still in flight on them (the deadline tick keeps running then).
+pub(crate) fn expire_express(shard: &Rc<Shard>, now: u64) -> bool {
+    let lanes: Vec<Rc<Lane>> = shard.lanes.borrow().values().cloned().collect();
+    let mut waiting = false;
+    for l in lanes {
+        for p in l.peer.express.expired(l.lane, now) {
+            express_done(
+                shard,
+                &l,
+                p,
+                codes::ERR_BAD_STATE,
+                "operation timeout",
+                false,
+            );
+        }
+        waiting |= l.peer.express.any_pending();
+    }
+    waiting
 }
 
 /// Tell a transfer's owner what happened to it on this lane.
@@ -294,6 +343,13 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
     let reader = FrameReader::new(r, cfg.op_timeout);
     rt::spawn_local(read_loop(shard.clone(), lane.clone(), reader)).detach();
     let mut writer = FrameWriter::new(w, cfg.inline_write_bytes);
+    // Over rings, application threads may put small writes into the peer's ring themselves
+    // while this writer is idle (`express`).
+    let express = writer.shared_ring().filter(|_| super::express::enabled());
+    if let Some(ring) = &express {
+        lane.peer.express.add_lane(lane.lane, ring.clone());
+    }
+    let mut busy = false;
     let mut last_uid = None;
     loop {
         let next = lane.book.borrow_mut().pop();
@@ -305,6 +361,13 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
             if let Some(uid) = last_uid.take() {
                 trace::mark(uid, trace::stage::SENT);
             }
+            if busy {
+                // The stream stands between frames: express writes may go in.
+                if let Some(ring) = &express {
+                    ring.set_sender_busy(false);
+                }
+                busy = false;
+            }
             if lane.bell.wait().await.is_err() {
                 return;
             }
@@ -312,6 +375,12 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
         };
         if lane.dead() {
             return;
+        }
+        if !busy {
+            if let Some(ring) = &express {
+                ring.set_sender_busy(true);
+            }
+            busy = true;
         }
         trace::mark(to.uid, trace::stage::ENCODE);
         trace::set_current(Some(to.uid));

@@ -3,9 +3,10 @@
 
 use std::rc::Rc;
 
+use super::super::express;
 use super::super::gpu_io;
 use super::super::{Shard, TaskGuard};
-use super::{die, report, Lane};
+use super::{die, express_done, report, Lane};
 use crate::proto::codes;
 use crate::proto::frame::Frame;
 use crate::proto::lane::{Answer, Matched, ReadWait};
@@ -65,6 +66,22 @@ async fn on_frame(
         }
         _ => return violation("unexpected frame kind from target"),
     };
+    if tag & express::TAG_BIT != 0 {
+        // An express write's answer: it completes the status here.
+        let Answer::Complete { code, msg } = answer else {
+            return violation("read data for an express write");
+        };
+        match lane.peer.express.answered(lane.lane, tag, uid) {
+            Some(p) => {
+                trace::mark(uid, trace::stage::RESP);
+                trace::set_current(Some(uid));
+                express_done(shard, lane, p, code, &msg, true);
+                trace::set_current(None);
+            }
+            None => return reader.discard_payload(payload).await,
+        }
+        return Ok(());
+    }
     // A frame's own answer, or the join's COMPLETE for a transfer of several chunks.
     let own = lane.book.borrow().awaits(tag);
     let matched = lane.book.borrow_mut().answer(tag, uid, answer);

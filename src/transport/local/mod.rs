@@ -10,6 +10,7 @@ mod records;
 mod ring;
 mod ring_sync;
 mod rx;
+mod shared_ring;
 mod tx;
 
 use std::io;
@@ -23,6 +24,7 @@ use morio_shards::rt;
 pub(crate) use records::{Device, DevicePart, DeviceRecords, MAX_DEVICE_ALLOCS, MAX_DEVICE_PAIRS};
 pub(crate) use ring::{counts as ring_counts, default_bytes as default_ring_bytes};
 pub(crate) use rx::{LocalRx, Verdict};
+pub(crate) use shared_ring::SharedRing;
 pub(crate) use tx::LocalTx;
 
 /// This host's boot id (`/proc/sys/kernel/random/boot_id`), read once; `None` where the

@@ -350,6 +350,13 @@ impl Outbound {
         Ok(wrote)
     }
 
+    /// Free bytes in the ring now (the consumer may free more at any time). Fails if the
+    /// consumer's index is impossible.
+    pub(crate) fn room(&self) -> io::Result<usize> {
+        let cap = self.map.cap;
+        Ok(cap - distance(self.head, self.map.header().tail(), cap, "read")?)
+    }
+
     /// After writing: whether the consumer waits for a doorbell (ring it then), once per
     /// park.
     pub(crate) fn doorbell_wanted(&mut self) -> bool {

@@ -14,9 +14,11 @@ use super::records::{
     put_device, put_inline, put_pull, Device, DevicePart, DeviceRecords, Pull, DECLINED,
     DECLINED_FOR_GOOD, MAX_INLINE, PULL_MIN_BYTES,
 };
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
 
 use super::ring::{ring_doorbell, Outbound};
+use super::shared_ring::SharedRing;
 use super::SlotRef;
 use crate::gpu::IpcExport;
 
@@ -37,10 +39,9 @@ pub(crate) struct LocalTx {
 #[derive(Debug)]
 struct Out {
     w: rt::WriteHalf,
-    /// The peer's ring, where the record stream goes (announced), and the socket that rings
-    /// its doorbell (`None`: the connection's socket does); `None`: the stream goes into the
-    /// socket.
-    ring: Option<(Outbound, Option<OwnedFd>)>,
+    /// The peer's ring, where the record stream goes (announced), shared with express
+    /// writers; `None`: the stream goes into the socket.
+    ring: Option<(Arc<SharedRing>, Option<OwnedFd>)>,
     /// Where the peer wakes this sender after an acknowledgement (or when its ring has room),
     /// and whether it has shown it does (its first byte comes when it took the socket).
     waker: Option<(rt::UnixStream, bool)>,
@@ -77,13 +78,23 @@ impl LocalTx {
         ring: Option<(Outbound, Option<OwnedFd>)>,
     ) -> Self {
         let waker = wake.map(|rx| (rt::unix_stream_from_fd(rx), false));
+        let ring = match ring {
+            None => None,
+            Some((ring, bell)) => {
+                // The doorbell: the socket the peer gave for it, else the connection's own.
+                // SAFETY: the write half's descriptor is open for the length of this call.
+                let conn = unsafe { BorrowedFd::borrow_raw(w.raw_fd()) };
+                let fd = bell.as_ref().map_or(conn, |b| b.as_fd());
+                Some((Arc::new(SharedRing::new(ring, fd)), bell))
+            }
+        };
         Self {
             cell,
             heads: Vec::with_capacity(256),
             device,
             pull_min: ring
                 .as_ref()
-                .map_or(PULL_MIN_BYTES, |(r, _)| ring_pull_min(r.cap())),
+                .map_or(PULL_MIN_BYTES, |(r, _)| ring_pull_min(r.lock().ring.cap())),
             out: Out {
                 w,
                 ring,
@@ -97,6 +108,11 @@ impl LocalTx {
     /// Whether the record stream goes through the peer's shared-memory ring.
     pub(crate) fn rides_ring(&self) -> bool {
         self.out.ring.is_some()
+    }
+
+    /// The peer's ring, for express writes (`None`: the stream goes into the socket).
+    pub(crate) fn shared_ring(&self) -> Option<Arc<SharedRing>> {
+        self.out.ring.as_ref().map(|(r, _)| r.clone())
     }
 
     /// Which device records GPU memory may be offered to the peer in.
@@ -265,18 +281,25 @@ impl Out {
     /// (ringing its doorbell if it waits for one; waiting, woken by the peer, while the ring
     /// is full, for `stall` at most), else into the socket.
     async fn put(&mut self, gather: &[&[u8]]) -> io::Result<()> {
-        let Some((ring, bell)) = &mut self.ring else {
+        let Some((shared, bell)) = &self.ring else {
             return self.w.send_all(gather).await;
         };
         let (mut idx, mut off) = (0usize, 0usize);
         loop {
-            if ring.write(gather, &mut idx, &mut off)? > 0 && ring.doorbell_wanted() {
-                ring_doorbell(bell.as_ref().map_or(self.w.raw_fd(), AsRawFd::as_raw_fd));
-            }
-            if idx == gather.len() {
-                return Ok(());
-            }
-            if ring.wait_room() {
+            let room = {
+                let mut st = shared.lock();
+                let wrote = st.ring.write(gather, &mut idx, &mut off).inspect_err(|_| {
+                    SharedRing::set_broken(&mut st);
+                })?;
+                if wrote > 0 && st.ring.doorbell_wanted() {
+                    ring_doorbell(bell.as_ref().map_or(self.w.raw_fd(), AsRawFd::as_raw_fd));
+                }
+                if idx == gather.len() {
+                    return Ok(());
+                }
+                st.ring.wait_room()
+            };
+            if room {
                 continue;
             }
             super::ring::count_full_wait();
@@ -285,7 +308,7 @@ impl Out {
                 &mut self.waker,
                 stall,
                 self.w.raw_fd(),
-                || ring.wait_room(),
+                || shared.lock().ring.wait_room(),
                 || format!("the same-host peer took no bytes out of its ring within {stall:?}"),
             )
             .await?;

@@ -1,0 +1,132 @@
+//! A peer's ring shared by the connection's sender (its lane's shard) and application
+//! threads that put a small frame straight into it (express writes,
+//! [`crate::service::express`]): a lock around the ring's write position, and a gate the
+//! sender holds closed while its own stream is under way (one of its frames may span
+//! several of its writes, and nothing may land between them).
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::{Mutex, MutexGuard};
+
+use super::records::{put_inline, MAX_INLINE};
+use super::ring::{ring_doorbell, Outbound};
+
+/// The ring and who may write it.
+#[derive(Debug)]
+pub(crate) struct SharedRing {
+    state: Mutex<State>,
+    /// The socket that rings the peer's doorbell for express writes (a duplicate, valid
+    /// while anyone holds the ring; the connection is shut down, never closed, when its lane
+    /// dies). `None` if it could not be duplicated: then no express write goes in.
+    bell: Option<OwnedFd>,
+}
+
+/// What the lock guards.
+#[derive(Debug)]
+pub(crate) struct State {
+    /// The peer's ring.
+    pub(crate) ring: Outbound,
+    /// The sender has work under way: its stream may stand in the middle of a frame.
+    sender_busy: bool,
+    /// A write failed (the peer's index is impossible): nobody writes again.
+    broken: bool,
+}
+
+/// Why an express write did not go into the ring (the caller sends the usual way).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Declined {
+    /// The sender is busy, or an application thread holds the ring.
+    Busy,
+    /// Not enough room for the whole record.
+    Full,
+    /// The ring is broken.
+    Broken,
+}
+
+impl SharedRing {
+    /// Share `ring`, whose doorbell is rung on `bell` (duplicated here).
+    pub(crate) fn new(ring: Outbound, bell: std::os::fd::BorrowedFd<'_>) -> Self {
+        Self {
+            state: Mutex::new(State {
+                ring,
+                sender_busy: false,
+                broken: false,
+            }),
+            bell: bell.try_clone_to_owned().ok(),
+        }
+    }
+
+    /// The sender's access: the lock, waited for (an express write holds it for a copy of
+    /// a few hundred bytes).
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The sender starts (`true`) or has finished (`false`) a run of work: while it runs, no
+    /// express write goes in.
+    pub(crate) fn set_sender_busy(&self, busy: bool) {
+        self.lock().sender_busy = busy;
+    }
+
+    /// An express write: `parts` (one whole record) into the ring, all of it or nothing,
+    /// never waiting. Rings the doorbell if the peer waits for one.
+    pub(crate) fn put_whole(&self, parts: &[&[u8]]) -> Result<(), Declined> {
+        let Some(bell) = &self.bell else {
+            return Err(Declined::Broken);
+        };
+        let Ok(mut st) = self.state.try_lock() else {
+            return Err(Declined::Busy);
+        };
+        if st.broken {
+            return Err(Declined::Broken);
+        }
+        if st.sender_busy {
+            return Err(Declined::Busy);
+        }
+        let need: usize = parts.iter().map(|p| p.len()).sum();
+        match st.ring.room() {
+            Ok(room) if room >= need => {}
+            Ok(_) => return Err(Declined::Full),
+            Err(_) => {
+                st.broken = true;
+                return Err(Declined::Broken);
+            }
+        }
+        let (mut idx, mut off) = (0, 0);
+        match st.ring.write(parts, &mut idx, &mut off) {
+            Ok(n) if n == need => {}
+            _ => {
+                // Room was checked under the lock and the consumer only frees more: a short
+                // write means the peer's index moved impossibly.
+                st.broken = true;
+                return Err(Declined::Broken);
+            }
+        }
+        let bell_wanted = st.ring.doorbell_wanted();
+        drop(st);
+        if bell_wanted {
+            ring_doorbell(bell.as_raw_fd());
+        }
+        Ok(())
+    }
+
+    /// An express write of one whole frame (as one INLINE record): see [`Self::put_whole`].
+    pub(crate) fn put_frame(&self, frame: &[u8]) -> Result<(), Declined> {
+        if frame.is_empty() || frame.len() > MAX_INLINE {
+            return Err(Declined::Full);
+        }
+        let mut head = Vec::with_capacity(8);
+        put_inline(frame.len(), &mut head);
+        self.put_whole(&[&head, frame])
+    }
+
+    /// Mark the ring broken (the sender's write failed).
+    pub(crate) fn set_broken(st: &mut State) {
+        st.broken = true;
+    }
+
+    /// Close the ring to express writes for good (its lane is going away): once this
+    /// returns, no express write goes in.
+    pub(crate) fn close_express(&self) {
+        self.lock().broken = true;
+    }
+}
