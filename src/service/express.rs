@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use super::msg::Submission;
 use super::Shared;
-use crate::proto::dispatch::{self, DispatchParams, Request, TransferRef, Work};
-use crate::proto::frame::{encode_chunk_segs, Kind, Op};
+use crate::proto::frame::{encode_chunk_segs, ChunkHead, Kind, Op};
+use crate::proto::limits::MAX_SEGS_PER_CHUNK;
 use crate::status::TransferStatus;
 use crate::trace;
 use crate::transport::local::SharedRing;
@@ -194,39 +194,13 @@ impl Express {
             let (l, r) = &lanes[pick % lanes.len()];
             (*l, r.clone())
         };
-        let n_lanes = shared.cfg.num_data_conns as u16;
-        let params = DispatchParams {
-            n_lanes,
-            striping_threshold: shared.cfg.striping_threshold_bytes as u64,
-            chunk_bytes: sub.total.max(1),
-            share_stripes: false,
-        };
-        let req = Request {
-            op: sub.op,
-            mem_id: sub.remote_mem,
-            access_key: sub.remote_key,
-            remote_device: false,
-            layout: sub.layout.clone(),
-            total: sub.total,
-        };
-        let to = TransferRef {
-            owner: usize::MAX,
-            uid: sub.uid,
-            gen: 0,
-        };
-        // One chunk on one lane, or not express (a striped transfer, say).
-        let spec = match dispatch::dispatch(req, params, lane, to, &()) {
-            Ok(Some(mut plan)) if plan.n_chunks == 1 && plan.lanes.len() == 1 => {
-                match plan.lanes.pop().and_then(|(_, mut items)| items.pop()) {
-                    Some(dispatch::Item {
-                        work: Work::Chunk(spec, ()),
-                        ..
-                    }) => spec,
-                    _ => return Attempt::Declined,
-                }
-            }
-            _ => return Attempt::Declined,
-        };
+        // One chunk, as an owner would cut it: not striped, within the pieces of a frame
+        // (its pieces are then the layout itself).
+        let striped = shared.cfg.num_data_conns > 1
+            && sub.total >= shared.cfg.striping_threshold_bytes as u64;
+        if striped || sub.layout.piece_count() > MAX_SEGS_PER_CHUNK {
+            return Attempt::Declined;
+        }
         let tag = TAG_BIT | (self.next_tag.fetch_add(1, Ordering::Relaxed) & !TAG_BIT);
         {
             let mut map = lock(&self.pending);
@@ -265,10 +239,19 @@ impl Express {
         let put = FRAME.with(|buf| {
             let mut buf = buf.borrow_mut();
             buf.clear();
-            let head = spec.head(tag, sub.uid);
-            let segs = spec.pieces.remote_segs();
+            let head = ChunkHead {
+                tag,
+                uid: sub.uid,
+                chunk: 0,
+                n_chunks: 1,
+                mem_id: sub.remote_mem,
+                access_key: sub.remote_key,
+                extent: sub.layout.remote_extent(),
+                join_lane: 0,
+            };
+            let segs = sub.layout.remote_segs();
             encode_chunk_segs(Kind::Write, true, &head, segs, sub.total, &mut buf);
-            for p in spec.pieces.iter() {
+            for p in sub.layout.iter() {
                 // SAFETY: the ranges were checked against the region at submission, and the
                 // region lives while `sub.local` does.
                 match unsafe { sub.local.slice(p.local, p.len) } {

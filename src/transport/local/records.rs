@@ -336,9 +336,14 @@ pub(crate) fn put_device(d: &Device, sets: bool, out: &mut Vec<u8>) {
 
 /// Append an INLINE head for `len` bytes.
 pub(crate) fn put_inline(len: usize, out: &mut Vec<u8>) {
+    out.extend_from_slice(&inline_head(len));
+}
+
+/// The head of an INLINE record of `len` bytes.
+pub(crate) fn inline_head(len: usize) -> [u8; 5] {
     debug_assert!(len > 0 && len <= MAX_INLINE);
-    out.push(INLINE);
-    out.extend_from_slice(&(len as u32).to_le_bytes());
+    let l = (len as u32).to_le_bytes();
+    [INLINE, l[0], l[1], l[2], l[3]]
 }
 
 /// Append a PULL record.

@@ -7,7 +7,7 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Mutex, MutexGuard};
 
-use super::records::{put_inline, MAX_INLINE};
+use super::records::{inline_head, MAX_INLINE};
 use super::ring::{ring_doorbell, Outbound};
 
 /// The ring and who may write it.
@@ -114,9 +114,7 @@ impl SharedRing {
         if frame.is_empty() || frame.len() > MAX_INLINE {
             return Err(Declined::Full);
         }
-        let mut head = Vec::with_capacity(8);
-        put_inline(frame.len(), &mut head);
-        self.put_whole(&[&head, frame])
+        self.put_whole(&[&inline_head(frame.len()), frame])
     }
 
     /// Mark the ring broken (the sender's write failed).
