@@ -15,10 +15,12 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
-use super::msg::Submission;
 use super::Shared;
+use crate::proto::access::AccessKey;
 use crate::proto::frame::{encode_chunk_segs, ChunkHead, Kind, Op};
+use crate::proto::layout::Layout;
 use crate::proto::limits::MAX_SEGS_PER_CHUNK;
+use crate::region::SharedRegion;
 use crate::status::TransferStatus;
 use crate::trace;
 use crate::transport::local::SharedRing;
@@ -70,6 +72,21 @@ pub(crate) struct Express {
     owned: AtomicUsize,
     /// The next express tag (below [`TAG_BIT`]).
     next_tag: AtomicU64,
+}
+
+/// A transfer offered as an express write (the fields of its `Submission` that matter).
+#[derive(Debug)]
+pub(crate) struct Candidate<'a> {
+    pub op: Op,
+    pub uid: u64,
+    pub local: &'a SharedRegion,
+    pub remote_mem: u32,
+    pub remote_key: AccessKey,
+    pub remote_device: bool,
+    pub layout: &'a Layout,
+    pub total: u64,
+    pub deadline_ns: u64,
+    pub status: &'a Arc<TransferStatus>,
 }
 
 /// What became of an express attempt.
@@ -175,7 +192,7 @@ impl Express {
 
     /// Try `sub` as an express write (on the submitting thread). `pick` spreads callers over
     /// the lanes (the transfer's owner index).
-    pub(crate) fn try_write(&self, shared: &Shared, sub: &Submission, pick: usize) -> Attempt {
+    pub(crate) fn try_write(&self, shared: &Shared, sub: &Candidate<'_>, pick: usize) -> Attempt {
         if sub.op != Op::Write
             || sub.remote_device
             || sub.local.device().is_some()

@@ -76,6 +76,24 @@ pub(crate) struct Submission {
     pub status: Arc<TransferStatus>,
 }
 
+impl Submission {
+    /// The transfer as an express write would send it.
+    pub fn candidate(&self) -> super::express::Candidate<'_> {
+        super::express::Candidate {
+            op: self.op,
+            uid: self.uid,
+            local: &self.local,
+            remote_mem: self.remote_mem,
+            remote_key: self.remote_key,
+            remote_device: self.remote_device,
+            layout: &self.layout,
+            total: self.total,
+            deadline_ns: self.deadline_ns,
+            status: &self.status,
+        }
+    }
+}
+
 /// Work for one lane, sent by a transfer's owner to the lane's shard.
 #[derive(Debug)]
 pub(crate) struct LaneWork {

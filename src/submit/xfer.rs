@@ -192,7 +192,7 @@ impl Core {
             status: status.clone(),
         };
         trace::mark(uid, trace::stage::SUBMIT);
-        match sub.peer.express.try_write(shared, &sub, owner) {
+        match sub.peer.express.try_write(shared, &sub.candidate(), owner) {
             Attempt::Sent => return status,
             Attempt::Duplicate => {
                 status.update(StatusCode::ErrBadState, "duplicate peer/op id");
