@@ -118,15 +118,28 @@ fn bench_without_a_gpu_runtime_fails_cleanly() {
 }
 
 /// `MORIO_TRACE=DIR`: both processes leave a CSV, and every timed transfer of a spinning run
-/// passes every stage, in order, on one clock.
+/// passes every stage, in order, on one clock: through owner shards, and as express writes
+/// (which have no owner stages).
 #[test]
 fn trace_records_every_stage_of_every_transfer() {
-    let dir = std::env::temp_dir().join(format!("morio-bench-trace-{}", std::process::id()));
+    trace_run(false);
+    trace_run(true);
+}
+
+/// One traced run, with express writes on or off (the engines share this host and rings).
+fn trace_run(express: bool) {
+    let dir = std::env::temp_dir().join(format!(
+        "morio-bench-trace-{}-{express}",
+        std::process::id()
+    ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("row.json");
     let out = Command::new(env!("CARGO_BIN_EXE_morio"))
         .env("MORIO_TRACE", &dir)
+        .env("MORIO_EXPRESS", if express { "1" } else { "0" })
+        .env("MORIO_SAME_HOST_RING", "on")
+        .env("MORIO_SAME_HOST", "auto")
         .args([
             "bench",
             "--loopback",
@@ -168,10 +181,22 @@ fn trace_records_every_stage_of_every_transfer() {
         }
     }
     assert_eq!(files, 2, "one CSV per process");
-    let all = u64::from(morio::trace::stage::CALL)..=u64::from(morio::trace::stage::WOKE);
+    use morio::trace::stage::*;
+    // Express writes skip the owner and its hand-off to the lane.
+    let skipped: &[u8] = if express {
+        &[OWNER, PLANNED, HANDED]
+    } else {
+        &[]
+    };
+    let all = u64::from(CALL)..=u64::from(WOKE);
     let complete: Vec<_> = stages
         .values()
-        .filter(|s| all.clone().all(|st| s.iter().any(|&(x, _)| x == st)))
+        .filter(|s| {
+            all.clone()
+                .filter(|&st| !skipped.iter().any(|&k| u64::from(k) == st))
+                .all(|st| s.iter().any(|&(x, _)| x == st))
+                && (!express || !s.iter().any(|&(x, _)| x == u64::from(OWNER)))
+        })
         .collect();
     // Warm-up transfers are not marked CALL/WOKE by the bench; the 20 timed ones are.
     assert!(
@@ -183,11 +208,10 @@ fn trace_records_every_stage_of_every_transfer() {
     // Stages that cause the next are in order on the one clock. SENT and T_SENT are marked
     // when a send returns, which on loopback may be after the peer already took the bytes
     // up, so they are checked against what precedes them on their own side only.
-    use morio::trace::stage::*;
     let causal: Vec<u8> = ORDER
         .iter()
         .copied()
-        .filter(|&st| st != SENT && st != T_SENT)
+        .filter(|&st| st != SENT && st != T_SENT && !skipped.contains(&st))
         .collect();
     for s in complete {
         let at = |st: u8| {
