@@ -191,12 +191,21 @@ impl TransferStatus {
         let t0 = Instant::now();
         let spin_until = t0 + wait_spin();
         let spin_until = deadline.map_or(spin_until, |d| d.min(spin_until));
-        // A look every few `pause`s (each 15-50 ns on the hosts we measure); the clock every
-        // 64 of them, and now and then the CPU given to whatever else wants it (the shard
-        // that will answer may be queued behind this thread on an oversubscribed machine).
-        let every = look_every();
+        // Looks at the status: every 2 `pause`s (each 15-50 ns on the hosts we measure) for
+        // the first [`EAGER_LOOKS`] of the wait, where small transfers complete and a late
+        // look is a large share of their latency, every 64 after (for a long transfer a µs
+        // late costs nothing, and fewer looks disturb it less). The clock every 64 pauses,
+        // and now and then the CPU given to whatever else wants it (the shard that will
+        // answer may be queued behind this thread on an oversubscribed machine).
+        let (mut every, later) = look_every();
         let mut pauses = 0u32;
-        while pauses % 64 != 0 || Instant::now() < spin_until {
+        while pauses % 64 != 0 || {
+            let now = Instant::now();
+            if now.duration_since(t0) >= EAGER_LOOKS {
+                every = later;
+            }
+            now < spin_until
+        } {
             for _ in 0..every {
                 std::hint::spin_loop();
             }
@@ -264,17 +273,21 @@ impl fmt::Debug for TransferStatus {
     }
 }
 
-/// `pause`s between two looks at a status in a waiter's spin: 8, or `MORIO_WAIT_PAUSES`
-/// (1, 2, 4, ... 64; for A/B runs). A look every 64 (the build before session 32) let the
-/// waiter see a completion about 1 µs late on average on the H100 host (a `pause` there
-/// takes 15 ns).
-fn look_every() -> u32 {
-    static EVERY: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+/// How long a waiter looks at its status every 2 pauses before it looks every 64.
+const EAGER_LOOKS: Duration = Duration::from_micros(32);
+
+/// `pause`s between two looks at a status in a waiter's spin, early in the wait and later:
+/// 2 and 64, or `MORIO_WAIT_PAUSES` for both (1, 2, 4, ... 64; for A/B runs). On the H100
+/// host (a `pause` there takes 15 ns) a look every 64 let the waiter of a spinning 8 B
+/// write see its completion 1.5 µs late in the trace, every 8 0.5 µs; looks every 8 or 2
+/// for the whole wait made the 4 KiB × 256 row slow in most rounds (`docs/perf/h100-s32.md`).
+fn look_every() -> (u32, u32) {
+    static EVERY: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
     *EVERY.get_or_init(|| {
         std::env::var("MORIO_WAIT_PAUSES")
             .ok()
             .and_then(|v| v.trim().parse::<u32>().ok())
             .filter(|n| n.is_power_of_two() && *n <= 64)
-            .unwrap_or(8)
+            .map_or((2, 64), |n| (n, n))
     })
 }
