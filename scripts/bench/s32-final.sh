@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Session 32's last device call: the engine's GPU tests on CUDA (express writes beside
-# device lanes), then express writes and the waiter's look every 8 pauses against the build
-# before (MORIO_EXPRESS=0 MORIO_WAIT_PAUSES=64) and against a look every 2 pauses, ROUNDS
+# Session 32's last device calls: the engine's GPU tests on CUDA (express writes beside
+# device lanes), then this build's defaults (express writes; the waiter looking every 8
+# pauses at e5e2a01, every 2 for 32 us then every 64 since) against the build before
+# (MORIO_EXPRESS=0 MORIO_WAIT_PAUSES=64) and against looks every 2 pauses throughout, ROUNDS
 # interleaved rounds of the small rows (default settings with the raw floor, and the spinning
 # single 8 B of issue 22), 1 MiB x 256 write and read, then a traced spinning 8 B.
 #   variants: off (the build before), on (this build's defaults), p2 (MORIO_WAIT_PAUSES=2)
