@@ -2,6 +2,8 @@
 request, required, and its configuration checked."""
 
 
+import os
+
 import numpy as np
 import pytest
 
@@ -36,9 +38,24 @@ def test_two_processes_pick_their_transport(engines, mode):
         back = np.zeros(_peer.BIG, np.uint8)
         wait_ok(a.read(a.register_array(back), 0, md, 0, _peer.BIG, a.allocate_transfer_uid()))
         assert np.array_equal(back, src)
+        # Small writes: between processes of one host over rings they go express (the
+        # calling thread puts them into the ring), unless MORIO_EXPRESS=0 turned that off.
+        small = _peer.big(11)[:4096]
+        small_md = a.register_array(small)
+        for i in range(64):
+            off = i * 64
+            wait_ok(a.write(small_md, off, md, off, 64, a.allocate_transfer_uid()))
+        back = np.zeros(4096, np.uint8)
+        wait_ok(a.read(a.register_array(back), 0, md, 0, 4096, a.allocate_transfer_uid()))
+        assert np.array_equal(back, small)
         shards = a.stats()
-        keys = ("lane_connects", "lane_connects_same_host", "lane_connects_ring")
+        keys = ("lane_connects", "lane_connects_same_host", "lane_connects_ring", "express_writes")
         total = {k: sum(s[k] for s in shards) for k in keys}
+        express_on = os.environ.get("MORIO_EXPRESS", "1").strip() != "0"
+        if mode == "off" or not express_on:
+            assert total["express_writes"] == 0, total
+        else:
+            assert total["express_writes"] >= 1, total
         assert total["lane_connects"] >= 1
         if mode == "off":
             assert total["lane_connects_same_host"] == total["lane_connects_ring"] == 0, total
