@@ -71,6 +71,13 @@ pub mod stage {
     /// T_RECV: how long the bytes waited to be noticed, against how long they took to
     /// arrive).
     pub const T_READABLE: u8 = 23;
+    /// Target: the busy poller saw the frame's first bytes in the ring and woke the reader
+    /// (spinning shards only; between SENT and T_READABLE: noticing, against the switch to
+    /// the reader).
+    pub const T_NOTICED: u8 = 24;
+    /// Initiator, lane shard: the busy poller saw the answer in the ring and woke the
+    /// reader (spinning shards only; between T_SENT and RESP).
+    pub const NOTICED: u8 = 25;
 
     /// The stages a one-chunk write passes, in order (sub-stages in their places; FINISH,
     /// T_FINISH and COMPLETED belong to multi-chunk transfers only).
@@ -103,6 +110,7 @@ fn decide() -> bool {
     let on = std::env::var_os("MORIO_TRACE").is_some_and(|v| !v.is_empty());
     if on {
         BUF.get_or_init(|| (0..CAPACITY * 3).map(|_| AtomicU64::new(0)).collect());
+        morio_shards::rt::note_wake_times();
     }
     STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
     on

@@ -40,6 +40,18 @@ pub fn note_runnable() {
 
 pub use crate::busy::Probe;
 
+/// Time the busy poller's wakes of shared-memory readers from now on, in every shard of the
+/// process (for latency tracing; a clock read per wake).
+pub fn note_wake_times() {
+    crate::busy::note_wake_times()
+}
+
+/// CLOCK_MONOTONIC ns at which the calling shard's busy poller last woke a shared-memory
+/// reader (0: none since the last call, or wakes are not timed).
+pub fn take_probe_wake_ns() -> u64 {
+    crate::busy::take_probe_wake_ns()
+}
+
 /// A reader of shared memory (a same-host ring) found it empty. On a busy-polling shard that
 /// is busy, its poller checks `probe` every turn (no system call) and, now and then, `fd`
 /// (the connection's socket, which says when the peer is gone), and wakes the caller when

@@ -246,7 +246,9 @@ async fn step(
     };
     let uid = traced_uid(&frame);
     let first_read = reader.take_first_read_ns();
+    let noticed = reader.take_noticed_ns();
     if let Some(uid) = uid {
+        trace::mark_at(uid, trace::stage::T_NOTICED, noticed);
         trace::mark_at(uid, trace::stage::T_READABLE, first_read);
         trace::mark(uid, trace::stage::T_RECV);
     }

@@ -59,6 +59,9 @@ pub(crate) struct FrameReader<R> {
     payload_left: u64,
     /// When the first bytes of the frame being read arrived (tracing only, else 0).
     first_read_ns: u64,
+    /// When the busy poller woke this shard's reader of shared memory before that read (0:
+    /// not tracing, or not woken so).
+    noticed_ns: u64,
 }
 
 const READ_BUF_BYTES: usize = 256 << 10;
@@ -83,6 +86,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             deadline: None,
             payload_left: 0,
             first_read_ns: 0,
+            noticed_ns: 0,
         }
     }
 
@@ -100,6 +104,12 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             return Err(ConnError::Stalled(self.stall));
         }
         Ok(left)
+    }
+
+    /// When the busy poller woke this reader before the first read of the last frame (0 if
+    /// untraced, not woken by the poller, or the frame was already buffered).
+    pub(crate) fn take_noticed_ns(&mut self) -> u64 {
+        std::mem::take(&mut self.noticed_ns)
     }
 
     /// When the first bytes of the last frame read from the socket arrived (0 if untraced,
@@ -144,6 +154,9 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             };
             if !partial && n > 0 {
                 self.first_read_ns = crate::trace::now_if_enabled();
+                if self.first_read_ns > 0 {
+                    self.noticed_ns = rt::take_probe_wake_ns();
+                }
             }
             if n == 0 {
                 return if partial {

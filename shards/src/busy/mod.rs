@@ -508,10 +508,43 @@ fn poll_probes(b: &mut Busy) -> usize {
     woke
 }
 
+/// Whether probe wakes are timed ([`note_wake_times`]).
+static TIME_WAKES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+thread_local! {
+    /// CLOCK_MONOTONIC ns of this thread's last probe wake, while wakes are timed.
+    static PROBE_WOKE_NS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Time every probe wake from now on (latency tracing: when the poller saw shared memory
+/// ready, against when its reader ran).
+pub(crate) fn note_wake_times() {
+    TIME_WAKES.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// CLOCK_MONOTONIC ns of the calling shard's last probe wake (0: none since the last call, or
+/// wakes are not timed).
+pub(crate) fn take_probe_wake_ns() -> u64 {
+    PROBE_WOKE_NS.with(|c| c.replace(0))
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec we pass; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 fn wake_probes(list: &mut Vec<ProbeWaiter>) -> usize {
     let mut woke = 0;
     list.retain(|w| match w.ready() {
         Some(true) => {
+            if TIME_WAKES.load(std::sync::atomic::Ordering::Relaxed) {
+                PROBE_WOKE_NS.with(|c| c.set(monotonic_ns()));
+            }
             w.waker.wake_by_ref();
             woke += 1;
             false

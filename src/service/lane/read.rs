@@ -73,6 +73,8 @@ async fn on_frame(
         };
         match lane.peer.express.answered(lane.lane, tag, uid) {
             Some(p) => {
+                let _ = reader.take_first_read_ns();
+                trace::mark_at(uid, trace::stage::NOTICED, reader.take_noticed_ns());
                 trace::mark(uid, trace::stage::RESP);
                 trace::set_current(Some(uid));
                 express_done(shard, lane, p, code, &msg, true);
