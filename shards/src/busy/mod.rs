@@ -369,8 +369,8 @@ enum Turn {
     Idle,
     /// Nothing happened for the spin window: hand everything back to the runtime.
     GoIdle,
-    /// Woke someone, at this instant.
-    Woke(Instant),
+    /// Woke someone.
+    Woke,
     /// Polled for a whole turn and saw nothing.
     Quiet,
 }
@@ -394,13 +394,9 @@ fn turn(spin: bool) -> Turn {
                     w.wake();
                 }
             }
-            // A reader of shared memory woken goes first: the sockets are polled again in
-            // the next turn, which comes as soon as the woken tasks have run.
-            let probes = poll_probes(b);
-            if probes > 0 || inbox || poll_waiters(b) > 0 {
-                let now = Instant::now();
-                b.busy_since_event = Some(now);
-                return Turn::Woke(now);
+            if poll_probes(b) + poll_waiters(b) > 0 || inbox {
+                b.busy_since_event = Some(Instant::now());
+                return Turn::Woke;
             }
             let now = Instant::now();
             if now.duration_since(last) > b.window || b.contention.check(now) {
@@ -448,8 +444,7 @@ pub(crate) async fn poller() {
             futures_lite::future::yield_now().await;
             continue;
         }
-        // One clock read per round: the turn's own when it woke someone.
-        let now = match turn(settled >= SETTLE_ROUNDS) {
+        match turn(settled >= SETTLE_ROUNDS) {
             Turn::Idle => {
                 sleep_until_busy().await;
                 continue;
@@ -458,19 +453,15 @@ pub(crate) async fn poller() {
                 hand_back();
                 continue;
             }
-            Turn::Woke(at) => {
+            Turn::Woke => {
                 settled = 0;
-                last_woke = at;
-                at
+                last_woke = Instant::now();
             }
-            Turn::Quiet => {
-                settled += 1;
-                Instant::now()
-            }
-        };
-        let since = now.saturating_duration_since(round_trip);
+            Turn::Quiet => settled += 1,
+        }
+        let since = round_trip.elapsed();
         let (quiet, max) = round_trip_bounds();
-        if since >= max || (since >= quiet && now.saturating_duration_since(last_woke) >= quiet) {
+        if since >= max || (since >= quiet && last_woke.elapsed() >= quiet) {
             glommio::timer::sleep(POLL_PERIOD).await;
             round_trip = Instant::now();
             settled = 0;
@@ -743,7 +734,7 @@ mod tests {
         assert!(matches!(turn(false), Turn::Quiet));
         assert_eq!(count.0.load(Ordering::SeqCst), 0);
         tx.write_all(b"x").unwrap();
-        assert!(matches!(turn(false), Turn::Woke(_)));
+        assert!(matches!(turn(false), Turn::Woke));
         assert_eq!(count.0.load(Ordering::SeqCst), 1);
         assert_eq!(wakes(), 1);
         // Woken once and forgotten: the bytes still queued wake nobody again.
@@ -838,7 +829,7 @@ mod tests {
         );
         assert!(matches!(turn(false), Turn::Quiet));
         flag.set(true);
-        assert!(matches!(turn(false), Turn::Woke(_)));
+        assert!(matches!(turn(false), Turn::Woke));
         assert_eq!(count.0.load(Ordering::SeqCst), 1);
         assert!(
             matches!(turn(false), Turn::Quiet),
@@ -872,7 +863,7 @@ mod tests {
             "idle: the runtime's doorbell wakes it"
         );
         note_activity();
-        assert!(matches!(turn(false), Turn::Woke(_)));
+        assert!(matches!(turn(false), Turn::Woke));
         assert_eq!(count.0.load(Ordering::SeqCst), 1);
         assert!(
             matches!(turn(false), Turn::Quiet),
