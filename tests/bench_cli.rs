@@ -167,6 +167,22 @@ fn trace_run(express: bool) {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // The row says what both engines' shards did: express writes (or none), counted once
+    // (a write finding its lane's sender busy takes the usual path, so not every one).
+    let row = &rows(&json)[0];
+    let express_writes = row["initiator_counters"]["express_writes"]
+        .as_u64()
+        .unwrap();
+    if express {
+        assert!(express_writes >= 10, "{row}");
+    } else {
+        assert_eq!(express_writes, 0, "{row}");
+    }
+    assert_eq!(
+        row["target_counters"]["express_writes"].as_u64(),
+        Some(0),
+        "{row}"
+    );
     let mut stages: std::collections::HashMap<u64, Vec<(u64, u64)>> = Default::default();
     let mut files = 0;
     for e in std::fs::read_dir(&dir).unwrap() {
@@ -183,50 +199,55 @@ fn trace_run(express: bool) {
     assert_eq!(files, 2, "one CSV per process");
     use morio::trace::stage::*;
     // Express writes skip the owner and its hand-off to the lane.
-    let skipped: &[u8] = if express {
-        &[OWNER, PLANNED, HANDED]
-    } else {
-        &[]
+    const EXPRESS_SKIPS: [u8; 3] = [OWNER, PLANNED, HANDED];
+    let has = |s: &[(u64, u64)], st: u8| s.iter().any(|&(x, _)| x == u64::from(st));
+    let complete = |s: &[(u64, u64)], skipped: &[u8]| {
+        (CALL..=WOKE)
+            .filter(|st| !skipped.contains(st))
+            .all(|st| has(s, st))
     };
-    let all = u64::from(CALL)..=u64::from(WOKE);
-    let complete: Vec<_> = stages
+    let owned: Vec<_> = stages.values().filter(|s| complete(s, &[])).collect();
+    let express_done: Vec<_> = stages
         .values()
-        .filter(|s| {
-            all.clone()
-                .filter(|&st| !skipped.iter().any(|&k| u64::from(k) == st))
-                .all(|st| s.iter().any(|&(x, _)| x == st))
-                && (!express || !s.iter().any(|&(x, _)| x == u64::from(OWNER)))
-        })
+        .filter(|s| !has(s, OWNER) && complete(s, &EXPRESS_SKIPS))
         .collect();
     // Warm-up transfers are not marked CALL/WOKE by the bench; the 20 timed ones are.
     assert!(
-        complete.len() >= 20,
-        "{} complete of {}",
-        complete.len(),
+        owned.len() + express_done.len() >= 20,
+        "{} + {} complete of {}",
+        owned.len(),
+        express_done.len(),
         stages.len()
     );
+    if express {
+        assert!(express_done.len() >= 10, "{} express", express_done.len());
+    } else {
+        assert!(express_done.is_empty(), "express writes with express off");
+    }
     // Stages that cause the next are in order on the one clock. SENT and T_SENT are marked
     // when a send returns, which on loopback may be after the peer already took the bytes
     // up, so they are checked against what precedes them on their own side only.
-    let causal: Vec<u8> = ORDER
-        .iter()
-        .copied()
-        .filter(|&st| st != SENT && st != T_SENT && !skipped.contains(&st))
-        .collect();
-    for s in complete {
-        let at = |st: u8| {
-            s.iter()
-                .find(|&&(x, _)| x == u64::from(st))
-                .map(|&(_, t)| t)
-                .unwrap()
-        };
-        let times: Vec<u64> = causal.iter().map(|&st| at(st)).collect();
-        assert!(
-            times.windows(2).all(|w| w[0] <= w[1]),
-            "stages out of order: {times:?}"
-        );
-        assert!(at(PUSHED) <= at(SENT), "SENT before PUSHED: {s:?}");
-        assert!(at(T_PLACED) <= at(T_SENT), "T_SENT before T_PLACED: {s:?}");
+    for (set, skipped) in [(owned, &[][..]), (express_done, &EXPRESS_SKIPS[..])] {
+        let causal: Vec<u8> = ORDER
+            .iter()
+            .copied()
+            .filter(|&st| st != SENT && st != T_SENT && !skipped.contains(&st))
+            .collect();
+        for s in set {
+            let at = |st: u8| {
+                s.iter()
+                    .find(|&&(x, _)| x == u64::from(st))
+                    .map(|&(_, t)| t)
+                    .unwrap()
+            };
+            let times: Vec<u64> = causal.iter().map(|&st| at(st)).collect();
+            assert!(
+                times.windows(2).all(|w| w[0] <= w[1]),
+                "stages out of order: {times:?}"
+            );
+            assert!(at(PUSHED) <= at(SENT), "SENT before PUSHED: {s:?}");
+            assert!(at(T_PLACED) <= at(T_SENT), "T_SENT before T_PLACED: {s:?}");
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -18,7 +18,7 @@ use super::data;
 use super::floor::{self, Floor, Shape};
 use super::report::{self, Report, Side};
 use super::runner::Runner;
-use super::stats::RowStats;
+use super::stats::{Counters, RowStats};
 use super::wire::{Channel, Reply, Request, Setup, Welcome, MAGIC};
 
 /// Seed of the initiator's initial contents.
@@ -230,10 +230,15 @@ fn run_rows(
                 OpType::Read => data::scramble(buf, seed, extent)?,
             }
         }
+        let before = (Counters::of(runner.engine), target_counters(ch)?);
         let durs = runner
             .row(size, batch, warmup, iters, &|| pb.inc(1))
             .with_context(|| format!("row {name} failed"))?;
         let mut st = RowStats::new(a.op_type, size, batch, &durs)?;
+        st.initiator_counters = Some(Counters::of(runner.engine).since(before.0));
+        st.target_counters = target_counters(ch)?
+            .zip(before.1)
+            .map(|(now, b)| now.since(b));
         st.transport = transport(runner.engine);
         if !a.no_validate {
             validate(a, ch, buf, size, batch).with_context(|| format!("row {name}"))?;
@@ -249,6 +254,14 @@ fn run_rows(
     }
     pb.finish_and_clear();
     Ok(())
+}
+
+/// The target engine's shard counters (`None` from a target that does not say).
+fn target_counters(ch: &mut Channel) -> anyhow::Result<Option<Counters>> {
+    Ok(match ch.call(&Request::Counters)? {
+        Reply::Counters(c) => Some(c),
+        _ => None,
+    })
 }
 
 /// Which transport the initiator's lanes use so far (`same-host`: small frames through

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context};
 use hdrhistogram::Histogram;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::args::OpType;
 
@@ -52,6 +52,59 @@ pub struct RowStats {
     pub transport: String,
     /// Every timed iteration, in order.
     pub durations_us: Vec<f64>,
+    /// What the initiator's shards did during the row (warm-up included).
+    pub initiator_counters: Option<Counters>,
+    /// What the target's shards did during the row (warm-up included).
+    pub target_counters: Option<Counters>,
+}
+
+/// Shard counters of one engine that say how a row's small transfers were served: busy
+/// polling (wakes, and the times shards stepped aside because they were preempted, after
+/// which they park for 50 ms), doorbells rung for parked ring readers, express writes and
+/// lane failures. A row's figures are the differences over it.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// `busy_poll_wakes`.
+    pub busy_poll_wakes: u64,
+    /// `busy_poll_backoffs`.
+    pub busy_poll_backoffs: u64,
+    /// `same_host_doorbells`.
+    pub same_host_doorbells: u64,
+    /// `express_writes`.
+    pub express_writes: u64,
+    /// `lane_failures`.
+    pub lane_failures: u64,
+}
+
+impl Counters {
+    /// The engine's counters now (zeros without a backend).
+    pub fn of(engine: &morio::IoEngine) -> Self {
+        engine.stats().map_or_else(Self::default, |s| {
+            let t = s.total();
+            Self {
+                busy_poll_wakes: t.busy_poll_wakes,
+                busy_poll_backoffs: t.busy_poll_backoffs,
+                same_host_doorbells: t.same_host_doorbells,
+                express_writes: t.express_writes,
+                lane_failures: t.lane_failures,
+            }
+        })
+    }
+
+    /// What changed since `before`.
+    pub fn since(self, before: Self) -> Self {
+        Self {
+            busy_poll_wakes: self.busy_poll_wakes.saturating_sub(before.busy_poll_wakes),
+            busy_poll_backoffs: self
+                .busy_poll_backoffs
+                .saturating_sub(before.busy_poll_backoffs),
+            same_host_doorbells: self
+                .same_host_doorbells
+                .saturating_sub(before.same_host_doorbells),
+            express_writes: self.express_writes.saturating_sub(before.express_writes),
+            lane_failures: self.lane_failures.saturating_sub(before.lane_failures),
+        }
+    }
 }
 
 impl RowStats {
@@ -94,6 +147,8 @@ impl RowStats {
             validated: false,
             transport: String::new(),
             durations_us: secs.iter().map(|s| s * 1e6).collect(),
+            initiator_counters: None,
+            target_counters: None,
         })
     }
 }

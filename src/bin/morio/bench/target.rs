@@ -148,6 +148,7 @@ fn serve(
                 let (pinned, peak) = super::data::staging(engine);
                 Ok(Reply::Staging { pinned, peak })
             }
+            Request::Counters => Ok(Reply::Counters(super::stats::Counters::of(engine))),
             Request::Done => {
                 ch.send(&Reply::Ok)?;
                 if let Some(p) = morio::trace::dump("target")? {

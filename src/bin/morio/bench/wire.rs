@@ -97,6 +97,8 @@ pub enum Request {
     },
     /// How much pinned GPU staging the target's engine holds.
     Staging,
+    /// The target engine's shard counters.
+    Counters,
     /// The run is over; exit.
     Done,
 }
@@ -112,6 +114,8 @@ pub enum Reply {
     CeilingReady { port: u16 },
     /// Pinned GPU staging bytes held, and the most in use at once.
     Staging { pinned: u64, peak: u64 },
+    /// The target engine's shard counters.
+    Counters(super::stats::Counters),
     /// The request failed on the target.
     Error { message: String },
 }
