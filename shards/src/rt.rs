@@ -40,10 +40,9 @@ pub fn note_runnable() {
 
 pub use crate::busy::Probe;
 
-/// A reader of shared memory found it empty: `true` if it should wake itself and return
-/// `Pending` (looking again on the executor's next round, without a wake-up from the poller:
-/// only on a shard configured to spin, while busy, within 30 µs of its last event), `false`
-/// if it should wait as usual ([`busy_wait_probe`]).
+/// A reader of shared memory found it empty on a busy-polling shard: `true` if it should
+/// wake itself and return `Pending` (looking again on the executor's next round, without a
+/// wake-up from the poller), `false` if it should wait as usual ([`busy_wait_probe`]).
 pub fn busy_self_poll() -> bool {
     crate::busy::self_poll()
 }

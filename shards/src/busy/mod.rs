@@ -427,22 +427,17 @@ fn turn(spin: bool) -> Turn {
 const SETTLE_ROUNDS: u32 = 3;
 
 /// A reader of shared memory found it empty: `true` if it should stay runnable and look
-/// again on the executor's next round (the shard spins by configuration and is busy, its
-/// last event was under [`HOT`] ago, and the poller is not sending the executor round its
-/// loop), so that bytes
+/// again on the executor's next round (the shard is busy, its last event was under
+/// [`HOT`] ago, and the poller is not sending the executor round its loop), so that bytes
 /// arriving are read without a wake-up and a switch from the poller. The caller then wakes
 /// itself and returns `Pending`.
 pub(crate) fn self_poll() -> bool {
     if ROUND_TRIP.with(Cell::get) {
         return false;
     }
-    // Only on shards configured to spin: a shard that busy-polls by default steps aside
-    // when preempted, and readers that keep its queue busy made its tails worse (H100,
-    // docs/perf/h100-s32.md).
     let hot = BUSY.with(|b| {
         b.borrow()
             .as_ref()
-            .filter(|b| !b.contention.on)
             .and_then(|b| b.busy_since_event)
             .is_some_and(|last| last.elapsed() < HOT)
     });
