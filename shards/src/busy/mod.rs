@@ -113,17 +113,7 @@ struct Busy {
     contention: Contention,
 }
 
-/// How long after the shard's last event a reader of shared memory keeps polling its ring
-/// itself ([`self_poll`]) instead of waiting for the poller to wake it.
-const HOT: Duration = Duration::from_micros(30);
-
 thread_local! {
-    /// A reader polled itself since the poller's last turn (the poller then does not spin
-    /// inside its turn, which would hold that reader up).
-    static SELF_POLLED: Cell<bool> = const { Cell::new(false) };
-    /// The poller is sending the executor round its whole loop (a timer sleep): readers wait
-    /// on it, so the executor's queue can empty.
-    static ROUND_TRIP: Cell<bool> = const { Cell::new(false) };
     static BUSY: RefCell<Option<Busy>> = const { RefCell::new(None) };
     /// Short timers ([`SHORT_TIMER`]) pending on this thread.
     static SHORT_SLEEPS: Cell<usize> = const { Cell::new(0) };
@@ -426,27 +416,6 @@ fn turn(spin: bool) -> Turn {
 /// poller first lets that many rounds of them run.
 const SETTLE_ROUNDS: u32 = 3;
 
-/// A reader of shared memory found it empty: `true` if it should stay runnable and look
-/// again on the executor's next round (the shard is busy, its last event was under
-/// [`HOT`] ago, and the poller is not sending the executor round its loop), so that bytes
-/// arriving are read without a wake-up and a switch from the poller. The caller then wakes
-/// itself and returns `Pending`.
-pub(crate) fn self_poll() -> bool {
-    if ROUND_TRIP.with(Cell::get) {
-        return false;
-    }
-    let hot = BUSY.with(|b| {
-        b.borrow()
-            .as_ref()
-            .and_then(|b| b.busy_since_event)
-            .is_some_and(|last| last.elapsed() < HOT)
-    });
-    if hot {
-        SELF_POLLED.with(|c| c.set(true));
-    }
-    hot
-}
-
 /// Whether the poller's next round only yields, so that a task woken since its last turn
 /// ([`note_runnable`]) runs first; never twice in a row (`yielded` tracks that), so the
 /// sockets are polled at least every other round however busy the shard's tasks keep it.
@@ -475,9 +444,7 @@ pub(crate) async fn poller() {
             futures_lite::future::yield_now().await;
             continue;
         }
-        // No spinning inside a turn while a reader polls itself: it would wait for the turn.
-        let self_polled = SELF_POLLED.with(|c| c.replace(false));
-        match turn(settled >= SETTLE_ROUNDS && !self_polled) {
+        match turn(settled >= SETTLE_ROUNDS) {
             Turn::Idle => {
                 sleep_until_busy().await;
                 continue;
@@ -495,9 +462,7 @@ pub(crate) async fn poller() {
         let since = round_trip.elapsed();
         let (quiet, max) = round_trip_bounds();
         if since >= max || (since >= quiet && last_woke.elapsed() >= quiet) {
-            ROUND_TRIP.with(|c| c.set(true));
             glommio::timer::sleep(POLL_PERIOD).await;
-            ROUND_TRIP.with(|c| c.set(false));
             round_trip = Instant::now();
             settled = 0;
         } else {
