@@ -3,7 +3,7 @@
 # keeps polling its ring itself for 30 us after the shard's last event) against 0 (it waits
 # for the busy poller to wake it), one binary, ROUNDS interleaved rounds of the spinning
 # single 8 B through rings and the default rows, 1 MiB x 256, then a traced spinning 8 B of
-# each. Needs a build with docs/perf/experiments/self-polling-ring-readers.patch (reverted).
+# each (since 0e6f978+1 only on shards configured to spin, as in the spinning row).
 # Carry .dev/morio.   ROUNDS=3
 set -u
 O=${OUT:-/tmp/s32-selfpoll}

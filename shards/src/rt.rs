@@ -40,6 +40,14 @@ pub fn note_runnable() {
 
 pub use crate::busy::Probe;
 
+/// A reader of shared memory found it empty: `true` if it should wake itself and return
+/// `Pending` (looking again on the executor's next round, without a wake-up from the poller:
+/// only on a shard configured to spin, while busy, within 30 µs of its last event), `false`
+/// if it should wait as usual ([`busy_wait_probe`]).
+pub fn busy_self_poll() -> bool {
+    crate::busy::self_poll()
+}
+
 /// Time the busy poller's wakes of shared-memory readers from now on, in every shard of the
 /// process (for latency tracing; a clock read per wake).
 pub fn note_wake_times() {

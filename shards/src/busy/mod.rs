@@ -113,7 +113,17 @@ struct Busy {
     contention: Contention,
 }
 
+/// How long after the shard's last event a reader of shared memory keeps polling its ring
+/// itself ([`self_poll`]) instead of waiting for the poller to wake it.
+const HOT: Duration = Duration::from_micros(30);
+
 thread_local! {
+    /// A reader polled itself since the poller's last turn (the poller then does not spin
+    /// inside its turn, which would hold that reader up).
+    static SELF_POLLED: Cell<bool> = const { Cell::new(false) };
+    /// The poller is sending the executor round its whole loop (a timer sleep): readers wait
+    /// on it, so the executor's queue can empty.
+    static ROUND_TRIP: Cell<bool> = const { Cell::new(false) };
     static BUSY: RefCell<Option<Busy>> = const { RefCell::new(None) };
     /// Short timers ([`SHORT_TIMER`]) pending on this thread.
     static SHORT_SLEEPS: Cell<usize> = const { Cell::new(0) };
@@ -416,6 +426,32 @@ fn turn(spin: bool) -> Turn {
 /// poller first lets that many rounds of them run.
 const SETTLE_ROUNDS: u32 = 3;
 
+/// A reader of shared memory found it empty: `true` if it should stay runnable and look
+/// again on the executor's next round (the shard spins by configuration and is busy, its
+/// last event was under [`HOT`] ago, and the poller is not sending the executor round its
+/// loop), so that bytes
+/// arriving are read without a wake-up and a switch from the poller. The caller then wakes
+/// itself and returns `Pending`.
+pub(crate) fn self_poll() -> bool {
+    if ROUND_TRIP.with(Cell::get) {
+        return false;
+    }
+    // Only on shards configured to spin: a shard that busy-polls by default steps aside
+    // when preempted, and readers that keep its queue busy made its tails worse (H100,
+    // docs/perf/h100-s32.md).
+    let hot = BUSY.with(|b| {
+        b.borrow()
+            .as_ref()
+            .filter(|b| !b.contention.on)
+            .and_then(|b| b.busy_since_event)
+            .is_some_and(|last| last.elapsed() < HOT)
+    });
+    if hot {
+        SELF_POLLED.with(|c| c.set(true));
+    }
+    hot
+}
+
 /// Whether the poller's next round only yields, so that a task woken since its last turn
 /// ([`note_runnable`]) runs first; never twice in a row (`yielded` tracks that), so the
 /// sockets are polled at least every other round however busy the shard's tasks keep it.
@@ -444,7 +480,9 @@ pub(crate) async fn poller() {
             futures_lite::future::yield_now().await;
             continue;
         }
-        match turn(settled >= SETTLE_ROUNDS) {
+        // No spinning inside a turn while a reader polls itself: it would wait for the turn.
+        let self_polled = SELF_POLLED.with(|c| c.replace(false));
+        match turn(settled >= SETTLE_ROUNDS && !self_polled) {
             Turn::Idle => {
                 sleep_until_busy().await;
                 continue;
@@ -462,7 +500,9 @@ pub(crate) async fn poller() {
         let since = round_trip.elapsed();
         let (quiet, max) = round_trip_bounds();
         if since >= max || (since >= quiet && last_woke.elapsed() >= quiet) {
+            ROUND_TRIP.with(|c| c.set(true));
             glommio::timer::sleep(POLL_PERIOD).await;
+            ROUND_TRIP.with(|c| c.set(false));
             round_trip = Instant::now();
             settled = 0;
         } else {
@@ -713,6 +753,32 @@ mod tests {
         assert!(
             BUSY.with(|b| b.borrow().as_ref().unwrap().busy_since_event.is_none()),
             "activity during the back-off does not start busy polling"
+        );
+    }
+
+    /// A reader of shared memory polls itself only on a shard configured to spin, while its
+    /// last event is recent and the poller is not sending the executor round its loop.
+    #[test]
+    fn readers_poll_themselves_only_while_hot_on_spinning_shards() {
+        assert!(!self_poll(), "no busy polling at all");
+        enable(Duration::from_secs(60), Box::new(|| false));
+        assert!(!self_poll(), "busy polling, but nothing happened yet");
+        note_activity();
+        assert!(self_poll(), "a configured spin, just active");
+        assert!(
+            SELF_POLLED.with(Cell::get),
+            "the poller is told not to spin"
+        );
+        ROUND_TRIP.with(|c| c.set(true));
+        assert!(!self_poll(), "not while the executor goes round its loop");
+        ROUND_TRIP.with(|c| c.set(false));
+        std::thread::sleep(HOT + Duration::from_millis(1));
+        assert!(!self_poll(), "the last event is too old");
+        back_off_when_preempted();
+        note_activity();
+        assert!(
+            !self_poll(),
+            "a shard that busy-polls by default waits for its poller"
         );
     }
 

@@ -229,6 +229,10 @@ impl LocalRx {
                 }
                 continue;
             }
+            if self_poll_on() && rt::busy_self_poll() {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
             if rt::busy_wait_probe(probe, fd, cx) {
                 *watched = true;
                 return Poll::Pending;
@@ -560,4 +564,11 @@ impl AsyncRead for LocalRx {
             }
         }
     }
+}
+
+/// Whether ring readers poll themselves while their shard is busy (`rt::busy_self_poll`):
+/// on, unless `MORIO_SELF_POLL=0` (for A/B runs).
+fn self_poll_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MORIO_SELF_POLL").map_or(true, |v| v.trim() != "0"))
 }
