@@ -199,3 +199,40 @@ fn express_writes_end_when_the_peer_goes_away() {
         );
     }
 }
+
+/// A write to a peer that was just dropped ends (fails) at once, round after round: the
+/// rings' doorbell sockets are never held open behind the connection's back (a duplicate of
+/// one kept the dropped peer's connection open, and such a write waited for its deadline).
+#[test]
+fn writes_to_a_peer_just_dropped_end_at_once() {
+    for round in 0..100 {
+        let (a, b) = pair(
+            &format!("xp_drop{round}"),
+            cfg_with(|c| c.num_data_conns = 2),
+        );
+        let src = random_buffer(&a, 1000, 4);
+        let dst = b.alloc_buffer(1000).unwrap();
+        let st = a.write(
+            src.desc(),
+            0,
+            dst.desc(),
+            0,
+            1000,
+            a.allocate_transfer_uid(),
+        );
+        assert_ok(&st, "first write");
+        let gone = dst.desc().clone();
+        drop(dst);
+        drop(b);
+        let t0 = Instant::now();
+        let st = a.write(src.desc(), 0, &gone, 0, 1000, a.allocate_transfer_uid());
+        let code = st.wait_for(Duration::from_secs(10));
+        assert_ne!(
+            code,
+            StatusCode::InProgress,
+            "round {round}: a write to a dropped peer still in flight after {:?}",
+            t0.elapsed()
+        );
+        assert_ne!(code, StatusCode::Success, "round {round}");
+    }
+}

@@ -4,7 +4,7 @@
 //! sender holds closed while its own stream is under way (one of its frames may span
 //! several of its writes, and nothing may land between them).
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::RawFd;
 use std::sync::{Mutex, MutexGuard};
 
 use super::records::{inline_head, MAX_INLINE};
@@ -14,10 +14,12 @@ use super::ring::{ring_doorbell, Outbound};
 #[derive(Debug)]
 pub(crate) struct SharedRing {
     state: Mutex<State>,
-    /// The socket that rings the peer's doorbell for express writes (a duplicate, valid
-    /// while anyone holds the ring; the connection is shut down, never closed, when its lane
-    /// dies). `None` if it could not be duplicated: then no express write goes in.
-    bell: Option<OwnedFd>,
+    /// The socket that rings the peer's doorbell, owned by the connection's sending half
+    /// (not duplicated: a duplicate of a socket keeps it open, and its peer would never see
+    /// it closed). Express writes use it only under the lock and while the ring is not
+    /// broken, and the sending half breaks the ring before it closes the socket
+    /// ([`Self::close_express`] in its drop).
+    bell: RawFd,
 }
 
 /// What the lock guards.
@@ -43,15 +45,16 @@ pub(crate) enum Declined {
 }
 
 impl SharedRing {
-    /// Share `ring`, whose doorbell is rung on `bell` (duplicated here).
-    pub(crate) fn new(ring: Outbound, bell: std::os::fd::BorrowedFd<'_>) -> Self {
+    /// Share `ring`, whose doorbell is rung on `bell`, a socket the caller keeps open until
+    /// it called [`Self::close_express`].
+    pub(crate) fn new(ring: Outbound, bell: RawFd) -> Self {
         Self {
             state: Mutex::new(State {
                 ring,
                 sender_busy: false,
                 broken: false,
             }),
-            bell: bell.try_clone_to_owned().ok(),
+            bell,
         }
     }
 
@@ -70,9 +73,6 @@ impl SharedRing {
     /// An express write: `parts` (one whole record) into the ring, all of it or nothing,
     /// never waiting. Rings the doorbell if the peer waits for one.
     pub(crate) fn put_whole(&self, parts: &[&[u8]]) -> Result<(), Declined> {
-        let Some(bell) = &self.bell else {
-            return Err(Declined::Broken);
-        };
         let Ok(mut st) = self.state.try_lock() else {
             return Err(Declined::Busy);
         };
@@ -101,11 +101,11 @@ impl SharedRing {
                 return Err(Declined::Broken);
             }
         }
-        let bell_wanted = st.ring.doorbell_wanted();
-        drop(st);
-        if bell_wanted {
-            ring_doorbell(bell.as_raw_fd());
+        // Rung under the lock: the socket is open while the ring is not broken.
+        if st.ring.doorbell_wanted() {
+            ring_doorbell(self.bell);
         }
+        drop(st);
         Ok(())
     }
 

@@ -14,7 +14,7 @@ use super::records::{
     put_device, put_inline, put_pull, Device, DevicePart, DeviceRecords, Pull, DECLINED,
     DECLINED_FOR_GOOD, MAX_INLINE, PULL_MIN_BYTES,
 };
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 
 use super::ring::{ring_doorbell, Outbound};
@@ -81,10 +81,9 @@ impl LocalTx {
         let ring = match ring {
             None => None,
             Some((ring, bell)) => {
-                // The doorbell: the socket the peer gave for it, else the connection's own.
-                // SAFETY: the write half's descriptor is open for the length of this call.
-                let conn = unsafe { BorrowedFd::borrow_raw(w.raw_fd()) };
-                let fd = bell.as_ref().map_or(conn, |b| b.as_fd());
+                // The doorbell: the socket the peer gave for it, else the connection's own;
+                // both stay open while this half lives, and its drop breaks the ring first.
+                let fd = bell.as_ref().map_or(w.raw_fd(), AsRawFd::as_raw_fd);
                 Some((Arc::new(SharedRing::new(ring, fd)), bell))
             }
         };
@@ -256,6 +255,15 @@ impl LocalTx {
         }
         drop(withdraw);
         Ok(())
+    }
+}
+
+impl Drop for LocalTx {
+    /// Express writes stop before the doorbell socket closes (it closes with this half).
+    fn drop(&mut self) {
+        if let Some((ring, _)) = &self.out.ring {
+            ring.close_express();
+        }
     }
 }
 
