@@ -15,16 +15,5 @@ for ((i = 1; i <= N; i++)); do
 			--json "$O/ct/$name-r$i.json" >/dev/null 2>&1 || echo "fail $name-r$i"
 	done
 done
-python3 - "$O/ct" <<'PY'
-import glob, json, sys
-print("run              avg     p50     p99 | initiator: backoffs wakes doorbells | target: backoffs wakes doorbells")
-for f in sorted(glob.glob(sys.argv[1] + "/*.json")):
-    r = json.load(open(f)); r = r["rows"][0] if "rows" in r else r
-    i, t = r.get("initiator_counters") or {}, r.get("target_counters") or {}
-    g = lambda c, k: c.get(k, -1)
-    print("%-14s %7.1f %7.1f %7.1f | %8d %8d %8d | %8d %8d %8d" % (
-        f.rsplit("/", 1)[1][:-5], r["avg_lat_us"], r["p50_us"], r["p99_us"],
-        g(i, "busy_poll_backoffs"), g(i, "busy_poll_wakes"), g(i, "same_host_doorbells"),
-        g(t, "busy_poll_backoffs"), g(t, "busy_poll_wakes"), g(t, "same_host_doorbells")))
-PY
+python3 scripts/bench/rounds.py "$O/ct"
 (cd "$O" && tar czf s32-counters-json.tar.gz ct && rm -rf ct)

@@ -51,15 +51,7 @@ MORIO_TRACE=/tmp/s32-trace timeout 60 .dev/morio bench --loopback --no-ceiling "
 	--same-host require >/dev/null 2>&1
 python3 scripts/bench/trace-stages.py /tmp/s32-trace 2>&1 | head -16
 echo "== per round: avg / p50 / p99 us (floor avg / p50)"
-python3 - "$O/fin" <<'PY'
-import glob, json, sys
-for f in sorted(glob.glob(sys.argv[1] + "/*.json")):
-    r = json.load(open(f)); r = r["rows"][0] if "rows" in r else r
-    fl = r.get("floor") or {}
-    extra = " | floor %.1f / %.1f" % (fl["avg_us"], fl["p50_us"]) if fl else ""
-    bw = " %.2f GB/s" % r["avg_bw_gbps"] if "1m" in f else ""
-    print(f.rsplit("/", 1)[1][:-5].ljust(16), "%.1f / %.1f / %.1f%s%s" % (r["avg_lat_us"], r["p50_us"], r["p99_us"], bw, extra))
-PY
+python3 scripts/bench/rounds.py "$O/fin"
 echo "== on / p2 / off"
 python3 scripts/bench/ab-ratios.py "$O/fin" --base off | cut -c1-140
 (cd "$O" && tar czf s32-final-json.tar.gz fin && rm -rf fin)

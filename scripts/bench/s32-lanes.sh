@@ -14,17 +14,6 @@ for ((r = 1; r <= R; r++)); do
 			--enable-sess --json "$O/ln/d4k256-r$r-l$l.json" >/dev/null 2>&1 || echo "fail r$r-l$l"
 	done
 done
-python3 - "$O/ln" <<'PY'
-import glob, json, sys
-print("run                 avg     p50     p99 | floor avg p50 | initiator: backoffs doorbells | target: backoffs doorbells")
-for f in sorted(glob.glob(sys.argv[1] + "/*.json")):
-    r = json.load(open(f)); r = r["rows"][0] if "rows" in r else r
-    i, t, fl = r.get("initiator_counters") or {}, r.get("target_counters") or {}, r.get("floor") or {}
-    print("%-18s %7.1f %7.1f %7.1f | %6.1f %6.1f | %6d %8d | %6d %8d" % (
-        f.rsplit("/", 1)[1][:-5], r["avg_lat_us"], r["p50_us"], r["p99_us"],
-        fl.get("avg_us", 0), fl.get("p50_us", 0),
-        i.get("busy_poll_backoffs", -1), i.get("same_host_doorbells", -1),
-        t.get("busy_poll_backoffs", -1), t.get("same_host_doorbells", -1)))
-PY
+python3 scripts/bench/rounds.py "$O/ln"
 python3 scripts/bench/ab-ratios.py "$O/ln" --base l8 | cut -c1-140
 (cd "$O" && tar czf s32-lanes-json.tar.gz ln && rm -rf ln)

@@ -34,15 +34,7 @@ for v in morio morio-a; do
 	python3 scripts/bench/trace-stages.py /tmp/s32-tp 2>&1 | sed -n 2,18p
 done
 echo "== per round: avg / p50 / p99 us"
-python3 - "$O/pl" <<'PY'
-import glob, json, sys
-for f in sorted(glob.glob(sys.argv[1] + "/*.json")):
-    r = json.load(open(f)); r = r["rows"][0] if "rows" in r else r
-    fl = r.get("floor") or {}
-    extra = " | floor %.1f / %.1f" % (fl["avg_us"], fl["p50_us"]) if fl else ""
-    bw = " %.2f GB/s" % r["avg_bw_gbps"] if "1m" in f else ""
-    print(f.rsplit("/", 1)[1][:-5].ljust(18), "%.1f / %.1f / %.1f%s%s" % (r["avg_lat_us"], r["p50_us"], r["p99_us"], bw, extra))
-PY
+python3 scripts/bench/rounds.py "$O/pl"
 echo "== morio / morio-a"
 python3 scripts/bench/ab-ratios.py "$O/pl" --base morio-a | cut -c1-140
 (cd "$O" && tar czf s32-poller-json.tar.gz pl && rm -rf pl)

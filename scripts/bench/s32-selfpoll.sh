@@ -38,16 +38,7 @@ for v in sp nosp; do
 	python3 scripts/bench/trace-stages.py /tmp/s32-ts 2>&1 | sed -n 1,18p
 done
 echo "== per round: avg / p50 / p99 us"
-python3 - "$O/sp" <<'PY'
-import glob, json, sys
-for f in sorted(glob.glob(sys.argv[1] + "/*.json")):
-    r = json.load(open(f)); r = r["rows"][0] if "rows" in r else r
-    fl = r.get("floor") or {}
-    extra = " | floor %.1f / %.1f" % (fl["avg_us"], fl["p50_us"]) if fl else ""
-    bw = " %.2f GB/s" % r["avg_bw_gbps"] if "1m" in f else ""
-    c = r.get("target_counters") or {}
-    print(f.rsplit("/", 1)[1][:-5].ljust(16), "%.1f / %.1f / %.1f%s%s | t.backoffs %s" % (r["avg_lat_us"], r["p50_us"], r["p99_us"], bw, extra, c.get("busy_poll_backoffs")))
-PY
+python3 scripts/bench/rounds.py "$O/sp"
 echo "== sp / nosp"
 python3 scripts/bench/ab-ratios.py "$O/sp" --base nosp | cut -c1-140
 (cd "$O" && tar czf s32-selfpoll-json.tar.gz sp && rm -rf sp)

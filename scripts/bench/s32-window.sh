@@ -21,17 +21,6 @@ for ((r = 1; r <= R; r++)); do
 			--busy-poll-us $w "${big[@]}" --json "$O/bw/dw1m-r1-bp$w.json" >/dev/null 2>&1
 	done
 done
-python3 - "$O/bw" <<'PY'
-import glob, json, sys
-print("run                 avg     p50     p99 | initiator: backoffs doorbells | target: backoffs doorbells")
-for f in sorted(glob.glob(sys.argv[1] + "/*.json")):
-    r = json.load(open(f)); r = r["rows"][0] if "rows" in r else r
-    i, t = r.get("initiator_counters") or {}, r.get("target_counters") or {}
-    bw = " %.2f GB/s" % r["avg_bw_gbps"] if "1m" in f else ""
-    print("%-18s %7.1f %7.1f %7.1f | %6d %8d | %6d %8d%s" % (
-        f.rsplit("/", 1)[1][:-5], r["avg_lat_us"], r["p50_us"], r["p99_us"],
-        i.get("busy_poll_backoffs", -1), i.get("same_host_doorbells", -1),
-        t.get("busy_poll_backoffs", -1), t.get("same_host_doorbells", -1), bw))
-PY
+python3 scripts/bench/rounds.py "$O/bw"
 python3 scripts/bench/ab-ratios.py "$O/bw" --base bp100 | cut -c1-140
 (cd "$O" && tar czf s32-window-json.tar.gz bw && rm -rf bw)
