@@ -70,6 +70,12 @@ pub use session::IoEngineSession;
 pub use stats::{EngineStats, LaneStats, PeerMap, PeerStats, ShardStats};
 pub use status::{wait_all, StatusCode, TransferStatus};
 
+/// Test hook: express sends over TCP put at most this many bytes of a frame (see
+/// `transport::express_port`).
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub use transport::express_port::limit_express_sends;
+
 /// The stripe size a striped transfer uses (for the `morio` command's raw-TCP floor).
 #[doc(hidden)]
 pub use proto::plan::stripe_bytes;

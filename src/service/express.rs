@@ -1,15 +1,18 @@
-//! Express writes: a small write to a same-host peer is put by the submitting application
-//! thread straight into the peer's ring of one of its lanes, and the lane's reader completes
-//! its status when the target's answer comes; no hop through an owner shard and the lane's
-//! writer task (issue 23, "fewer hand-offs").
+//! Express writes: a small write is sent by the submitting application thread itself on one
+//! of its peer's lanes (into the peer's shared-memory ring on the same host, or on the lane's
+//! TCP socket), and the lane's reader completes its status when the target's answer comes;
+//! no hop through an owner shard and the lane's writer task (issue 23, "fewer hand-offs").
 //!
 //! The one-owner rule holds: an express transfer is owned by the lane it rides (its reader
 //! completes it, its death and its shard's deadline tick fail it), never by an owner shard.
 //! A write goes express only when everything is simple: host memory on both sides, one
-//! chunk of at most [`MAX_BYTES`], a lane over rings whose writer is idle with room in the
-//! ring, and no transfer to that peer in an owner's table (so MORI's duplicate-uid rule is
-//! kept across both paths). Anything else takes the usual path, unchanged.
-//! `MORIO_EXPRESS=0` turns express writes off (for A/B runs).
+//! chunk of at most [`MAX_BYTES`], a lane that is up with an idle writer and room for the
+//! whole frame, and no transfer to that peer in an owner's table (so MORI's duplicate-uid
+//! rule is kept across both paths). Over TCP, where each express write is a `send` on the
+//! caller's thread, only a write with no other express write in flight to its peer goes
+//! express: a burst leaves through the lane's writer, many frames to a `send`. Anything
+//! else takes the usual path, unchanged. `MORIO_EXPRESS=0` turns express writes off (for
+//! A/B runs), `MORIO_EXPRESS=ring` keeps them to same-host rings.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -23,22 +26,30 @@ use crate::proto::limits::MAX_SEGS_PER_CHUNK;
 use crate::region::SharedRegion;
 use crate::status::TransferStatus;
 use crate::trace;
-use crate::transport::local::SharedRing;
+use crate::transport::express_port::{ExpressPort, Put};
 
 /// The tag bit of an express frame: lane books count their tags from zero and never reach
 /// it, so an answer says by its tag which path it belongs to.
 pub(crate) const TAG_BIT: u64 = 1 << 63;
 
-/// Largest express write (bytes of payload): the submitting thread copies it into the ring.
+/// Largest express write (bytes of payload): the submitting thread copies it into its frame.
 pub(crate) const MAX_BYTES: u64 = 16 << 10;
 
 /// Most express transfers in flight to one peer; beyond, writes take the usual path.
 const MAX_PENDING: usize = 4096;
 
-/// Whether express writes are on (`MORIO_EXPRESS=0` turns them off).
-pub(crate) fn enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MORIO_EXPRESS").map_or(true, |v| v.trim() != "0"))
+/// Whether express writes may use `port` (`MORIO_EXPRESS=0`: none; `ring`: rings only).
+pub(crate) fn enabled_for(port: &ExpressPort) -> bool {
+    static MODE: OnceLock<u8> = OnceLock::new();
+    let mode = *MODE.get_or_init(|| match std::env::var("MORIO_EXPRESS") {
+        Ok(v) if v.trim() == "0" => 0,
+        Ok(v) if v.trim() == "ring" => 1,
+        _ => 2,
+    });
+    match port {
+        ExpressPort::Ring(_) => mode >= 1,
+        ExpressPort::Socket(_) => mode >= 2,
+    }
 }
 
 /// One express transfer in flight.
@@ -62,8 +73,8 @@ pub(crate) struct Pending {
 /// shards running its lanes).
 #[derive(Debug, Default)]
 pub(crate) struct Express {
-    /// Lanes over rings, by lane index.
-    lanes: RwLock<Vec<(u16, Arc<SharedRing>)>>,
+    /// Lanes that take express writes, by lane index, and their ports.
+    lanes: RwLock<Vec<(u16, ExpressPort)>>,
     /// Express transfers in flight, by uid.
     pending: Mutex<HashMap<u64, Pending>>,
     /// `pending.len()`, readable without the lock.
@@ -92,8 +103,11 @@ pub(crate) struct Candidate<'a> {
 /// What became of an express attempt.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Attempt {
-    /// In the ring: the lane completes the status.
+    /// Sent: the lane completes the status.
     Sent,
+    /// Sent in part: the lane completes the status once its writer, which the caller must
+    /// wake ([`crate::service::msg::ShardMsg::RingLane`]), has sent the rest.
+    Spilled(u16),
     /// A transfer with the same uid is in flight to the peer: fail this one.
     Duplicate,
     /// Not express: submit it the usual way.
@@ -105,14 +119,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Express {
-    /// Lane `lane` is up over the ring `ring`.
-    pub(crate) fn add_lane(&self, lane: u16, ring: Arc<SharedRing>) {
+    /// Lane `lane` is up and takes express writes through `port`.
+    pub(crate) fn add_lane(&self, lane: u16, port: ExpressPort) {
         let mut l = self.lanes.write().unwrap_or_else(|e| e.into_inner());
         l.retain(|(i, _)| *i != lane);
-        l.push((lane, ring));
+        l.push((lane, port));
     }
 
-    /// Lane `lane` is gone: its express transfers, to fail. Its ring is closed to express
+    /// Lane `lane` is gone: its express transfers, to fail. Its port is closed to express
     /// writes first, so a write racing with this either is among those returned or never
     /// went in (and takes the usual path).
     pub(crate) fn remove_lane(&self, lane: u16) -> Vec<Pending> {
@@ -126,8 +140,8 @@ impl Express {
             l.retain(|(i, _)| *i != lane);
             gone
         };
-        for r in gone {
-            r.close_express();
+        for p in gone {
+            p.close();
         }
         self.take_where(|p| p.lane == lane)
     }
@@ -199,18 +213,20 @@ impl Express {
             || sub.total > MAX_BYTES.min(shared.cfg.inline_write_bytes as u64)
             || self.owned.load(Ordering::Relaxed) > 0
             || self.n_pending.load(Ordering::Relaxed) >= MAX_PENDING
-            || !enabled()
         {
             return Attempt::Declined;
         }
-        let (lane, ring) = {
+        let (lane, port) = {
             let lanes = self.lanes.read().unwrap_or_else(|e| e.into_inner());
             if lanes.is_empty() {
                 return Attempt::Declined;
             }
-            let (l, r) = &lanes[pick % lanes.len()];
-            (*l, r.clone())
+            let (l, p) = &lanes[pick % lanes.len()];
+            (*l, p.clone())
         };
+        if port.one_at_a_time() && self.n_pending.load(Ordering::Relaxed) > 0 {
+            return Attempt::Declined;
+        }
         // One chunk, as an owner would cut it: not striped, within the pieces of a frame
         // (its pieces are then the layout itself).
         let striped = shared.cfg.num_data_conns > 1
@@ -273,17 +289,20 @@ impl Express {
                 // region lives while `sub.local` does.
                 match unsafe { sub.local.slice(p.local, p.len) } {
                     Some(s) => buf.extend_from_slice(s),
-                    None => return false,
+                    None => return None,
                 }
             }
             trace::mark(sub.uid, trace::stage::PUSHED);
-            ring.put_frame(&buf).is_ok()
+            port.put_frame(&buf).ok()
         });
-        if !put {
-            return withdraw();
+        match put {
+            None => withdraw(),
+            Some(Put::Whole) => {
+                trace::mark(sub.uid, trace::stage::SENT);
+                Attempt::Sent
+            }
+            Some(Put::Spilled) => Attempt::Spilled(lane),
         }
-        trace::mark(sub.uid, trace::stage::SENT);
-        Attempt::Sent
     }
 }
 

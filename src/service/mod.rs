@@ -227,6 +227,7 @@ impl Shard {
         match msg {
             ShardMsg::Submit(s) => owner::submit(self, *s),
             ShardMsg::LaneWork(w) => lane::enqueue(self, *w),
+            ShardMsg::WakeWriter { peer, lane } => lane::wake_writer(self, &peer, lane),
             ShardMsg::Owner(ev) => owner::on_event(self, *ev),
             ShardMsg::Cancel {
                 peer,

@@ -117,6 +117,9 @@ pub(crate) enum ShardMsg {
     Submit(Box<Submission>),
     /// Chunks (or a FINISH) to send on one of this shard's lanes.
     LaneWork(Box<LaneWork>),
+    /// Wake the writer of one of this shard's lanes: an express frame waits in its port
+    /// ([`crate::transport::express_port::Put::Spilled`]).
+    WakeWriter { peer: Arc<str>, lane: u16 },
     /// A lane's report about a transfer this shard owns.
     Owner(Box<LaneEvent>),
     /// A transfer ended early (timeout, lost lane): drop its queued and pending chunks.

@@ -194,6 +194,18 @@ impl Core {
         trace::mark(uid, trace::stage::SUBMIT);
         match sub.peer.express.try_write(shared, &sub.candidate(), owner) {
             Attempt::Sent => return status,
+            Attempt::Spilled(lane) => {
+                // The lane's shard (as `Shard::lane_shard` picks it) sends the rest.
+                let to = lane as usize % backend.n_shards();
+                let msg = ShardMsg::WakeWriter {
+                    peer: sub.peer.key.clone(),
+                    lane,
+                };
+                // A mesh that is gone is an engine shutting down: its lanes' deaths fail
+                // the transfer.
+                let _ = backend.mesh.send(to, msg);
+                return status;
+            }
             Attempt::Duplicate => {
                 status.update(StatusCode::ErrBadState, "duplicate peer/op id");
                 return status;

@@ -457,11 +457,17 @@ impl FrameWriter {
         }
     }
 
-    /// The peer's ring, shared with express writers, when the stream goes through one.
-    pub(crate) fn shared_ring(
-        &self,
-    ) -> Option<std::sync::Arc<crate::transport::local::SharedRing>> {
-        self.w.shared_ring()
+    /// Where express writers may put frames between this writer's runs
+    /// ([`crate::transport::Tx::express_port`]).
+    pub(crate) fn express_port(&self) -> Option<crate::transport::express_port::ExpressPort> {
+        self.w.express_port()
+    }
+
+    /// Queue bytes that must leave before anything else queued (the rest of an express
+    /// frame the socket took only in part, whose start is already on the wire); they leave
+    /// with the next flush.
+    pub(crate) fn queue_first(&mut self, bytes: &[u8]) {
+        self.buf.splice(0..0, bytes.iter().copied());
     }
 
     /// Payloads up to this size are copied next to their header.

@@ -15,6 +15,7 @@
 //! (RDMA, AF_XDP) is a new file here and one more variant of these types; nothing in
 //! `service/` changes.
 
+pub(crate) mod express_port;
 pub(crate) mod framed;
 pub(crate) mod local;
 #[cfg(any(test, feature = "testing"))]
@@ -81,8 +82,8 @@ pub(crate) enum Rx {
 /// The sending half of a connection.
 #[derive(Debug)]
 pub(crate) enum Tx {
-    /// TCP.
-    Tcp(rt::WriteHalf),
+    /// TCP (with its express port).
+    Tcp(tcp::TcpTx),
     /// Same host (boxed, as its receiving half).
     Local(Box<local::LocalTx>),
     /// In-process.
@@ -251,7 +252,7 @@ impl Conn {
         match self {
             Conn::Tcp(s) => {
                 let (r, w) = rt::split(s);
-                (Rx::Tcp(r), Tx::Tcp(w), closer)
+                (Rx::Tcp(r), Tx::Tcp(tcp::TcpTx::new(w)), closer)
             }
             Conn::Local(c) => {
                 let (r, w) = c.split();
@@ -298,11 +299,15 @@ impl Tx {
         matches!(self, Tx::Local(w) if w.rides_ring())
     }
 
-    /// The peer's ring, shared with express writers, when its bytes travel through one.
-    pub(crate) fn shared_ring(&self) -> Option<std::sync::Arc<local::SharedRing>> {
+    /// Where express writers may put frames of their own: a TCP socket, or the peer's ring
+    /// when the bytes travel through one (`None`: a same-host connection whose records go
+    /// through its socket, in-process pipes).
+    pub(crate) fn express_port(&self) -> Option<express_port::ExpressPort> {
         match self {
-            Tx::Local(w) => w.shared_ring(),
-            _ => None,
+            Tx::Tcp(w) => Some(express_port::ExpressPort::Socket(w.port.clone())),
+            Tx::Local(w) => w.shared_ring().map(express_port::ExpressPort::Ring),
+            #[cfg(any(test, feature = "testing"))]
+            Tx::Mem(_) => None,
         }
     }
 
@@ -335,7 +340,7 @@ impl Tx {
     /// copied into one buffer.
     pub(crate) async fn send_all(&mut self, parts: &[&[u8]]) -> io::Result<()> {
         match self {
-            Tx::Tcp(w) => w.send_all(parts).await,
+            Tx::Tcp(w) => w.w.send_all(parts).await,
             Tx::Local(w) => w.send_all(parts).await,
             #[cfg(any(test, feature = "testing"))]
             Tx::Mem(w) => w.send_all(parts).await,

@@ -4,9 +4,11 @@
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
 
 use morio_shards::rt;
 
+use super::express_port::SharedSocket;
 use crate::config::TcpBackendConfig;
 
 /// Connect to `addr` (buffer sizes and connection options set first) within the configured
@@ -110,4 +112,26 @@ pub(crate) fn configure_buffers(sock: &socket2::Socket, cfg: &TcpBackendConfig) 
         sock.set_recv_buffer_size(cfg.sock_rcvbuf_bytes)?;
     }
     Ok(())
+}
+
+/// A TCP connection's sending half, and the port through which application threads may send
+/// express frames on its socket while its writer is idle (closed before the socket can
+/// close: the port goes first when this drops, the socket with the last of its halves).
+#[derive(Debug)]
+pub(crate) struct TcpTx {
+    pub(crate) w: rt::WriteHalf,
+    pub(crate) port: Arc<SharedSocket>,
+}
+
+impl TcpTx {
+    pub(crate) fn new(w: rt::WriteHalf) -> Self {
+        let port = Arc::new(SharedSocket::new(w.raw_fd()));
+        Self { w, port }
+    }
+}
+
+impl Drop for TcpTx {
+    fn drop(&mut self) {
+        self.port.close();
+    }
 }

@@ -72,6 +72,14 @@ pub(crate) fn enqueue(shard: &Rc<Shard>, work: LaneWork) {
     lane.bell.ring();
 }
 
+/// Wake the writer of lane `idx` to `peer`, if this shard runs it (an express frame waits
+/// in its port for the writer to send the rest).
+pub(crate) fn wake_writer(shard: &Rc<Shard>, peer: &Arc<str>, idx: u16) {
+    if let Some(l) = shard.lanes.borrow().get(&(peer.clone(), idx)) {
+        l.bell.ring();
+    }
+}
+
 /// Open lane `idx` to `peer` unless it is open or opening, and have `ready` say when it is up
 /// (`SUCCESS`, its transport as the message: [`TCP`], [`SAME_HOST`] or [`SAME_HOST_RING`]) or
 /// why it could not be opened (`ERR_RDMA_OP`).
@@ -343,16 +351,27 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
     let reader = FrameReader::new(r, cfg.op_timeout);
     rt::spawn_local(read_loop(shard.clone(), lane.clone(), reader)).detach();
     let mut writer = FrameWriter::new(w, cfg.inline_write_bytes);
-    // Over rings, application threads may put small writes into the peer's ring themselves
-    // while this writer is idle (`express`).
-    let express = writer.shared_ring().filter(|_| super::express::enabled());
-    if let Some(ring) = &express {
-        lane.peer.express.add_lane(lane.lane, ring.clone());
+    // Application threads may send small writes on this lane themselves while this writer
+    // is idle (`express`): into the peer's ring, or on the TCP socket.
+    let express = writer.express_port().filter(super::express::enabled_for);
+    if let Some(port) = &express {
+        lane.peer.express.add_lane(lane.lane, port.clone());
     }
     let mut busy = false;
     let mut last_uid = None;
     loop {
         let next = lane.book.borrow_mut().pop();
+        if !busy && (next.is_some() || express.as_ref().is_some_and(|p| p.has_spill())) {
+            // A run starts: no express write goes in until it ends. The rest of an express
+            // frame a full socket took only in part leaves first.
+            if let Some(port) = &express {
+                let spill = port.begin();
+                if !spill.is_empty() {
+                    writer.queue_first(&spill);
+                }
+            }
+            busy = true;
+        }
         let Some((to, item)) = next else {
             // Queue drained: what was pushed leaves now, in one syscall.
             if let Err(e) = writer.flush().await {
@@ -363,8 +382,8 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
             }
             if busy {
                 // The stream stands between frames: express writes may go in.
-                if let Some(ring) = &express {
-                    ring.set_sender_busy(false);
+                if let Some(port) = &express {
+                    port.end();
                 }
                 busy = false;
             }
@@ -375,12 +394,6 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
         };
         if lane.dead() {
             return;
-        }
-        if !busy {
-            if let Some(ring) = &express {
-                ring.set_sender_busy(true);
-            }
-            busy = true;
         }
         trace::mark(to.uid, trace::stage::ENCODE);
         trace::set_current(Some(to.uid));

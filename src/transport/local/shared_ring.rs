@@ -9,6 +9,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use super::records::{inline_head, MAX_INLINE};
 use super::ring::{ring_doorbell, Outbound};
+use crate::transport::express_port::Declined;
 
 /// The ring and who may write it.
 #[derive(Debug)]
@@ -31,17 +32,6 @@ pub(crate) struct State {
     sender_busy: bool,
     /// A write failed (the peer's index is impossible): nobody writes again.
     broken: bool,
-}
-
-/// Why an express write did not go into the ring (the caller sends the usual way).
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Declined {
-    /// The sender is busy, or an application thread holds the ring.
-    Busy,
-    /// Not enough room for the whole record.
-    Full,
-    /// The ring is broken.
-    Broken,
 }
 
 impl SharedRing {
