@@ -339,7 +339,7 @@ impl Collector for Snapshot {
             e,
             shards,
             "express_writes",
-            "Small writes to a same-host peer put straight into its ring by the submitting thread",
+            "Small writes the submitting thread sent itself (into a same-host ring or on a TCP lane)",
             None,
             c,
             |s, m| counter(m, s.express_writes),

@@ -89,9 +89,10 @@ pub struct ShardStats {
     /// Times a send of this shard found a same-host peer's ring full and waited for room (a
     /// slow path: a peer that reads slowly, or rings too small for the traffic).
     pub same_host_ring_full_waits: u64,
-    /// Express writes answered on this shard's lanes: small writes to a same-host peer that
-    /// the submitting application thread put straight into the ring of one of them (no hop
-    /// through an owner shard; counted in `transfers_ok` / `transfers_failed` here too).
+    /// Express writes answered on this shard's lanes: small writes the submitting
+    /// application thread sent itself on one of them, into a same-host peer's ring or on a
+    /// TCP socket (no hop through an owner shard; counted in `transfers_ok` /
+    /// `transfers_failed` here too).
     pub express_writes: u64,
     /// Lanes this shard connected (handshake done); more than its lanes means reconnects.
     pub lane_connects: u64,

@@ -321,21 +321,7 @@ fn received(r: isize, fd: std::os::fd::RawFd, cx: &Context<'_>) -> Option<Poll<i
         crate::busy::forget_armed(fd, libc::POLLIN);
         return Some(Poll::Ready(Err(e)));
     }
-    if socket_self_poll() && crate::busy::self_poll() {
-        // A spinning shard, hot: look again on the executor's next round ourselves.
-        cx.waker().wake_by_ref();
-        return Some(Poll::Pending);
-    }
     crate::busy::wait_readable(fd, cx).then_some(Poll::Pending)
-}
-
-/// Whether socket readers of a shard configured to spin look at their socket again on the
-/// executor's next round while the shard is hot, as shared-memory readers do
-/// ([`busy_self_poll`]), instead of waiting for the busy poller's `poll(2)` and wake-up:
-/// `MORIO_SELF_POLL_SOCKETS=1` (off by default; for A/B runs).
-fn socket_self_poll() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MORIO_SELF_POLL_SOCKETS").is_ok_and(|v| v.trim() == "1"))
 }
 
 /// The runtime's answer `p` for `fd`: when it is `Pending`, the runtime now waits on a

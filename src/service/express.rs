@@ -284,13 +284,10 @@ impl Express {
             };
             let segs = sub.layout.remote_segs();
             encode_chunk_segs(Kind::Write, true, &head, segs, sub.total, &mut buf);
-            for p in sub.layout.iter() {
-                // SAFETY: the ranges were checked against the region at submission, and the
-                // region lives while `sub.local` does.
-                match unsafe { sub.local.slice(p.local, p.len) } {
-                    Some(s) => buf.extend_from_slice(s),
-                    None => return None,
-                }
+            // SAFETY: the ranges were checked against the region at submission, the region
+            // lives while `sub.local` does, and reading the pieces is the transfer.
+            if !unsafe { super::gather::gather(sub.local, sub.layout, &mut buf) } {
+                return None;
             }
             trace::mark(sub.uid, trace::stage::PUSHED);
             port.put_frame(&buf).ok()

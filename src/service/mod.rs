@@ -13,6 +13,7 @@
 mod admission;
 mod bell;
 pub(crate) mod express;
+mod gather;
 mod gpu_io;
 mod gpu_ipc;
 mod join;

@@ -63,10 +63,9 @@ async fn write_host_chunk(
     shard.stats.borrow_mut().count_sent(lane.counters, bytes);
     if bytes as usize <= writer.inline_bytes() {
         let fill = |buf: &mut Vec<u8>| {
-            for p in pieces.iter() {
-                // SAFETY: as above.
-                buf.extend(unsafe { local.slice(p.local, p.len) }.unwrap_or(&[]));
-            }
+            // SAFETY: as above (the pieces were checked to be in range just now).
+            let whole = unsafe { crate::service::gather::gather(local, pieces, buf) };
+            debug_assert!(whole);
         };
         writer
             .push_inline_chunk(final_, &head, segs, bytes as usize, fill)
