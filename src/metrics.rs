@@ -347,6 +347,15 @@ impl Collector for Snapshot {
         family(
             e,
             shards,
+            "express_reads",
+            "Small reads the submitting thread sent itself (into a same-host ring or on a TCP lane)",
+            None,
+            c,
+            |s, m| counter(m, s.express_reads),
+        )?;
+        family(
+            e,
+            shards,
             "lane_connects",
             "Lanes the shard connected (beyond its lanes: reconnects)",
             None,
@@ -456,6 +465,7 @@ mod tests {
         a.same_host_doorbells = 5;
         b.same_host_ring_full_waits = 2;
         b.express_writes = 5;
+        b.express_reads = 6;
         a.lane_connects = 4;
         b.lane_failures = 2;
         let stats = EngineStats { shards: vec![a, b] };
@@ -491,6 +501,7 @@ mod tests {
         assert_eq!(at("morio_same_host_doorbells_total", "0"), 5.0);
         assert_eq!(at("morio_same_host_ring_full_waits_total", "1"), 2.0);
         assert_eq!(at("morio_express_writes_total", "1"), 5.0);
+        assert_eq!(at("morio_express_reads_total", "1"), 6.0);
         assert_eq!(at("morio_lane_connects_total", "0"), 4.0);
         assert_eq!(at("morio_lane_failures_total", "1"), 2.0);
         assert_eq!(at("morio_outbound_latency_seconds_count", "0"), 3.0);

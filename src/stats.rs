@@ -94,6 +94,9 @@ pub struct ShardStats {
     /// TCP socket (no hop through an owner shard; counted in `transfers_ok` /
     /// `transfers_failed` here too).
     pub express_writes: u64,
+    /// Express reads answered on this shard's lanes: small reads the submitting thread
+    /// sent itself, as express writes are (counted in the transfer counters too).
+    pub express_reads: u64,
     /// Lanes this shard connected (handshake done); more than its lanes means reconnects.
     pub lane_connects: u64,
     /// Of those, lanes on the same-host transport (a peer of this host; the rest are TCP).
@@ -146,6 +149,7 @@ impl ShardStats {
             same_host_doorbells: 0,
             same_host_ring_full_waits: 0,
             express_writes: 0,
+            express_reads: 0,
             lane_connects: 0,
             lane_connects_same_host: 0,
             lane_connects_ring: 0,
@@ -267,6 +271,7 @@ impl std::fmt::Debug for ShardStats {
             .field("same_host_doorbells", &self.same_host_doorbells)
             .field("same_host_ring_full_waits", &self.same_host_ring_full_waits)
             .field("express_writes", &self.express_writes)
+            .field("express_reads", &self.express_reads)
             .field("lane_connects", &self.lane_connects)
             .field("lane_connects_same_host", &self.lane_connects_same_host)
             .field("lane_connects_ring", &self.lane_connects_ring)
@@ -330,6 +335,7 @@ impl EngineStats {
             t.same_host_doorbells += s.same_host_doorbells;
             t.same_host_ring_full_waits += s.same_host_ring_full_waits;
             t.express_writes += s.express_writes;
+            t.express_reads += s.express_reads;
             t.lane_connects += s.lane_connects;
             t.lane_connects_same_host += s.lane_connects_same_host;
             t.lane_connects_ring += s.lane_connects_ring;

@@ -25,6 +25,7 @@ fn shard<'py>(py: Python<'py>, s: &ShardStats) -> PyResult<Bound<'py, PyDict>> {
     d.set_item("same_host_doorbells", s.same_host_doorbells)?;
     d.set_item("same_host_ring_full_waits", s.same_host_ring_full_waits)?;
     d.set_item("express_writes", s.express_writes)?;
+    d.set_item("express_reads", s.express_reads)?;
     d.set_item("lane_connects", s.lane_connects)?;
     d.set_item("lane_connects_same_host", s.lane_connects_same_host)?;
     d.set_item("lane_connects_ring", s.lane_connects_ring)?;

@@ -1,18 +1,20 @@
-//! Express writes: a small write is sent by the submitting application thread itself on one
-//! of its peer's lanes (into the peer's shared-memory ring on the same host, or on the lane's
-//! TCP socket), and the lane's reader completes its status when the target's answer comes;
-//! no hop through an owner shard and the lane's writer task (issue 23, "fewer hand-offs").
+//! Express writes (and reads): a small write or read is sent by the submitting application
+//! thread itself on one of its peer's lanes (into the peer's shared-memory ring on the same
+//! host, or on the lane's TCP socket), and the lane's reader completes its status when the
+//! target's answer comes (placing a read's data first); no hop through an owner shard and
+//! the lane's writer task (issue 23, "fewer hand-offs").
 //!
 //! The one-owner rule holds: an express transfer is owned by the lane it rides (its reader
 //! completes it, its death and its shard's deadline tick fail it), never by an owner shard.
-//! A write goes express only when everything is simple: host memory on both sides, one
+//! A transfer goes express only when everything is simple: host memory on both sides, one
 //! chunk of at most [`MAX_BYTES`], a lane that is up with an idle writer and room for the
 //! whole frame, and no transfer to that peer in an owner's table (so MORI's duplicate-uid
-//! rule is kept across both paths). Over TCP, where each express write is a `send` on the
-//! caller's thread, only a write with no other express write in flight to its peer goes
-//! express: a burst leaves through the lane's writer, many frames to a `send`. Anything
-//! else takes the usual path, unchanged. `MORIO_EXPRESS=0` turns express writes off (for
-//! A/B runs), `MORIO_EXPRESS=ring` keeps them to same-host rings.
+//! rule is kept across both paths). Over TCP, where each express frame is a `send` on the
+//! caller's thread, only a transfer with no other express transfer in flight to its peer
+//! goes express: a burst leaves through the lane's writer, many frames to a `send`.
+//! Anything else takes the usual path, unchanged. `MORIO_EXPRESS=0` turns express transfers
+//! off (for A/B runs), `MORIO_EXPRESS=ring` keeps them to same-host rings,
+//! `MORIO_EXPRESS_READS=0` keeps reads on the usual path.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -21,6 +23,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use super::Shared;
 use crate::proto::access::AccessKey;
 use crate::proto::frame::{encode_chunk_segs, ChunkHead, Kind, Op};
+use crate::proto::lane::ReadWait;
 use crate::proto::layout::Layout;
 use crate::proto::limits::MAX_SEGS_PER_CHUNK;
 use crate::region::SharedRegion;
@@ -37,6 +40,13 @@ pub(crate) const MAX_BYTES: u64 = 16 << 10;
 
 /// Most express transfers in flight to one peer; beyond, writes take the usual path.
 const MAX_PENDING: usize = 4096;
+
+/// Whether small reads go express too (`MORIO_EXPRESS_READS=0` keeps them on the usual
+/// path, for A/B runs).
+fn reads_enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MORIO_EXPRESS_READS").map_or(true, |v| v.trim() != "0"))
+}
 
 /// Whether express writes may use `port` (`MORIO_EXPRESS=0`: none; `ring`: rings only).
 pub(crate) fn enabled_for(port: &ExpressPort) -> bool {
@@ -63,6 +73,8 @@ pub(crate) struct Pending {
     pub status: Arc<TransferStatus>,
     /// Payload bytes.
     pub bytes: u64,
+    /// For an express read: where its data goes (chunk 0, the whole transfer).
+    pub read: Option<ReadWait<SharedRegion>>,
     /// When it was submitted and when it fails unanswered (`now_ns` time).
     pub submitted_ns: u64,
     /// See above.
@@ -204,13 +216,17 @@ impl Express {
         self.owned.fetch_sub(1, Ordering::SeqCst);
     }
 
-    /// Try `sub` as an express write (on the submitting thread). `pick` spreads callers over
-    /// the lanes (the transfer's owner index).
-    pub(crate) fn try_write(&self, shared: &Shared, sub: &Candidate<'_>, pick: usize) -> Attempt {
-        if sub.op != Op::Write
-            || sub.remote_device
+    /// Try `sub` as an express write or read (on the submitting thread). `pick` spreads
+    /// callers over the lanes (the transfer's owner index).
+    pub(crate) fn try_send(&self, shared: &Shared, sub: &Candidate<'_>, pick: usize) -> Attempt {
+        let limit = match sub.op {
+            Op::Write => MAX_BYTES.min(shared.cfg.inline_write_bytes as u64),
+            Op::Read if reads_enabled() => MAX_BYTES,
+            Op::Read => 0,
+        };
+        if sub.remote_device
             || sub.local.device().is_some()
-            || sub.total > MAX_BYTES.min(shared.cfg.inline_write_bytes as u64)
+            || sub.total > limit
             || self.owned.load(Ordering::Relaxed) > 0
             || self.n_pending.load(Ordering::Relaxed) >= MAX_PENDING
         {
@@ -247,6 +263,13 @@ impl Express {
                     lane,
                     status: sub.status.clone(),
                     bytes: sub.total,
+                    read: (sub.op == Op::Read).then(|| ReadWait {
+                        chunk: 0,
+                        final_: true,
+                        local: sub.local.clone(),
+                        pieces: sub.layout.clone(),
+                        bytes: sub.total,
+                    }),
                     submitted_ns: super::now_ns(),
                     deadline_ns: sub.deadline_ns,
                 },
@@ -283,11 +306,15 @@ impl Express {
                 join_lane: 0,
             };
             let segs = sub.layout.remote_segs();
-            encode_chunk_segs(Kind::Write, true, &head, segs, sub.total, &mut buf);
-            // SAFETY: the ranges were checked against the region at submission, the region
-            // lives while `sub.local` does, and reading the pieces is the transfer.
-            if !unsafe { super::gather::gather(sub.local, sub.layout, &mut buf) } {
-                return None;
+            if sub.op == Op::Read {
+                encode_chunk_segs(Kind::Read, true, &head, segs, 0, &mut buf);
+            } else {
+                encode_chunk_segs(Kind::Write, true, &head, segs, sub.total, &mut buf);
+                // SAFETY: the ranges were checked against the region at submission, the
+                // region lives while `sub.local` does, and reading the pieces is the transfer.
+                if !unsafe { super::gather::gather(sub.local, sub.layout, &mut buf) } {
+                    return None;
+                }
             }
             trace::mark(sub.uid, trace::stage::PUSHED);
             port.put_frame(&buf).ok()
@@ -321,6 +348,7 @@ mod tests {
                 lane,
                 status: Arc::new(TransferStatus::started()),
                 bytes: 8,
+                read: None,
                 submitted_ns: 0,
                 deadline_ns,
             },

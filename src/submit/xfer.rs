@@ -192,7 +192,7 @@ impl Core {
             status: status.clone(),
         };
         trace::mark(uid, trace::stage::SUBMIT);
-        match sub.peer.express.try_write(shared, &sub.candidate(), owner) {
+        match sub.peer.express.try_send(shared, &sub.candidate(), owner) {
             Attempt::Sent => return status,
             Attempt::Spilled(lane) => {
                 // The lane's shard (as `Shard::lane_shard` picks it) sends the rest.

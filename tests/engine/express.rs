@@ -122,6 +122,69 @@ fn small_writes_land_and_are_recorded(mode: SameHost) {
     assert_eq!(after.express_writes, mid.express_writes, "{after:?}");
 }
 
+/// Small reads go express too (their data placed by the lane's reader), land exactly, and a
+/// read of memory its owner deregistered fails with the target's code, never hangs.
+#[test]
+fn small_reads_go_express_land_and_fail_cleanly() {
+    for mode in MODES {
+        small_reads_land_and_fail(mode);
+    }
+}
+
+fn small_reads_land_and_fail(mode: SameHost) {
+    let c = cfg(mode);
+    let lanes = c.num_data_conns as u64;
+    let (a, b) = pair(&format!("xp_read_{mode:?}"), c);
+    let src = random_buffer(&b, 1 << 16, 6);
+    let back = a.alloc_buffer(1 << 16).unwrap();
+    warm(&a, &back, &src, lanes);
+    let before = a.stats().unwrap().total();
+    let mut n = 0;
+    for (i, &size) in SIZES.iter().cycle().take(60).enumerate() {
+        let off = (i * 331) % ((1 << 16) - size);
+        let st = a.read(
+            back.desc(),
+            off,
+            src.desc(),
+            off,
+            size,
+            a.allocate_transfer_uid(),
+        );
+        assert_ok(&st, &format!("read of {size} B at {off}"));
+        assert_bytes_eq(
+            &bytes_at(&back, off, size),
+            &bytes_at(&src, off, size),
+            "express read",
+        );
+        n += 1;
+    }
+    let t = a.stats().unwrap().total();
+    let reads = t.express_reads - before.express_reads;
+    if express_on(mode) && std::env::var("MORIO_EXPRESS_READS").as_deref() != Ok("0") {
+        assert!(reads > 0, "{mode:?}: no read went express: {t:?}");
+    } else {
+        assert_eq!(reads, 0, "{mode:?}: express reads while off: {t:?}");
+    }
+    assert_eq!(t.transfers_ok - before.transfers_ok, n, "{t:?}");
+    assert_eq!(t.express_writes, before.express_writes, "{t:?}");
+    // The target's memory goes away: a small read of it fails with the target's code.
+    let gone = src.desc().clone();
+    b.deregister_memory(&gone).expect("deregister");
+    let st = a.read(back.desc(), 0, &gone, 0, 64, a.allocate_transfer_uid());
+    let code = st.wait_for(Duration::from_secs(20));
+    assert_ne!(
+        code,
+        StatusCode::InProgress,
+        "{mode:?}: a read still in flight"
+    );
+    assert_ne!(
+        code,
+        StatusCode::Success,
+        "{mode:?}: read deregistered memory"
+    );
+    drop(b);
+}
+
 /// Over TCP only a write with no other express write in flight to its peer goes express
 /// (each is a `send` on the caller's thread): a burst submitted at once mostly takes the
 /// usual path, and lands whole either way.
@@ -198,7 +261,12 @@ fn express_writes_end_with_their_peer(mode: SameHost) {
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let size = SIZES[(i + t) % 4];
                     let off = (i * 64) % ((1 << 16) - size);
-                    sts.push(a.write(&s, off, &d, off, size, a.allocate_transfer_uid()));
+                    let uid = a.allocate_transfer_uid();
+                    sts.push(if i % 3 == 2 {
+                        a.read(&s, off, &d, off, size, uid)
+                    } else {
+                        a.write(&s, off, &d, off, size, uid)
+                    });
                     if sts.len() >= 32 {
                         let done = sts.remove(0);
                         done.wait_for(Duration::from_secs(20));
@@ -298,6 +366,7 @@ fn cut_express_frames() {
     let half = 1 << 20;
     let src = random_buffer(&a, 2 * half, 5);
     let dst = b.alloc_buffer(2 * half).unwrap();
+    let back = a.alloc_buffer(SIZES[SIZES.len() - 1]).unwrap();
     warm(&a, &src, &dst, lanes);
     let before = a.stats().unwrap().total();
     let a = Arc::new(a);
@@ -322,6 +391,23 @@ fn cut_express_frames() {
             let st = a.write(src.desc(), off, dst.desc(), off, size, uid);
             assert_ok(&st, &format!("write of {size} B cut after {cut} B"));
             done.push((uid, off, size));
+            // Every fourth, read it back (READ frames are cut too).
+            if i % 4 == 3 {
+                let rd = a.read(
+                    back.desc(),
+                    0,
+                    dst.desc(),
+                    off,
+                    size,
+                    a.allocate_transfer_uid(),
+                );
+                assert_ok(&rd, &format!("read of {size} B cut after {cut} B"));
+                assert_bytes_eq(
+                    &bytes_at(&back, 0, size),
+                    &bytes_at(&src, off, size),
+                    "cut express read",
+                );
+            }
         }
     }
     morio::limit_express_sends(0);

@@ -253,13 +253,19 @@ fn die_as(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: String, failure: bool) {
     }
 }
 
-/// An express transfer on `lane` ended with `code` (`sent`: its frame left, answered).
+/// An express transfer on `lane` ended with `code` (`sent`: its frame left and was
+/// answered; a read's data, when `code` is success, was placed).
 fn express_done(shard: &Rc<Shard>, lane: &Lane, p: Pending, code: u32, msg: &str, sent: bool) {
     let ok = code == codes::SUCCESS;
     {
         let latency_us = super::now_ns().saturating_sub(p.submitted_ns) / 1000;
         let mut st = shard.stats.borrow_mut();
-        if sent {
+        if sent && p.read.is_some() {
+            if ok {
+                st.count_received(lane.counters, p.bytes);
+            }
+            st.express_reads += 1;
+        } else if sent {
             st.count_sent(lane.counters, p.bytes);
             st.express_writes += 1;
         }

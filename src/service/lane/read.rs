@@ -67,22 +67,17 @@ async fn on_frame(
         _ => return violation("unexpected frame kind from target"),
     };
     if tag & express::TAG_BIT != 0 {
-        // An express write's answer: it completes the status here.
-        let Answer::Complete { code, msg } = answer else {
-            return violation("read data for an express write");
+        // An express transfer's answer: it completes the status here.
+        let Some(p) = lane.peer.express.answered(lane.lane, tag, uid) else {
+            return reader.discard_payload(payload).await;
         };
-        match lane.peer.express.answered(lane.lane, tag, uid) {
-            Some(p) => {
-                let _ = reader.take_first_read_ns();
-                trace::mark_at(uid, trace::stage::NOTICED, reader.take_noticed_ns());
-                trace::mark(uid, trace::stage::RESP);
-                trace::set_current(Some(uid));
-                express_done(shard, lane, p, code, &msg, true);
-                trace::set_current(None);
-            }
-            None => return reader.discard_payload(payload).await,
-        }
-        return Ok(());
+        let _ = reader.take_first_read_ns();
+        trace::mark_at(uid, trace::stage::NOTICED, reader.take_noticed_ns());
+        trace::mark(uid, trace::stage::RESP);
+        trace::set_current(Some(uid));
+        let r = express_answer(shard, lane, reader, p, answer, payload).await;
+        trace::set_current(None);
+        return r;
     }
     // A frame's own answer, or the join's COMPLETE for a transfer of several chunks.
     let own = lane.book.borrow().awaits(tag);
@@ -129,6 +124,63 @@ async fn on_frame(
         });
     report(shard, &lane.peer.key, to, r);
     Ok(())
+}
+
+/// Complete express transfer `p` with its answer: a write's COMPLETE, or a read's READ_DATA
+/// (its payload placed first). An answer that does not match its request, or data that
+/// cannot be placed, fails the transfer and then the lane.
+async fn express_answer(
+    shard: &Rc<Shard>,
+    lane: &Rc<Lane>,
+    reader: &mut FrameReader<Rx>,
+    p: express::Pending,
+    answer: Answer,
+    payload: u64,
+) -> Result<(), ConnError> {
+    let fail = |p: express::Pending, what: &str| {
+        express_done(shard, lane, p, codes::ERR_BAD_STATE, what, false);
+        Err(ConnError::Violation(what.to_string()))
+    };
+    match (answer, &p.read) {
+        (Answer::Complete { code, msg }, None) => {
+            express_done(shard, lane, p, code, &msg, true);
+            Ok(())
+        }
+        (
+            Answer::ReadData {
+                chunk: 0,
+                final_: true,
+                code,
+                msg,
+            },
+            Some(wait),
+        ) => {
+            if code != codes::SUCCESS {
+                reader.discard_payload(payload).await?;
+                express_done(shard, lane, p, code, &msg, true);
+                return Ok(());
+            }
+            if payload != wait.bytes {
+                return fail(p, "read data length differs from the request");
+            }
+            match place(shard, reader, wait).await {
+                Ok(Ok(())) => {
+                    express_done(shard, lane, p, codes::SUCCESS, "", true);
+                    Ok(())
+                }
+                Ok(Err(e)) => {
+                    let msg = format!("placing read data failed: {e}");
+                    express_done(shard, lane, p, codes::ERR_GPU_OP, &msg, true);
+                    Ok(())
+                }
+                Err(e) => {
+                    express_done(shard, lane, p, codes::ERR_BAD_STATE, &e.to_string(), false);
+                    Err(e)
+                }
+            }
+        }
+        _ => fail(p, "answer does not match its express request"),
+    }
 }
 
 /// Place a READ_DATA's payload (of the expected length) into the local pieces it was asked

@@ -72,6 +72,9 @@ pub struct Counters {
     pub same_host_doorbells: u64,
     /// `express_writes`.
     pub express_writes: u64,
+    /// `express_reads`.
+    #[serde(default)]
+    pub express_reads: u64,
     /// `lane_failures`.
     pub lane_failures: u64,
 }
@@ -86,6 +89,7 @@ impl Counters {
                 busy_poll_backoffs: t.busy_poll_backoffs,
                 same_host_doorbells: t.same_host_doorbells,
                 express_writes: t.express_writes,
+                express_reads: t.express_reads,
                 lane_failures: t.lane_failures,
             }
         })
@@ -102,6 +106,7 @@ impl Counters {
                 .same_host_doorbells
                 .saturating_sub(before.same_host_doorbells),
             express_writes: self.express_writes.saturating_sub(before.express_writes),
+            express_reads: self.express_reads.saturating_sub(before.express_reads),
             lane_failures: self.lane_failures.saturating_sub(before.lane_failures),
         }
     }

@@ -280,6 +280,7 @@ fn stats_json(e: &IoEngine) -> serde_json::Value {
             "same_host_doorbells": st.same_host_doorbells,
             "same_host_ring_full_waits": st.same_host_ring_full_waits,
             "express_writes": st.express_writes,
+            "express_reads": st.express_reads,
             "lane_failures": st.lane_failures,
             "latency_us": {
                 "count": h.len(),
