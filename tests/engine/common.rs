@@ -304,16 +304,25 @@ pub fn try_read_frame(s: &mut TcpStream, limit: Duration) -> std::io::Result<Fra
 /// Read exactly one frame and its payload (READ_DATA's bytes), waiting at most `limit`.
 #[track_caller]
 pub fn read_frame_and_payload(s: &mut TcpStream, limit: Duration) -> (Frame, Vec<u8>) {
-    s.set_read_timeout(Some(limit)).unwrap();
+    try_read_frame_and_payload(s, limit).expect("read a frame and its payload")
+}
+
+/// [`read_frame_and_payload`] that reports errors instead of failing.
+pub fn try_read_frame_and_payload(
+    s: &mut TcpStream,
+    limit: Duration,
+) -> std::io::Result<(Frame, Vec<u8>)> {
+    let bad = |e: morio::proto::decode::DecodeError| std::io::Error::other(e.to_string());
+    s.set_read_timeout(Some(limit))?;
     let mut h = [0u8; HEADER_BYTES];
-    s.read_exact(&mut h).expect("read a header");
-    let header = morio::proto::decode::decode_header(&h).expect("a valid header");
+    s.read_exact(&mut h)?;
+    let header = morio::proto::decode::decode_header(&h).map_err(bad)?;
     let mut body = vec![0u8; header.body_len as usize];
-    s.read_exact(&mut body).expect("read a body");
-    let frame = morio::proto::decode::decode_body(&header, &body).expect("a valid body");
+    s.read_exact(&mut body)?;
+    let frame = morio::proto::decode::decode_body(&header, &body).map_err(bad)?;
     let mut payload = vec![0u8; header.payload_len as usize];
-    s.read_exact(&mut payload).expect("read a payload");
-    (frame, payload)
+    s.read_exact(&mut payload)?;
+    Ok((frame, payload))
 }
 
 /// Every frame in `bytes` (payloads skipped); panics on bytes that are not frames.

@@ -433,3 +433,112 @@ fn cut_express_frames() {
     }
     assert_eq!(t.lane_failures, before.lane_failures, "{t:?}");
 }
+
+/// A target that answers an express write with read data, or an express read with a bare
+/// COMPLETE, fails that transfer at once (not at its deadline) and loses the lane: the
+/// initiator never takes a mismatched answer as a success.
+#[test]
+fn mismatched_answers_to_express_transfers_fail_them_and_the_lane() {
+    use morio::proto::frame::{Frame, Reply};
+    use std::io::Write;
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in l.incoming().take(8) {
+            let Ok(mut c) = conn else { return };
+            std::thread::spawn(move || {
+                let Ok(Frame::Hello(_)) = try_read_frame(&mut c, Duration::from_secs(5)) else {
+                    return;
+                };
+                let _ = c.write_all(&hello_ack("xp_fake"));
+                loop {
+                    let Ok((f, _)) = try_read_frame_and_payload(&mut c, Duration::from_secs(30))
+                    else {
+                        return;
+                    };
+                    let (chunk, read) = match f {
+                        Frame::Write { chunk, .. } => (chunk, false),
+                        Frame::Read { chunk, .. } => (chunk, true),
+                        _ => return,
+                    };
+                    let reply = |code| Reply {
+                        tag: chunk.tag,
+                        uid: chunk.uid,
+                        chunk: 0,
+                        code,
+                        msg: String::new(),
+                    };
+                    let express = chunk.tag & (1 << 63) != 0;
+                    // The usual path's write is answered right, express transfers wrong.
+                    let answer = if read != express {
+                        let bytes = chunk.segs.iter().map(|s| s.len).sum::<u64>();
+                        let mut out = encode(
+                            &Frame::ReadData {
+                                reply: reply(0),
+                                final_: true,
+                            },
+                            bytes,
+                        );
+                        out.resize(out.len() + bytes as usize, 0xEE);
+                        out
+                    } else {
+                        encode(&Frame::Complete(reply(0)), 0)
+                    };
+                    if c.write_all(&answer).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let a = engine(
+        "xp_mismatch",
+        cfg_with(|c| {
+            c.num_data_conns = 1;
+            c.same_host = Some(SameHost::Off);
+            c.op_timeout = Duration::from_secs(60);
+        }),
+    );
+    a.register_remote_engine(&desc_at("xp_fake", port)).unwrap();
+    let remote = morio::MemoryDesc::cpu("xp_fake", 0, 0x10000, 1 << 20);
+    let src = a.register_buffer(vec![0x5A; 4096]).unwrap();
+    let first = a.write(src.desc(), 0, &remote, 0, 64, a.allocate_transfer_uid());
+    assert_ok(&first, "the usual path's write");
+    if !express_on(SameHost::Off) {
+        return;
+    }
+    for (what, read) in [("express write", false), ("express read", true)] {
+        // The fake answers the usual path right: go until one goes express (the first
+        // may find the owner's entry of the one before still there).
+        let mut failed = false;
+        for _ in 0..200 {
+            let into = a.register_buffer(vec![0x5A; 64]).unwrap();
+            let t = Instant::now();
+            let uid = a.allocate_transfer_uid();
+            let st = if read {
+                a.read(into.desc(), 0, &remote, 0, 64, uid)
+            } else {
+                a.write(src.desc(), 0, &remote, 0, 64, uid)
+            };
+            let code = wait_within(&st, Duration::from_secs(10));
+            if code == StatusCode::Success {
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
+            }
+            assert_ne!(code, StatusCode::InProgress, "{what}");
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "{what}: {:?}",
+                t.elapsed()
+            );
+            assert!(
+                into.to_vec().iter().all(|&b| b == 0x5A),
+                "{what}: a mismatched answer placed nothing"
+            );
+            failed = true;
+            break;
+        }
+        assert!(failed, "{what}: no transfer went express");
+    }
+    assert!(a.stats().unwrap().total().lane_failures >= 1);
+}
