@@ -48,6 +48,13 @@ fn reads_enabled() -> bool {
     *ON.get_or_init(|| std::env::var("MORIO_EXPRESS_READS").map_or(true, |v| v.trim() != "0"))
 }
 
+/// Whether the submitting thread tells the lane's shard an express answer is coming
+/// ([`crate::service::msg::ShardMsg::Expect`]; `MORIO_EXPRESS_POKE=0` does not, for A/B runs).
+pub(crate) fn poke_enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MORIO_EXPRESS_POKE").map_or(true, |v| v.trim() != "0"))
+}
+
 /// Whether express writes may use `port` (`MORIO_EXPRESS=0`: none; `ring`: rings only).
 pub(crate) fn enabled_for(port: &ExpressPort) -> bool {
     static MODE: OnceLock<u8> = OnceLock::new();
@@ -115,8 +122,8 @@ pub(crate) struct Candidate<'a> {
 /// What became of an express attempt.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Attempt {
-    /// Sent: the lane completes the status.
-    Sent,
+    /// Sent on lane `.0`: the lane completes the status.
+    Sent(u16),
     /// Sent in part: the lane completes the status once its writer, which the caller must
     /// wake ([`crate::service::msg::ShardMsg::RingLane`]), has sent the rest.
     Spilled(u16),
@@ -285,7 +292,7 @@ impl Express {
             if was {
                 Attempt::Declined
             } else {
-                Attempt::Sent
+                Attempt::Sent(lane)
             }
         };
         if self.owned.load(Ordering::SeqCst) > 0 {
@@ -323,7 +330,7 @@ impl Express {
             None => withdraw(),
             Some(Put::Whole) => {
                 trace::mark(sub.uid, trace::stage::SENT);
-                Attempt::Sent
+                Attempt::Sent(lane)
             }
             Some(Put::Spilled) => Attempt::Spilled(lane),
         }

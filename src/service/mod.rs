@@ -228,7 +228,11 @@ impl Shard {
         match msg {
             ShardMsg::Submit(s) => owner::submit(self, *s),
             ShardMsg::LaneWork(w) => lane::enqueue(self, *w),
-            ShardMsg::WakeWriter { peer, lane } => lane::wake_writer(self, &peer, lane),
+            ShardMsg::Expect => rt::note_activity(),
+            ShardMsg::WakeWriter { peer, lane } => {
+                rt::note_activity();
+                lane::wake_writer(self, &peer, lane)
+            }
             ShardMsg::Owner(ev) => owner::on_event(self, *ev),
             ShardMsg::Cancel {
                 peer,

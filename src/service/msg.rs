@@ -117,6 +117,9 @@ pub(crate) enum ShardMsg {
     Submit(Box<Submission>),
     /// Chunks (or a FINISH) to send on one of this shard's lanes.
     LaneWork(Box<LaneWork>),
+    /// An express transfer's answer is coming to one of this shard's lanes: be awake and
+    /// polling when it does (sent by the submitting thread; a no-op on a busy shard).
+    Expect,
     /// Wake the writer of one of this shard's lanes: an express frame waits in its port
     /// ([`crate::transport::express_port::Put::Spilled`]).
     WakeWriter { peer: Arc<str>, lane: u16 },

@@ -193,9 +193,19 @@ impl Core {
         };
         trace::mark(uid, trace::stage::SUBMIT);
         match sub.peer.express.try_send(shared, &sub.candidate(), owner) {
-            Attempt::Sent => return status,
+            Attempt::Sent(lane) => {
+                // Its answer comes to the lane's shard (as `Shard::lane_shard` picks it):
+                // have it awake by then. A busy shard takes the message without a wake-up
+                // (its inbox has no listener); a parked one wakes while the frame travels.
+                if crate::service::express::poke_enabled() {
+                    let _ = backend
+                        .mesh
+                        .send(lane as usize % backend.n_shards(), ShardMsg::Expect);
+                }
+                return status;
+            }
             Attempt::Spilled(lane) => {
-                // The lane's shard (as `Shard::lane_shard` picks it) sends the rest.
+                // The lane's shard sends the rest.
                 let to = lane as usize % backend.n_shards();
                 let msg = ShardMsg::WakeWriter {
                     peer: sub.peer.key.clone(),

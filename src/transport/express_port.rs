@@ -10,17 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::local;
-
-/// Why an express write did not go in (the caller sends it the usual way).
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Declined {
-    /// The writer is busy, or another application thread holds the port.
-    Busy,
-    /// Not enough room (a ring without room for the whole record, a full socket).
-    Full,
-    /// The port is closed or broken.
-    Broken,
-}
+pub(crate) use super::local::Declined;
 
 /// A lane's connection as express writers see it.
 #[derive(Clone, Debug)]

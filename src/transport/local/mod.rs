@@ -24,7 +24,7 @@ use morio_shards::rt;
 pub(crate) use records::{Device, DevicePart, DeviceRecords, MAX_DEVICE_ALLOCS, MAX_DEVICE_PAIRS};
 pub(crate) use ring::{counts as ring_counts, default_bytes as default_ring_bytes};
 pub(crate) use rx::{LocalRx, Verdict};
-pub(crate) use shared_ring::SharedRing;
+pub(crate) use shared_ring::{Declined, SharedRing};
 pub(crate) use tx::LocalTx;
 
 /// This host's boot id (`/proc/sys/kernel/random/boot_id`), read once; `None` where the

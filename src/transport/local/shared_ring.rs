@@ -9,7 +9,6 @@ use std::sync::{Mutex, MutexGuard};
 
 use super::records::{inline_head, MAX_INLINE};
 use super::ring::{ring_doorbell, Outbound};
-use crate::transport::express_port::Declined;
 
 /// The ring and who may write it.
 #[derive(Debug)]
@@ -32,6 +31,18 @@ pub(crate) struct State {
     sender_busy: bool,
     /// A write failed (the peer's index is impossible): nobody writes again.
     broken: bool,
+}
+
+/// Why an express write did not go in (the caller sends it the usual way), into a ring
+/// or through any other express port ([`crate::transport::express_port`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Declined {
+    /// The writer is busy, or another application thread holds the port.
+    Busy,
+    /// Not enough room (a ring without room for the whole record, a full socket).
+    Full,
+    /// The port is closed or broken.
+    Broken,
 }
 
 impl SharedRing {
