@@ -80,12 +80,7 @@ struct Waiter {
 }
 
 struct Busy {
-    /// How long the shard stays busy after its last event (see [`adapt_window`]).
     window: Duration,
-    /// The configured window, where an adapted one starts and returns to.
-    base_window: Duration,
-    /// When the shard last went idle (an event soon after says the window was too short).
-    idle_since: Option<Instant>,
     /// `Some(last event)` while busy.
     busy_since_event: Option<Instant>,
     waiters: Vec<Waiter>,
@@ -175,8 +170,6 @@ pub(crate) fn enable(window: Duration, inbox_probe: Box<dyn Fn() -> bool>) {
     BUSY.with(|b| {
         *b.borrow_mut() = Some(Busy {
             window,
-            base_window: window,
-            idle_since: None,
             busy_since_event: None,
             waiters: Vec::new(),
             armed: Vec::new(),
@@ -371,7 +364,6 @@ pub(crate) fn note_activity() {
             return;
         }
         if b.busy_since_event.is_none() {
-            adapt_window(b, now);
             b.contention.start_spell();
             if let Some(p) = b.poller.take() {
                 p.wake();
@@ -379,39 +371,6 @@ pub(crate) fn note_activity() {
         }
         b.busy_since_event = Some(now);
     })
-}
-
-/// Longest window [`adapt_window`] grows to, as a multiple of the configured one.
-const ADAPT_MAX: u32 = 4;
-
-/// After this long idle, an adapted window is back to the configured one.
-const ADAPT_RESET: Duration = Duration::from_millis(10);
-
-/// Whether busy windows adapt (`MORIO_BUSY_ADAPT=0` keeps them fixed, for A/B runs).
-fn adapt_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MORIO_BUSY_ADAPT").map_or(true, |v| v.trim() != "0"))
-}
-
-/// The shard turns busy at `now`: adapt its window to the traffic (default busy polling
-/// only; a configured spin keeps its window). Work that comes back within one more window
-/// of the shard going idle means the window was just too short for its pace (a request
-/// every 120 µs against a 100 µs window parks the shard between every two, and each wake-up
-/// then keeps the pace slow): the window doubles, up to [`ADAPT_MAX`] times the configured
-/// one. After [`ADAPT_RESET`] idle it is back to the configured one, so a shard never spins
-/// long once its traffic stops.
-fn adapt_window(b: &mut Busy, now: Instant) {
-    if !b.contention.on || !adapt_on() {
-        return;
-    }
-    let Some(idle) = b.idle_since.map(|t| now.saturating_duration_since(t)) else {
-        return;
-    };
-    if idle >= ADAPT_RESET {
-        b.window = b.base_window;
-    } else if idle < b.window {
-        b.window = (b.window * 2).min(b.base_window * ADAPT_MAX);
-    }
 }
 
 /// What one turn of the poller ended with.
@@ -561,7 +520,6 @@ fn hand_back() {
             || (Vec::new(), Vec::new(), Vec::new(), None),
             |b| {
                 b.busy_since_event = None;
-                b.idle_since = Some(Instant::now());
                 (
                     std::mem::take(&mut b.waiters),
                     std::mem::take(&mut b.watched),
@@ -796,39 +754,6 @@ mod tests {
             BUSY.with(|b| b.borrow().as_ref().unwrap().busy_since_event.is_none()),
             "activity during the back-off does not start busy polling"
         );
-    }
-
-    #[test]
-    fn default_windows_grow_when_work_comes_just_after_them_and_reset_when_idle() {
-        if !adapt_on() {
-            return;
-        }
-        let base = Duration::from_micros(100);
-        let window = || BUSY.with(|b| b.borrow().as_ref().unwrap().window);
-        // Idle for `ago`, then an event.
-        let event_after_idle = |ago: Duration| {
-            BUSY.with(|b| {
-                let mut b = b.borrow_mut();
-                let b = b.as_mut().unwrap();
-                b.busy_since_event = None;
-                b.idle_since = Some(Instant::now() - ago);
-            });
-            note_activity();
-        };
-        enable(base, Box::new(|| false));
-        event_after_idle(Duration::from_micros(20));
-        assert_eq!(window(), base, "a configured spin keeps its window");
-        back_off_when_preempted();
-        event_after_idle(Duration::from_micros(20));
-        assert_eq!(window(), 2 * base, "work 20 us after going idle: too short");
-        event_after_idle(Duration::from_micros(150));
-        assert_eq!(window(), 4 * base, "within the grown window: grows again");
-        event_after_idle(Duration::from_micros(20));
-        assert_eq!(window(), 4 * base, "at most four times the configured one");
-        event_after_idle(Duration::from_millis(2));
-        assert_eq!(window(), 4 * base, "a pause longer than the window: kept");
-        event_after_idle(Duration::from_millis(20));
-        assert_eq!(window(), base, "idle for long: back to the configured one");
     }
 
     /// A reader of shared memory polls itself only on a shard configured to spin, while its
