@@ -43,15 +43,7 @@ done
 echo "== per round: avg / p50 / p99 us"
 python3 scripts/bench/rounds.py "$O/a"
 echo "== slow iterations (> 80 us) per default row, initiator / target busy-poll wakes"
-python3 - "$O/a" <<'PY'
-import glob, json, os, sys
-for f in sorted(glob.glob(os.path.join(sys.argv[1], "d*.json"))):
-    r = json.load(open(f)); r = r["rows"][0] if "rows" in r else r
-    d = r.get("durations_us") or []
-    print("%-16s slow %4d  wakes %5d / %5d" % (os.path.basename(f)[:-5], sum(x > 80 for x in d),
-          r.get("initiator_counters", {}).get("busy_poll_wakes", -1),
-          r.get("target_counters", {}).get("busy_poll_wakes", -1)))
-PY
+python3 scripts/bench/slow-iters.py "$O/a"
 echo "== fixed, xp / base"
 python3 scripts/bench/ab-ratios.py "$O/a" --base base | cut -c1-140
 (cd "$O" && tar czf s33-adapt-json.tar.gz a && rm -rf a)
