@@ -409,17 +409,20 @@ fn turn(spin: bool) -> Turn {
                 return Turn::Woke;
             }
             let now = Instant::now();
-            if b.contention.check(now) {
-                return Turn::GoIdle;
-            }
             let quiet = now.duration_since(last);
             if quiet > b.window {
                 if b.contention.on && quiet <= b.window + yield_tail() {
-                    // The yielding tail: awake, but any thread that wants this CPU gets it.
+                    // The yielding tail: awake, but any thread that wants this CPU gets it,
+                    // so being preempted here is no contention (the next busy spell counts
+                    // afresh).
+                    b.contention.start_spell();
                     // SAFETY: sched_yield has no memory effects.
                     unsafe { libc::sched_yield() };
                     return Turn::Quiet;
                 }
+                return Turn::GoIdle;
+            }
+            if b.contention.check(now) {
                 return Turn::GoIdle;
             }
             if !spin || now.duration_since(start) > TURN {
