@@ -6,18 +6,7 @@ use std::time::{Duration, Instant};
 
 /// How long a shard whose busy polling was preempted stays idle (waits on the runtime)
 /// before it may poll busily again: every µs it spins is a µs the other thread waits.
-/// `MORIO_BUSY_BACKOFF_MS` sets it (for A/B runs).
 const BACKOFF: Duration = Duration::from_millis(50);
-
-fn backoff() -> Duration {
-    static B: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *B.get_or_init(|| {
-        std::env::var("MORIO_BUSY_BACKOFF_MS")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map_or(BACKOFF, Duration::from_millis)
-    })
-}
 /// How often a busy shard asks the kernel whether it was preempted (a system call).
 const CHECK_EVERY: Duration = Duration::from_micros(20);
 
@@ -58,7 +47,7 @@ impl Contention {
         let hit = preempted_since(self.mark.map(|(_, m)| m), n);
         self.mark = Some((now, n));
         if hit {
-            self.until = Some(now + backoff());
+            self.until = Some(now + BACKOFF);
             self.backoffs += 1;
         }
         hit
