@@ -47,17 +47,23 @@ def test_two_processes_pick_their_transport(engines, mode):
             off = i * 64
             wait_ok(a.write(small_md, off, md, off, 64, a.allocate_transfer_uid()))
         back = np.zeros(4096, np.uint8)
-        wait_ok(a.read(a.register_array(back), 0, md, 0, 4096, a.allocate_transfer_uid()))
+        back_md = a.register_array(back)
+        for i in range(8):
+            off = i * 512
+            wait_ok(a.read(back_md, off, md, off, 512, a.allocate_transfer_uid()))
         assert np.array_equal(back, small)
         shards = a.stats()
-        keys = ("lane_connects", "lane_connects_same_host", "lane_connects_ring", "express_writes")
+        keys = ("lane_connects", "lane_connects_same_host", "lane_connects_ring",
+                "express_writes", "express_reads")
         total = {k: sum(s[k] for s in shards) for k in keys}
         express = os.environ.get("MORIO_EXPRESS", "1").strip()
         express_on = express != "0" and not (express == "ring" and mode == "off")
+        reads_on = express_on and os.environ.get("MORIO_EXPRESS_READS", "1").strip() != "0"
         if not express_on:
             assert total["express_writes"] == 0, total
         else:
             assert total["express_writes"] >= 1, total
+        assert (total["express_reads"] >= 1) == reads_on, total
         assert total["lane_connects"] >= 1
         if mode == "off":
             assert total["lane_connects_same_host"] == total["lane_connects_ring"] == 0, total
