@@ -374,6 +374,7 @@ pub(crate) fn note_activity() {
 }
 
 /// What one turn of the poller ended with.
+#[derive(Debug, PartialEq, Eq)]
 enum Turn {
     /// The shard is idle (or never busy-polls).
     Idle,
@@ -783,6 +784,40 @@ mod tests {
         assert!(
             BUSY.with(|b| b.borrow().as_ref().unwrap().busy_since_event.is_none()),
             "activity during the back-off does not start busy polling"
+        );
+    }
+
+    #[test]
+    fn after_its_window_a_default_shard_yields_awake_for_the_tail_then_goes_idle() {
+        let window = Duration::from_micros(100);
+        let tail = yield_tail();
+        let quiet_for = |ago: Duration| {
+            BUSY.with(|b| {
+                b.borrow_mut().as_mut().unwrap().busy_since_event = Some(Instant::now() - ago)
+            });
+            turn(false)
+        };
+        enable(window, Box::new(|| false));
+        note_activity();
+        assert_eq!(
+            quiet_for(Duration::from_micros(150)),
+            Turn::GoIdle,
+            "a configured spin parks"
+        );
+        back_off_when_preempted();
+        note_activity();
+        assert_eq!(quiet_for(Duration::ZERO), Turn::Quiet, "within the window");
+        if tail > Duration::from_micros(200) {
+            assert_eq!(
+                quiet_for(window + Duration::from_micros(50)),
+                Turn::Quiet,
+                "past the window, in the yielding tail: still awake"
+            );
+        }
+        assert_eq!(
+            quiet_for(window + tail + Duration::from_millis(1)),
+            Turn::GoIdle,
+            "past the tail: idle"
         );
     }
 
