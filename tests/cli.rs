@@ -26,11 +26,25 @@ fn morio_env(args: &[&str], env: &[(&str, &str)]) -> (Output, Duration) {
 /// `morio check` says whether shards busy-poll after their work, as engines will decide.
 #[test]
 fn check_reports_busy_polling() {
-    let (out, _) = morio_env(&["check"], &[("MORIO_BUSY_POLL_US", "150")]);
+    let (out, _) = morio_env(
+        &["check"],
+        &[("MORIO_BUSY_POLL_US", "150"), ("MORIO_BUSY_YIELD_US", "")],
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("ok: shards busy-poll 150 us after their work")
-            && text.contains("(MORIO_BUSY_POLL_US)"),
+        text.contains(
+            "ok: shards busy-poll 150 us after their work, then yield their CPU between polls \
+             for 1000 us"
+        ) && text.contains("(MORIO_BUSY_POLL_US)"),
+        "{text}"
+    );
+    let (out, _) = morio_env(
+        &["check"],
+        &[("MORIO_BUSY_POLL_US", "150"), ("MORIO_BUSY_YIELD_US", "0")],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("ok: shards busy-poll 150 us after their work, then park,"),
         "{text}"
     );
     let (out, _) = morio_env(&["check"], &[("MORIO_BUSY_POLL_US", "0")]);

@@ -48,6 +48,12 @@ pub fn busy_self_poll() -> bool {
     crate::busy::self_poll()
 }
 
+/// How long a shard that busy-polls by default stays awake after its busy window, yielding
+/// its CPU between polls (`MORIO_BUSY_YIELD_US`; zero: it parks at the window's end).
+pub fn busy_yield_tail() -> std::time::Duration {
+    crate::busy::yield_tail()
+}
+
 /// Time the busy poller's wakes of shared-memory readers from now on, in every shard of the
 /// process (for latency tracing; a clock read per wake).
 pub fn note_wake_times() {

@@ -440,7 +440,7 @@ fn turn(spin: bool) -> Turn {
 /// back soon after the window (a request every 120 µs against a 100 µs window) then finds
 /// the shard awake instead of paying a wake-up from park, which on a VM costs tens of
 /// microseconds and kept such traffic slow; a thread that wants the CPU gets it at once.
-fn yield_tail() -> Duration {
+pub(crate) fn yield_tail() -> Duration {
     static TAIL: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
     *TAIL.get_or_init(|| {
         let us = std::env::var("MORIO_BUSY_YIELD_US")

@@ -124,11 +124,17 @@ fn busy_poll_line() -> String {
                 None => format!("the default with {cpus} CPUs"),
             };
             match morio::busy_window(set, cpus) {
-                Some(d) => format!(
-                    "ok: shards busy-poll {} us after their work, stepping aside when \
-                     preempted ({why})",
-                    d.as_micros()
-                ),
+                Some(d) => {
+                    let tail = match morio_shards::rt::busy_yield_tail().as_micros() {
+                        0 => "park".to_string(),
+                        us => format!("yield their CPU between polls for {us} us"),
+                    };
+                    format!(
+                        "ok: shards busy-poll {} us after their work, then {tail}, stepping \
+                         aside when preempted ({why})",
+                        d.as_micros()
+                    )
+                }
                 None => format!(
                     "note: shards park right after their work ({why}; busy polling by default \
                      needs 8 CPUs); {}=100 turns it on",
