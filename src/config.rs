@@ -11,9 +11,9 @@ use crate::proto::limits::{
 /// `IOEngineConfig`: where the engine listens and what it advertises.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct IoEngineConfig {
-    /// Address to listen on and advertise (numeric IPv4 or IPv6; empty = all IPv4
-    /// interfaces, advertised as the address this host's default route leaves from, else
-    /// 127.0.0.1 with a warning).
+    /// Address to listen on and advertise (numeric IPv4 or IPv6, the latter bare or in
+    /// brackets: `::1`, `[::1]`; empty = all IPv4 interfaces, advertised as the address this
+    /// host's default route leaves from, else 127.0.0.1 with a warning).
     pub host: String,
     /// Port; 0 binds an ephemeral port that [`crate::EngineDesc`] then carries.
     pub port: u16,

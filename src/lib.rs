@@ -59,8 +59,8 @@ pub use config::{
     MIN_AUTH_SECRET_BYTES, SAME_HOST_ENV,
 };
 pub use desc::{
-    AccessKey, BackendType, DescError, EngineDesc, EngineKey, MemoryDesc, MemoryLocationType,
-    MemoryUniqueId, TransferUniqueId, HANDLE_LEN, NODE_ID_ENV,
+    host_port, AccessKey, BackendType, DescError, EngineDesc, EngineKey, MemoryDesc,
+    MemoryLocationType, MemoryUniqueId, TransferUniqueId, HANDLE_LEN, NODE_ID_ENV,
 };
 pub use engine::{IoEngine, LaneTransport, RegisterOptions, RegisteredBuffer};
 pub use error::EngineError;

@@ -367,3 +367,49 @@ fn an_absent_or_slow_target_is_said_clearly() {
     );
     assert!(err.contains("closed by the peer"), "{err}");
 }
+
+/// The two roles over IPv6 loopback: the target prints the `--connect` address to use (the
+/// address in brackets), the initiator connects with it, rows move verified bytes with the
+/// ceiling and the floor measured over `::1`, and its report names the target in brackets.
+#[test]
+fn the_two_roles_work_over_ipv6_loopback() {
+    use std::io::BufRead;
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        eprintln!("skipped: no IPv6 loopback here");
+        return;
+    }
+    let mut target = Command::new(env!("CARGO_BIN_EXE_morio"))
+        .args(["bench", "--role", "target", "--no-pin", "--shards", "1"])
+        .args(["--host", "::1"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the target");
+    let mut err = std::io::BufReader::new(target.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    let connect = line
+        .split("--connect ")
+        .nth(1)
+        .and_then(|s| s.split('`').next())
+        .unwrap_or_else(|| panic!("no --connect in {line:?}"))
+        .to_string();
+    assert!(connect.starts_with("[::1]:"), "{line}");
+    let out = Command::new(env!("CARGO_BIN_EXE_morio"))
+        .args(["bench", "--role", "initiator", "--no-pin", "--shards", "1"])
+        .args(["--host", "::1", "--connect", &connect, "--iters", "4"])
+        .args(["--op-type", "write", "--buffer-size", "4KiB"])
+        .args(["--transfer-batch-size", "8", "--enable-batch-transfer"])
+        .args(["--ceiling-bytes", "4MiB"])
+        .output()
+        .expect("run the initiator");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("at [::1]:"), "{text}");
+    assert!(text.contains("Latency floor"), "{text}");
+    assert!(target.wait().unwrap().success());
+}

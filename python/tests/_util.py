@@ -61,22 +61,22 @@ def unique_key(prefix: str) -> str:
 
 
 class Engines:
-    """Makes engines on 127.0.0.1 with ephemeral ports and closes them all at teardown."""
+    """Makes engines on 127.0.0.1 (or a given host) with ephemeral ports and closes them all at teardown."""
 
     def __init__(self) -> None:
         self._all: list[IOEngine] = []
 
-    def engine(self, prefix: str = "eng", *, backend: bool = True, config=None, key=None) -> IOEngine:
-        e = IOEngine(key or unique_key(prefix), IOEngineConfig(host=HOST, port=0))
+    def engine(self, prefix: str = "eng", *, backend: bool = True, config=None, key=None, host=HOST) -> IOEngine:
+        e = IOEngine(key or unique_key(prefix), IOEngineConfig(host=host, port=0))
         self._all.append(e)
         if backend:
             e.create_backend(BackendType.TCP, config if config is not None else small_config())
         return e
 
-    def pair(self, prefix: str = "pair", *, config=None, config_b=None):
-        """Two engines with TCP backends, registered with each other."""
-        a = self.engine(prefix + "_a", config=config)
-        b = self.engine(prefix + "_b", config=config_b if config_b is not None else config)
+    def pair(self, prefix: str = "pair", *, config=None, config_b=None, host=HOST):
+        """Two engines with TCP backends on `host`, registered with each other."""
+        a = self.engine(prefix + "_a", config=config, host=host)
+        b = self.engine(prefix + "_b", config=config_b if config_b is not None else config, host=host)
         a.register_remote_engine(b.get_engine_desc())
         b.register_remote_engine(a.get_engine_desc())
         return a, b

@@ -176,7 +176,7 @@ pub(super) fn decode(key: &[u8], value: &[u8], dir: &str, own: &str) -> Option<E
 /// how that went.
 pub(super) fn apply_put(core: &Arc<Core>, d: &EngineDesc, connect: Option<Duration>) {
     match register(core, d) {
-        Ok(()) => log::info!("discovery: engine {} at {}:{}", d.key, d.host, d.port),
+        Ok(()) => log::info!("discovery: engine {} at {}", d.key, d.address()),
         Err(e) => return log::warn!("discovery: engine {}: {e}", d.key),
     }
     let Some(timeout) = connect else { return };

@@ -230,9 +230,7 @@ fn listen(
     let ip: IpAddr = if ecfg.host.is_empty() {
         IpAddr::from([0, 0, 0, 0])
     } else {
-        ecfg.host
-            .parse()
-            .map_err(|_| ConfigError::Host(ecfg.host.clone()))?
+        crate::desc::parse_ip(&ecfg.host).ok_or_else(|| ConfigError::Host(ecfg.host.clone()))?
     };
     let addr = SocketAddr::new(ip, ecfg.port);
     let bind_err = |source| EngineError::Bind {

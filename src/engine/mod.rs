@@ -61,14 +61,13 @@ impl IoEngine {
         }
         let ip = match cfg.host.as_str() {
             "" => None,
-            h => Some(
-                h.parse::<IpAddr>()
-                    .map_err(|_| ConfigError::Host(h.to_string()))?,
-            ),
+            h => Some(crate::desc::parse_ip(h).ok_or_else(|| ConfigError::Host(h.to_string()))?),
         };
         let advertise = match ip {
             None => Some(advertised_address(false, key)),
             Some(ip) if ip.is_unspecified() => Some(advertised_address(ip.is_ipv6(), key)),
+            // Brackets (`[::1]`) are for addresses with ports: advertise the bare address.
+            Some(ip) if cfg.host.starts_with('[') => Some(ip),
             Some(_) => None,
         };
         let explicit = match cfg.advertise_host.as_deref() {

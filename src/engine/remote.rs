@@ -47,7 +47,7 @@ pub(crate) fn register(core: &Core, desc: &EngineDesc) -> Result<(), EngineError
     };
     let ip: IpAddr = if desc.host.is_empty() {
         IpAddr::from([127, 0, 0, 1])
-    } else if let Ok(ip) = desc.host.parse() {
+    } else if let Some(ip) = crate::desc::parse_ip(&desc.host) {
         ip
     } else {
         resolve(&desc.host).ok_or_else(bad)?

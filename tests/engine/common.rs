@@ -1,4 +1,4 @@
-//! Helpers: engine pairs on 127.0.0.1, random buffers, waiting with a bound.
+//! Helpers: engine pairs on 127.0.0.1 (or ::1), random buffers, waiting with a bound.
 
 use std::time::Duration;
 
@@ -18,7 +18,12 @@ pub fn test_cfg() -> TcpBackendConfig {
 }
 
 pub fn engine(key: &str, cfg: TcpBackendConfig) -> IoEngine {
-    let e = IoEngine::new(key, IoEngineConfig::new("127.0.0.1", 0)).expect("engine");
+    engine_at(key, "127.0.0.1", cfg)
+}
+
+/// An engine listening on `host` (a loopback address).
+pub fn engine_at(key: &str, host: &str, cfg: TcpBackendConfig) -> IoEngine {
+    let e = IoEngine::new(key, IoEngineConfig::new(host, 0)).expect("engine");
     e.create_backend(cfg).expect("backend");
     e
 }

@@ -14,6 +14,7 @@ mod gpu_same_host;
 mod gpu_vmm;
 mod host;
 mod in_process;
+mod ipv6;
 mod mori_cases;
 mod peer_stats;
 mod same_host;

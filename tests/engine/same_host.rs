@@ -12,7 +12,7 @@ fn cfg(mode: SameHost) -> morio::TcpBackendConfig {
 
 /// Writes and reads of a small, a medium (one pulled part), a striped and a batched transfer
 /// from `a` to `b`, each verified byte for byte.
-fn round_trips(a: &morio::IoEngine, b: &morio::IoEngine, seed: u64) {
+pub(crate) fn round_trips(a: &morio::IoEngine, b: &morio::IoEngine, seed: u64) {
     let n = 24 << 20;
     let src = random_buffer(a, n, seed);
     let dst = b.alloc_buffer(n).unwrap();

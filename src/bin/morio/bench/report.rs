@@ -147,7 +147,12 @@ pub fn print_config(a: &Args, sides: &[Side; 2], n_rows: usize, buffer_bytes: us
         ("role", "INITIATOR".to_string()),
         (
             "target",
-            format!("{} at {}:{} (pid {})", t.engine_key, t.host, t.port, t.pid),
+            format!(
+                "{} at {} (pid {})",
+                t.engine_key,
+                morio::host_port(&t.host, t.port),
+                t.pid
+            ),
         ),
         ("buffer_size", format!("{} B", a.buffer_size)),
         ("transfer_batch_size", a.transfer_batch_size.to_string()),

@@ -4,7 +4,7 @@
 //! its requests (scramble, hash, ceiling receivers) until it says it is done.
 
 use std::io::Write;
-use std::net::{IpAddr, TcpListener};
+use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::thread::JoinHandle;
 
 use anyhow::{bail, Context};
@@ -25,7 +25,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     let link_timeout = cfg.op_timeout;
     engine.create_backend(cfg).context("target: TCP backend")?;
     let listener = TcpListener::bind((host, a.port))
-        .with_context(|| format!("target: side channel on {}:{}", a.host, a.port))?;
+        .with_context(|| format!("target: side channel on {}", SocketAddr::new(host, a.port)))?;
     let port = listener.local_addr()?.port();
     let mut out = std::io::stdout().lock();
     writeln!(out, "MORIO_BENCH_TARGET {port}")?;
@@ -33,9 +33,9 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     drop(out);
     if a.parent_pid.is_none() {
         eprintln!(
-            "morio bench target: waiting for an initiator on {}:{port} (`morio bench --role \
-             initiator --connect {}:{port}`)",
-            a.host, a.host
+            "morio bench target: waiting for an initiator on {at} (`morio bench --role \
+             initiator --connect {at}`)",
+            at = SocketAddr::new(host, port)
         );
     }
 

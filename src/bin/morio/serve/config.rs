@@ -14,7 +14,7 @@ pub const DEFAULT_TOML: &str = r#"# morio serve configuration. Every value shown
 [engine]
 # Engine key peers address this node by; unique among engines.
 key = "morio-serve"
-# Numeric IP the data plane listens on and advertises.
+# Numeric IP (IPv4, or IPv6 such as "::1") the data plane listens on and advertises.
 host = "127.0.0.1"
 # Data port (0: ephemeral; the control service reports the one bound).
 port = 0
@@ -76,9 +76,9 @@ spin_us = 0
 # secret_file = "/etc/morio/secret"
 
 [control]
-# The HTTP control service (host:port; port 0: ephemeral): GET /descriptors and /stats
-# (with a deployment secret, only with a Morio-HMAC proof), /metrics (Prometheus) and
-# /healthz (open), /nonce.
+# The HTTP control service (host:port, IPv6 in brackets: "[::1]:7070"; port 0: ephemeral):
+# GET /descriptors and /stats (with a deployment secret, only with a Morio-HMAC proof),
+# /metrics (Prometheus) and /healthz (open), /nonce.
 listen = "127.0.0.1:7070"
 # Whether the open /metrics carries the per-peer series (morio_peer_*, labelled with the
 # peers' engine keys). Default: only without a deployment secret; set it true where only a

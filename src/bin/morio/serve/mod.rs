@@ -128,10 +128,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     // The first line is for scripts and tests; the rest for people.
     println!("MORIO_SERVE_CONTROL {control_addr}");
     println!(
-        "morio serve: engine {:?} on {}:{}, {} shards on CPUs {}, memory {}",
+        "morio serve: engine {:?} on {}, {} shards on CPUs {}, memory {}",
         desc.key,
-        desc.host,
-        desc.port,
+        desc.address(),
         engine.n_shards(),
         crate::bench::argv::format_shard_cpus(&engine.shard_cpus()),
         regions
@@ -222,8 +221,11 @@ pub fn ctl(a: CtlArgs) -> anyhow::Result<()> {
             let d = c.descriptors()?;
             let e = morio::EngineDesc::unpack(&d.engine)?;
             println!(
-                "engine {:?} at {}:{} (pid {}, node {})",
-                e.key, e.host, e.port, e.pid, e.node_id
+                "engine {:?} at {} (pid {}, node {})",
+                e.key,
+                e.address(),
+                e.pid,
+                e.node_id
             );
             for m in d.memory {
                 let md = morio::MemoryDesc::unpack(&m.desc)?;
