@@ -28,7 +28,8 @@ struct Etcd {
     child: Child,
     dir: PathBuf,
     endpoint: String,
-    peer: u16,
+    /// `host:port` of its peer URL (`[::1]:port` on IPv6).
+    peer: String,
     /// Serving TLS: its certificates, and whether it asks clients for theirs.
     tls: Option<(Pki, bool)>,
     /// The user `connect` authenticates as, once authentication is on.
@@ -40,6 +41,11 @@ impl Etcd {
         Self::start_with(None)
     }
 
+    /// An etcd listening on IPv6 loopback only (`[::1]`).
+    fn start_v6() -> Etcd {
+        Self::start_on("[::1]", None)
+    }
+
     /// An etcd serving TLS with `pki`'s server certificate; with `client_certs`, it also
     /// requires clients to present a certificate `pki`'s CA signed.
     fn start_tls(pki: Pki, client_certs: bool) -> Etcd {
@@ -47,6 +53,11 @@ impl Etcd {
     }
 
     fn start_with(tls: Option<(Pki, bool)>) -> Etcd {
+        Self::start_on("127.0.0.1", tls)
+    }
+
+    /// An etcd on `host` (`127.0.0.1`, or `[::1]`).
+    fn start_on(host: &str, tls: Option<(Pki, bool)>) -> Etcd {
         let found = Command::new(ETCD)
             .arg("--version")
             .stdout(Stdio::null())
@@ -65,12 +76,12 @@ impl Etcd {
             std::process::id(),
             rand::random::<u32>()
         ));
-        let endpoint = format!("127.0.0.1:{client}");
+        let endpoint = format!("{host}:{client}");
         let mut etcd = Etcd {
             child: Command::new("true").spawn().unwrap(),
             dir,
             endpoint,
-            peer,
+            peer: format!("{host}:{peer}"),
             tls,
             auth: None,
         };
@@ -82,7 +93,7 @@ impl Etcd {
     fn spawn(&self) -> Child {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
         let c = format!("{scheme}://{}", self.endpoint);
-        let p = format!("http://127.0.0.1:{}", self.peer);
+        let p = format!("http://{}", self.peer);
         let mut cmd = Command::new(ETCD);
         cmd.args(["--name", "morio-test", "--data-dir"])
             .arg(&self.dir)
@@ -339,7 +350,11 @@ impl Drop for Etcd {
 }
 
 fn engine(key: &str) -> IoEngine {
-    let e = IoEngine::new(key, IoEngineConfig::new("127.0.0.1", 0)).unwrap();
+    engine_at(key, "127.0.0.1")
+}
+
+fn engine_at(key: &str, host: &str) -> IoEngine {
+    let e = IoEngine::new(key, IoEngineConfig::new(host, 0)).unwrap();
     e.create_backend(TcpBackendConfig {
         num_shards: Some(2),
         pin_shards: false,
@@ -461,6 +476,43 @@ fn engines_publish_are_watched_move_data_and_are_forgotten_when_their_lease_goes
     }
     assert_eq!(ra2.to_vec(), src.to_vec());
     da2.close().unwrap();
+    drop(db);
+}
+
+/// An etcd on IPv6 loopback (`[::1]:port` endpoints) and engines on `::1`: published,
+/// looked up and watched as on IPv4, and the watcher's engine moves verified bytes to both.
+#[test]
+fn discovery_works_over_ipv6() {
+    if TcpListener::bind("[::1]:0").is_err() {
+        eprintln!("skipped: no IPv6 loopback here");
+        return;
+    }
+    let etcd = Etcd::start_v6();
+    assert!(etcd.endpoint.starts_with("[::1]:"), "{}", etcd.endpoint);
+    let n = 64 << 10;
+    let (a, b) = (
+        engine_at("disc6_a", "::1"),
+        engine_at("disc6_b", "127.0.0.1"),
+    );
+    let c = engine_at("disc6_c", "::1");
+    let (ra, rb) = (a.alloc_buffer(n).unwrap(), b.alloc_buffer(n).unwrap());
+    let da = etcd.connect("/t6");
+    da.publish(&a, &[("kv", ra.desc())]).unwrap();
+    let db = etcd.connect("/t6");
+    db.publish(&b, &[("kv", rb.desc())]).unwrap();
+    let dc = etcd.connect("/t6");
+    let found = dc.lookup("disc6_a").unwrap().expect("a published");
+    assert_eq!(
+        (found.host.as_str(), found.address()),
+        ("::1", format!("[::1]:{}", found.port))
+    );
+    dc.watch(&c).unwrap();
+    let src = filled(&c, n, 9);
+    assert_eq!(write_to(&dc, &c, &src, "disc6_a"), StatusCode::Success);
+    assert_eq!(write_to(&dc, &c, &src, "disc6_b"), StatusCode::Success);
+    assert_eq!(ra.to_vec(), src.to_vec());
+    assert_eq!(rb.to_vec(), src.to_vec());
+    da.close().unwrap();
     drop(db);
 }
 
