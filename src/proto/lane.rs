@@ -41,6 +41,19 @@ pub enum Report {
     },
 }
 
+/// What a cancelled transfer leaves on a lane ([`LaneBook::cancel`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fence {
+    /// Nothing of it can still reach the target through this lane (nothing sent, or only
+    /// READ requests, whose late data the lane drops).
+    None,
+    /// Write chunks of it left whole but were not answered: they may still sit in the
+    /// socket's send queue or on the way, and would land later.
+    Unplaced,
+    /// A write chunk of it is half on the wire: the stream cannot be resynchronised.
+    HalfSent,
+}
+
 /// A READ request waiting for its data: where to place it.
 #[derive(Debug)]
 pub struct ReadWait<L> {
@@ -323,14 +336,29 @@ impl<L> LaneBook<L> {
         }
     }
 
-    /// A transfer ended early: drop its queued and pending work. `true` when its frame is
-    /// half on the wire: the stream cannot be resynchronised and the lane must die.
-    pub fn cancel(&mut self, uid: u64, gen: u64) -> bool {
+    /// A transfer ended early: drop its queued and pending work, and say whether bytes of it
+    /// may still reach the target's memory through this lane ([`Fence`]): then the lane must
+    /// be reset, so that they cannot land after the transfer was reported failed.
+    pub fn cancel(&mut self, uid: u64, gen: u64) -> Fence {
         let hit = |t: &TransferRef| (t.uid, t.gen) == (uid, gen);
+        let half_sent = self.writing.is_some_and(|t| hit(&t));
+        // Write chunks sent and not answered: a final chunk waiting for its COMPLETE, or a
+        // chunk of several (kept until its transfer ends, so not pruned before this).
+        let unplaced = self
+            .outstanding
+            .values()
+            .any(|(t, w)| hit(t) && matches!(w, Wait::Write))
+            || self.unanswered.values().any(hit);
         self.queue.retain(|i| !hit(&i.to));
         self.outstanding.retain(|_, (t, _)| !hit(t));
         self.unanswered.retain(|_, t| !hit(t));
-        self.writing.is_some_and(|t| hit(&t))
+        if half_sent {
+            Fence::HalfSent
+        } else if unplaced {
+            Fence::Unplaced
+        } else {
+            Fence::None
+        }
     }
 
     /// The lane dies: every transfer with work queued, sent or unanswered on it (and still
@@ -476,17 +504,33 @@ mod tests {
     }
 
     #[test]
-    fn cancel_drops_a_transfers_work_and_says_when_the_lane_must_die() {
+    fn cancel_drops_a_transfers_work_and_says_when_the_lane_must_be_reset() {
         let mut b = LaneBook::<()>::default();
         let t0 = b.next_tag();
         b.sending_write(t0, to(1, 0), true, always);
-        assert!(b.cancel(1, 0), "its frame is half sent");
+        assert_eq!(b.cancel(1, 0), Fence::HalfSent, "its frame is half sent");
         b.sent();
+        // A whole final chunk sent, not answered: it may still land.
         let t1 = b.next_tag();
         b.sending_write(t1, to(2, 0), true, always);
         b.sent();
-        assert!(!b.cancel(2, 0));
+        assert_eq!(b.cancel(2, 0), Fence::Unplaced);
         assert!(matches!(b.answer(t1, 2, ok()), Ok(Matched::Stale)));
+        // A chunk of several sent (kept unanswered): the same.
+        let t2 = b.next_tag();
+        b.sending_write(t2, to(3, 0), false, always);
+        b.sent();
+        assert_eq!(b.cancel(3, 0), Fence::Unplaced);
+        // Answered (placed), or never sent, or a READ request: nothing to fence.
+        let t3 = b.next_tag();
+        b.sending_write(t3, to(4, 0), true, always);
+        b.sent();
+        assert!(matches!(b.answer(t3, 4, ok()), Ok(Matched::Report(..))));
+        assert_eq!(b.cancel(4, 0), Fence::None);
+        assert_eq!(b.cancel(5, 0), Fence::None);
+        let t4 = b.next_tag();
+        b.sending_read(t4, to(6, 0), read_wait(0, true));
+        assert_eq!(b.cancel(6, 0), Fence::None);
         assert_eq!(b.die(always), Some(vec![]));
     }
 

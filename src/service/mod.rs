@@ -239,7 +239,14 @@ impl Shard {
                 uid,
                 gen,
                 why,
-            } => lane::cancel(self, &peer, uid, gen, &why),
+                ack_to,
+            } => {
+                lane::cancel(self, &peer, uid, gen, &why, ack_to.is_some());
+                if let Some(owner) = ack_to {
+                    self.send(owner, ShardMsg::Fenced { peer, uid, gen });
+                }
+            }
+            ShardMsg::Fenced { peer, uid, gen } => owner::fenced(self, &peer, uid, gen),
             ShardMsg::AddRegion(r, ack) => {
                 self.regions.borrow_mut().insert(r.id, r);
                 let _ = ack.send(());

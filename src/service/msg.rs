@@ -125,14 +125,19 @@ pub(crate) enum ShardMsg {
     WakeWriter { peer: Arc<str>, lane: u16 },
     /// A lane's report about a transfer this shard owns.
     Owner(Box<LaneEvent>),
-    /// A transfer ended early (timeout, lost lane): drop its queued and pending chunks.
-    /// `why` is its failure, named when a lane has to close for it.
+    /// A transfer ended early (timeout, lost lane): drop its queued and pending chunks, and
+    /// reset a lane that may still carry its bytes. `why` is its failure, named when a lane
+    /// has to close for it. `ack_to`: the owner waits for [`ShardMsg::Fenced`] before it
+    /// reports the failure (a write).
     Cancel {
         peer: Arc<str>,
         uid: u64,
         gen: u64,
         why: Arc<str>,
+        ack_to: Option<usize>,
     },
+    /// A lane shard has done [`ShardMsg::Cancel`] for a transfer this shard owns.
+    Fenced { peer: Arc<str>, uid: u64, gen: u64 },
     /// Replicate a registered region; answer on the channel once resolvable here.
     AddRegion(SharedRegion, mpsc::Sender<()>),
     /// Forget a region; answer once no new chunk can resolve it here.

@@ -46,8 +46,21 @@ impl Drop for Entry {
 pub(crate) struct OwnerTable {
     map: HashMap<(Arc<str>, u64), Entry>,
     cursor: HashMap<Arc<str>, usize>,
-    /// Generations of the transfers in `map`, for [`super::Shared::low_water`].
+    /// Generations of the transfers in `map` and `fencing`, for [`super::Shared::low_water`].
     in_flight: BTreeSet<u64>,
+    /// Failed writes waiting for their lanes' shards to reset what may still carry their
+    /// bytes ([`ShardMsg::Fenced`]) before their failure is reported, by (peer, uid, gen).
+    fencing: HashMap<(Arc<str>, u64, u64), Fencing>,
+}
+
+/// A failed write whose failure waits for its lanes ([`OwnerTable::fencing`]).
+#[derive(Debug)]
+struct Fencing {
+    entry: Entry,
+    code: u32,
+    msg: String,
+    /// Lane shards still to answer.
+    waiting: usize,
 }
 
 impl OwnerTable {
@@ -251,17 +264,37 @@ pub(crate) fn on_event(shard: &Rc<Shard>, ev: LaneEvent) {
         }
         Some(Action::Complete { code, msg }) => {
             let Some(e) = t.map.remove(&key) else { return };
-            t.ended(shard, e.gen);
             drop(t);
             // A failed multi-chunk transfer may leave answers its lanes still wait for (chunk
             // 0's COMPLETE after a FINISH): they are dropped there.
             let ended_early =
                 early || code == codes::ERR_BAD_STATE || (e.n_chunks > 1 && code != codes::SUCCESS);
-            finish(shard, &key.0, key.1, e, code, &msg, ended_early);
+            let ending = if ended_early {
+                Ending::Cancel
+            } else {
+                Ending::Answered
+            };
+            finish(shard, &key.0, key.1, e, code, &msg, ending);
         }
     }
 }
 
+/// How a transfer that leaves the table ends ([`finish`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// As it was answered: its lanes hold nothing of it.
+    Answered,
+    /// Early (a lost lane, a failed chunk): its lanes drop its queued and pending work.
+    Cancel,
+    /// By its deadline: as `Cancel`, and a write's lanes that may still carry its bytes
+    /// are reset before its failure is reported (their bytes could be stuck for long).
+    Deadline,
+}
+
+/// A transfer left the table with `code`. A write that failed by its deadline is reported
+/// once its lanes' shards have reset the lanes that might still carry its bytes
+/// ([`fenced`]): when the application learns of the failure, nothing of it is left to leave
+/// this host, so it cannot land later over what the application writes there next.
 fn finish(
     shard: &Rc<Shard>,
     peer: &Arc<str>,
@@ -269,8 +302,9 @@ fn finish(
     e: Entry,
     code: u32,
     msg: &str,
-    cancel: bool,
+    ending: Ending,
 ) {
+    let cancel = ending != Ending::Answered;
     if cancel {
         if let Some(s) = &e.stripes {
             s.cancel();
@@ -278,17 +312,69 @@ fn finish(
         let mut shards: Vec<usize> = e.lanes.iter().map(|&l| shard.lane_shard(l)).collect();
         shards.sort_unstable();
         shards.dedup();
-        let why: Arc<str> = msg.into();
-        for s in shards {
-            let m = ShardMsg::Cancel {
-                peer: peer.clone(),
-                uid,
-                gen: e.gen,
-                why: why.clone(),
+        let fence = ending == Ending::Deadline
+            && code != codes::SUCCESS
+            && e.op == Op::Write
+            && !shards.is_empty();
+        let (why, gen): (Arc<str>, u64) = (msg.into(), e.gen);
+        let msgs: Vec<(usize, ShardMsg)> = shards
+            .iter()
+            .map(|&s| {
+                let m = ShardMsg::Cancel {
+                    peer: peer.clone(),
+                    uid,
+                    gen,
+                    why: why.clone(),
+                    ack_to: fence.then_some(shard.id),
+                };
+                (s, m)
+            })
+            .collect();
+        if fence {
+            // In the table before any lane shard (this one included) can answer.
+            let f = Fencing {
+                waiting: shards.len(),
+                entry: e,
+                code,
+                msg: msg.to_string(),
             };
+            let key = (peer.clone(), uid, gen);
+            shard.owner.borrow_mut().fencing.insert(key, f);
+            for (s, m) in msgs {
+                shard.send(s, m);
+            }
+            return;
+        }
+        for (s, m) in msgs {
             shard.send(s, m);
         }
     }
+    complete(shard, peer, uid, e, code, msg);
+}
+
+/// A lane shard has reset what might carry a failed write's bytes: the last one reports it.
+pub(crate) fn fenced(shard: &Rc<Shard>, peer: &Arc<str>, uid: u64, gen: u64) {
+    let key = (peer.clone(), uid, gen);
+    let done = {
+        let mut t = shard.owner.borrow_mut();
+        let Some(f) = t.fencing.get_mut(&key) else {
+            return;
+        };
+        f.waiting -= 1;
+        if f.waiting > 0 {
+            return;
+        }
+        t.fencing.remove(&key)
+    };
+    if let Some(f) = done {
+        complete(shard, peer, uid, f.entry, f.code, &f.msg);
+    }
+}
+
+/// Report a transfer's end: its generation leaves the low-water mark, its latency is
+/// counted and its status set.
+fn complete(shard: &Rc<Shard>, peer: &Arc<str>, uid: u64, e: Entry, code: u32, msg: &str) {
+    shard.owner.borrow_mut().ended(shard, e.gen);
     let latency_us = super::now_ns().saturating_sub(e.submitted_ns) / 1000;
     {
         let mut st = shard.stats.borrow_mut();
@@ -319,16 +405,18 @@ pub(crate) fn tick(shard: &Rc<Shard>, now: u64) {
         keys.into_iter()
             .filter_map(|k| {
                 let mut e = t.map.remove(&k)?;
-                t.ended(shard, e.gen);
                 match e.sm.on_tick(now) {
                     Some(Action::Complete { code, msg }) => Some((k, e, code, msg)),
-                    _ => None,
+                    _ => {
+                        t.ended(shard, e.gen);
+                        None
+                    }
                 }
             })
             .collect()
     };
     for ((peer, uid), e, code, msg) in expired {
-        finish(shard, &peer, uid, e, code, &msg, true);
+        finish(shard, &peer, uid, e, code, &msg, Ending::Deadline);
     }
 }
 
@@ -357,9 +445,14 @@ pub(crate) fn fail_all(shard: &Rc<Shard>, msg: &str) {
         let mut t = shard.owner.borrow_mut();
         t.in_flight.clear();
         t.publish(shard);
-        t.map.drain().collect()
+        let fencing: Vec<Entry> = t.fencing.drain().map(|(_, f)| f.entry).collect();
+        t.map
+            .drain()
+            .map(|(_, e)| e)
+            .chain(fencing)
+            .collect::<Vec<_>>()
     };
-    for (_, e) in all {
+    for e in all {
         fail_status(&e.status, codes::ERR_BAD_STATE, msg);
     }
 }

@@ -291,6 +291,26 @@ impl Closer {
             Closer::Mem(c) => c.close(),
         }
     }
+
+    /// Bytes this end sent that the peer has not acknowledged yet, or does not have yet
+    /// (`TIOCOUTQ`: unsent and unacknowledged); `None` where unknown (an in-process pipe).
+    pub(crate) fn unsent(&self) -> Option<usize> {
+        match self {
+            Closer::Tcp(fd) => tcp::unsent(*fd),
+            #[cfg(any(test, feature = "testing"))]
+            Closer::Mem(_) => None,
+        }
+    }
+
+    /// Reset the connection now: what its send queue still holds is dropped, never sent,
+    /// and the peer gets a reset instead of the rest of the stream ([`tcp::abort`]).
+    pub(crate) fn abort(&self) {
+        match self {
+            Closer::Tcp(fd) => tcp::abort(*fd),
+            #[cfg(any(test, feature = "testing"))]
+            Closer::Mem(c) => c.close(),
+        }
+    }
 }
 
 impl Tx {

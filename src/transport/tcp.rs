@@ -85,6 +85,37 @@ pub(crate) fn shutdown(fd: RawFd) {
     }
 }
 
+/// Reset a connection at once (`connect` with `AF_UNSPEC`, which disconnects a TCP socket):
+/// the kernel sends a reset, drops the send and receive queues unsent and unread, and wakes
+/// every pending read and write with an error. `shutdown` would instead send what is queued
+/// and then a FIN; closing with a zero linger would reset only when the last descriptor
+/// closes, after the lane's tasks end, while the queue keeps draining.
+pub(crate) fn abort(fd: RawFd) {
+    let unspec = libc::sockaddr {
+        sa_family: libc::AF_UNSPEC as libc::sa_family_t,
+        sa_data: [0; 14],
+    };
+    // SAFETY: as for `shutdown`: the descriptor is alive; `unspec` is a valid sockaddr of
+    // the length given. Failure (a socket already closed by the peer) is harmless.
+    unsafe {
+        libc::connect(
+            fd,
+            &unspec,
+            std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+        );
+        libc::shutdown(fd, libc::SHUT_RDWR);
+    }
+}
+
+/// Bytes in the socket's send queue, sent and not acknowledged or not sent yet (`TIOCOUTQ`);
+/// `None` if the kernel does not say.
+pub(crate) fn unsent(fd: RawFd) -> Option<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ writes one int, ours; the descriptor is alive (see `abort`).
+    let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n) };
+    (r == 0).then(|| usize::try_from(n).unwrap_or(0))
+}
+
 /// Options every connection gets (both ends): nodelay, keepalive, and a user timeout so a
 /// peer that stops acknowledging data fails the connection instead of hanging it.
 pub(crate) fn configure_conn(

@@ -9,6 +9,7 @@ mod concurrency;
 mod connect;
 mod express;
 mod failures;
+mod fence;
 mod gpu;
 mod gpu_same_host;
 mod gpu_vmm;

@@ -379,7 +379,8 @@ fn garbage(rng: &mut StdRng, n_lanes: u16, at_target: bool) -> (Vec<u8>, Closer)
 
 /// Lanes of the running initiator whose connection died, and check that every close other
 /// than those on `conn` is a lane killed by a transfer that ended while its WRITE was half
-/// sent (a cascade of the first loss) or the target seeing one of them end.
+/// sent (a cascade of the first loss) or by a write that failed by its deadline with bytes on
+/// it, or the target seeing one of them end.
 fn dead_lanes(sim: &Sim, conn: Option<usize>) -> BTreeSet<u16> {
     let seed = sim.seed;
     let mut dead = BTreeSet::new();
@@ -388,7 +389,7 @@ fn dead_lanes(sim: &Sim, conn: Option<usize>) -> BTreeSet<u16> {
             let ok = if *at_target {
                 *cause == Cause::Eof
             } else {
-                *cause == Cause::MidFrame
+                matches!(cause, Cause::MidFrame | Cause::Fenced)
             };
             assert!(ok, "seed {seed}: connection {c} closed by {cause:?}");
         }
@@ -555,8 +556,11 @@ fn sim_reset_connection_fails_only_its_transfers() {
 
 /// One lane delivers nothing once its handshake is done: transfers with a frame on it time
 /// out through the owner's tick; the others succeed (a join waits for the stalled chunks, so
-/// nothing using the lane completes early). When the lane wakes up, every chunk reaches the
-/// target, every join answers, and the late answers are dropped as stale.
+/// nothing using the lane completes early). A write among those timed out has its frames
+/// whole in the stalled connection: the lane is reset before its failure is reported
+/// (`Fence::Unplaced`), so that its bytes cannot land later. Without one (only reads timed
+/// out), when the lane wakes up every chunk reaches the target, every join answers, and
+/// the late answers are dropped as stale.
 fn scenario_stall(seed: u64) -> (usize, usize) {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x57a11);
     let n_lanes = rng.gen_range(2..=4);
@@ -573,6 +577,7 @@ fn scenario_stall(seed: u64) -> (usize, usize) {
         s.timeout = deadline;
     }
     sim.run(specs, false);
+    let mut writes_on_stalled = 0;
     for (x, xf) in sim.xfers.iter_mut().enumerate() {
         let on_stalled = xf.frame_lanes.contains(&stalled);
         assert_eq!(
@@ -582,6 +587,7 @@ fn scenario_stall(seed: u64) -> (usize, usize) {
         );
         if on_stalled {
             xf.spec.want = Want::TimedOut;
+            writes_on_stalled += usize::from(xf.spec.op == Op::Write);
         }
     }
     sim.advance(deadline - 1);
@@ -589,22 +595,39 @@ fn scenario_stall(seed: u64) -> (usize, usize) {
     let before = done(&sim);
     sim.advance(deadline);
     assert_eq!(done(&sim), sim.xfers.len(), "seed {seed}: deadline");
-    // Wake the lane: everything it carried is answered late and must be dropped.
+    let fenced = writes_on_stalled > 0;
+    let reset_before = sim.closes.clone();
+    // Wake the lane: what it still carries is answered late and must be dropped.
     sim.conns[c].stalled = false;
     let stale_before = sim.stale;
     sim.run(Vec::new(), false);
     let (ended, left) = sim.verify();
     let timed_out = ended.iter().filter(|e| **e == Ended::TimedOut).count();
     assert_eq!(timed_out, sim.xfers.len() - before, "seed {seed}");
-    // Each timed-out transfer's final answer (its COMPLETE, or a one-chunk read's final
-    // READ_DATA) arrives after the wake-up.
+    assert_eq!(sim.finishes, 0, "seed {seed}: FINISH sent");
+    if fenced {
+        // Reset at the deadline, before any status was set; the target then sees it end.
+        assert_eq!(
+            reset_before,
+            [(c, false, Cause::Fenced)],
+            "seed {seed}: {writes_on_stalled} writes timed out on the stalled lane"
+        );
+        for (cc, at_target, cause) in &sim.closes {
+            assert_eq!(*cc, c, "seed {seed}: {:?}", sim.closes);
+            assert!(
+                *at_target || *cause == Cause::Fenced,
+                "seed {seed}: {cause:?}"
+            );
+        }
+        return (timed_out, ended.len() - timed_out);
+    }
+    // Each timed-out read's final answer arrives after the wake-up.
     assert!(
         sim.stale - stale_before >= timed_out,
         "seed {seed}: {} late answers for {timed_out} timed-out transfers",
         sim.stale - stale_before
     );
     assert!(sim.closes.is_empty(), "seed {seed}: {:?}", sim.closes);
-    assert_eq!(sim.finishes, 0, "seed {seed}: FINISH sent");
     // Nothing was lost: every transfer's inbound status ends up recorded, every join done.
     assert_eq!(sim.inbound.len(), sim.xfers.len(), "seed {seed}: inbound");
     assert_eq!(left, 0, "seed {seed}: joins left behind");

@@ -111,6 +111,9 @@ pub enum Cause {
     Reset,
     /// A transfer ended while its WRITE was half on the wire (`LaneBook::cancel`).
     MidFrame,
+    /// A write failed by its deadline with chunks sent and unanswered on this connection:
+    /// reset so that they cannot land later (`Fence::Unplaced`).
+    Fenced,
 }
 
 impl fmt::Display for Cause {
@@ -123,6 +126,10 @@ impl fmt::Display for Cause {
             Self::Handshake(m) => write!(f, "handshake: {m}"),
             Self::Reset => write!(f, "connection reset"),
             Self::MidFrame => write!(f, "a transfer on this connection ended mid-frame"),
+            Self::Fenced => write!(
+                f,
+                "a write failed by its deadline with bytes on this connection"
+            ),
         }
     }
 }

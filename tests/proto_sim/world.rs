@@ -19,7 +19,7 @@ use morio::proto::frame::{encode_chunk_segs, Chunk, Finish, Frame, Hello, Kind, 
 use morio::proto::handshake::{accept, check_ack, check_hello, refusal};
 use morio::proto::inbound::Refusal;
 use morio::proto::join::JoinMap;
-use morio::proto::lane::{Answer, LaneBook, Matched, ReadWait, Report, Sendable};
+use morio::proto::lane::{Answer, Fence, LaneBook, Matched, ReadWait, Report, Sendable};
 use morio::proto::layout::remote_seg;
 use morio::proto::layout::Layout;
 use morio::proto::limits::VERSION;
@@ -685,24 +685,32 @@ impl Sim {
                     }
                     let e = owner.table.remove(&to.uid).expect("entry");
                     owner.in_flight.remove(&e.gen);
-                    self.end(to, e, code, msg);
+                    self.end(to, e, code, msg, false);
                 }
             }
         }
     }
 
     /// The owner ends a transfer: one that ended early stops its stripes and drops its work
-    /// from its lanes (a lane whose frame of it is half sent dies), then its status is set.
-    fn end(&mut self, to: TransferRef, e: Entry, code: u32, msg: String) {
-        let early = code == ERR_BAD_STATE || (e.n_chunks > 1 && code != SUCCESS);
+    /// from its lanes (a lane whose frame of it is half sent dies; with `deadline`, a write's
+    /// lane that may still carry its bytes, sent unanswered and not all delivered, is reset
+    /// too), then its status is set.
+    fn end(&mut self, to: TransferRef, e: Entry, code: u32, msg: String, deadline: bool) {
+        let early = deadline || code == ERR_BAD_STATE || (e.n_chunks > 1 && code != SUCCESS);
         if early {
             if let Some(s) = &e.stripes {
                 s.cancel();
             }
             let i = self.cur();
+            let fence = deadline && e.op == Op::Write;
             for &l in &e.lanes {
-                if self.inits[i].lanes[l as usize].book.cancel(to.uid, to.gen) {
-                    self.die(l, Cause::MidFrame);
+                let lane = &mut self.inits[i].lanes[l as usize];
+                // What the connection has not delivered yet (the socket's send queue).
+                let undelivered = self.conns[lane.conn].up.in_flight() > 0;
+                match lane.book.cancel(to.uid, to.gen) {
+                    Fence::HalfSent => self.die(l, Cause::MidFrame),
+                    Fence::Unplaced if fence && undelivered => self.die(l, Cause::Fenced),
+                    _ => {}
                 }
             }
         }
@@ -715,8 +723,11 @@ impl Sim {
         if self.inits[i].crashed {
             return;
         }
+        // Every owner takes its expired transfers out of its table first, then ends them, as
+        // a shard's tick does: a lane one of them resets fails only transfers still running.
+        let now = self.now;
+        let mut ended = Vec::new();
         for o in 0..self.inits[i].owners.len() {
-            let now = self.now;
             let owner = &mut self.inits[i].owners[o];
             let expired: Vec<u64> = owner
                 .table
@@ -725,7 +736,6 @@ impl Sim {
                 .map(|(u, _)| *u)
                 .collect();
             for uid in expired {
-                let owner = &mut self.inits[i].owners[o];
                 let mut e = owner.table.remove(&uid).expect("entry");
                 owner.in_flight.remove(&e.gen);
                 let to = TransferRef {
@@ -734,9 +744,12 @@ impl Sim {
                     gen: e.gen,
                 };
                 if let Some(Action::Complete { code, msg }) = e.ob.on_tick(now) {
-                    self.end(to, e, code, msg);
+                    ended.push((to, e, code, msg));
                 }
             }
+        }
+        for (to, e, code, msg) in ended {
+            self.end(to, e, code, msg, true);
         }
         self.drain_reports();
     }

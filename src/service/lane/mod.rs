@@ -18,7 +18,7 @@ use crate::proto::codes;
 use crate::proto::dispatch::TransferRef;
 use crate::proto::frame::{Frame, Hello};
 use crate::proto::handshake;
-use crate::proto::lane::{LaneBook, Report};
+use crate::proto::lane::{Fence, LaneBook, Report};
 use crate::proto::limits::{NONCE_BYTES, VERSION};
 use crate::region::SharedRegion;
 use crate::stats::PeerSlot;
@@ -125,22 +125,38 @@ fn lane_for(shard: &Rc<Shard>, peer: &Arc<Peer>, idx: u16) -> (Rc<Lane>, bool) {
     (lane, true)
 }
 
-/// Drop queued and pending work of a transfer that ended early (`why`: its failure).
-pub(crate) fn cancel(shard: &Rc<Shard>, peer: &str, uid: u64, gen: u64, why: &str) {
+/// Drop queued and pending work of a transfer that ended early (`why`: its failure). A lane
+/// with a frame of it half sent is reset (the stream cannot be resynchronised). With `fence`
+/// (a write that failed by its deadline), so is a lane that may still carry its bytes to the
+/// target (write chunks sent and not answered, and bytes its socket has not yet delivered):
+/// its send queue is dropped unsent, so that no byte of a transfer reported failed lands
+/// later, over what the application writes there next (bytes the peer already received are
+/// still placed, as it reads them; a lane whose socket delivered everything is left up). The
+/// transfers a reset takes with it fail for the reason that one did.
+pub(crate) fn cancel(shard: &Rc<Shard>, peer: &str, uid: u64, gen: u64, why: &str, fence: bool) {
     for l in lanes_to(shard, peer) {
-        let mid_frame = l.book.borrow_mut().cancel(uid, gen);
-        if mid_frame {
-            // Its bytes are half on the wire: the stream cannot be resynchronised. The
-            // transfers it takes with it fail for the reason that one did (often another
-            // lane's loss: the peer went away).
-            let msg = format!(
-                "connection to {} closed: transfer {uid} failed with a frame half sent on it \
-                 ({why})",
-                l.peer.key
-            );
-            die_as(shard, &l, msg, true);
-        }
+        let what = match l.book.borrow_mut().cancel(uid, gen) {
+            Fence::None => continue,
+            Fence::Unplaced if !fence || delivered_all(&l) => continue,
+            Fence::HalfSent => "a frame half sent",
+            Fence::Unplaced => "write chunks sent and not yet placed",
+        };
+        let msg = format!(
+            "connection to {} reset: transfer {uid} failed ({why}) with {what} on it, which \
+             must not land later",
+            l.peer.key
+        );
+        die_as(shard, &l, msg, End::Reset);
     }
+}
+
+/// Whether the peer has every byte the lane's connection sent (its socket's send queue is
+/// empty); not known counts as no.
+fn delivered_all(lane: &Lane) -> bool {
+    let c = lane.closer.take();
+    let unsent = c.as_ref().and_then(Closer::unsent);
+    lane.closer.set(c);
+    unsent == Some(0)
 }
 
 /// Close every lane to `peer`.
@@ -176,7 +192,7 @@ fn die(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: &str) {
         shard,
         lane,
         format!("connection to {} lost: {msg}", lane.peer.key),
-        true,
+        End::Failure,
     );
 }
 
@@ -187,13 +203,24 @@ fn retire(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: &str) {
         shard,
         lane,
         format!("connection to {} lost: {msg}", lane.peer.key),
-        false,
+        End::Retire,
     );
 }
 
-/// [`die`], failing the transfers with `msg` as it is; `failure`: count it as a lane failure
-/// (not a close on purpose).
-fn die_as(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: String, failure: bool) {
+/// How a lane ends.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// It failed (counted as a lane failure); its connection is shut down.
+    Failure,
+    /// Closed on purpose (not counted).
+    Retire,
+    /// Reset so that nothing queued on it leaves ([`cancel`]; counted as a failure).
+    Reset,
+}
+
+/// [`die`], failing the transfers with `msg` as it is.
+fn die_as(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: String, end: End) {
+    let failure = end != End::Retire;
     for r in lane.ready.take() {
         r.update(StatusCode::ErrRdmaOp, msg.clone());
     }
@@ -230,7 +257,11 @@ fn die_as(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: String, failure: bool) {
     if let Some(c) = lane.closer.take() {
         // The connection lives until both lane tasks end, and they end only after this
         // point; closing it wakes the reader.
-        c.close();
+        if end == End::Reset {
+            c.abort();
+        } else {
+            c.close();
+        }
     }
     let failed = hit.len();
     if failed > 0 {
@@ -288,7 +319,19 @@ pub(crate) fn expire_express(shard: &Rc<Shard>, now: u64) -> bool {
     let lanes: Vec<Rc<Lane>> = shard.lanes.borrow().values().cloned().collect();
     let mut waiting = false;
     for l in lanes {
-        for p in l.peer.express.expired(l.lane, now) {
+        let expired = l.peer.express.expired(l.lane, now);
+        // An express write sent and not answered may still sit in the lane's send queue:
+        // unless the socket delivered everything, reset the lane before its failure is
+        // reported, as for a write owned by a shard ([`cancel`]), so that it cannot land later.
+        if expired.iter().any(|p| p.read.is_none()) && !delivered_all(&l) {
+            let msg = format!(
+                "connection to {} reset: an express write failed (operation timeout) with its \
+                 frame sent and not yet placed, which must not land later",
+                l.peer.key
+            );
+            die_as(shard, &l, msg, End::Reset);
+        }
+        for p in expired {
             express_done(
                 shard,
                 &l,
@@ -351,9 +394,6 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
         (true, true) => SAME_HOST_RING,
     };
     lane.connected.set(Some(transport));
-    for r in lane.ready.take() {
-        r.update(StatusCode::Success, transport);
-    }
     let reader = FrameReader::new(r, cfg.op_timeout);
     rt::spawn_local(read_loop(shard.clone(), lane.clone(), reader)).detach();
     let mut writer = FrameWriter::new(w, cfg.inline_write_bytes);
@@ -362,6 +402,11 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
     let express = writer.express_port().filter(super::express::enabled_for);
     if let Some(port) = &express {
         lane.peer.express.add_lane(lane.lane, port.clone());
+    }
+    // Up, express port included: a small write submitted once `connect_remote_engine`
+    // returns can go express.
+    for r in lane.ready.take() {
+        r.update(StatusCode::Success, transport);
     }
     let mut busy = false;
     let mut last_uid = None;
