@@ -599,3 +599,58 @@ fn whole_frames_of_a_late_transfer_never_land_over_a_later_one() {
         panic!("{bad} bytes of the successful writes were overwritten later by the failed one");
     }
 }
+
+/// A read that failed by its deadline on a slow link never writes into the application's
+/// buffer later: its data still on the way is dropped when it comes (the lane no longer waits
+/// for it), so the buffer keeps what the application put there after the failure.
+#[test]
+fn a_late_read_never_lands_in_a_reused_buffer() {
+    let Some(net) = Net::new() else { return };
+    net.rate(1, "200mbit"); // what b sends: the read's data
+    let mut c = cfg(Duration::from_secs(1));
+    c.striping_threshold_bytes = 1 << 30;
+    let (a, b) = net.pair("nsread", false, c);
+    let n = 64 << 20;
+    let far = filled(&b, n, 13);
+    let back = a.alloc_buffer(n).unwrap();
+    ok(
+        &a.read(back.desc(), 0, far.desc(), 0, 8, a.allocate_transfer_uid()),
+        "lanes up",
+    );
+    // 64 MiB at 200 Mbit/s needs 2.7 s.
+    let st = a.read(back.desc(), 0, far.desc(), 0, n, a.allocate_transfer_uid());
+    let code = wait(&st, "the slow read");
+    assert!(code as u32 > StatusCode::ERR_BEGIN, "{code:?}");
+    // The application reuses its buffer at once.
+    let mine = vec![0x5Au8; n];
+    back.write_at(0, &mine);
+    let before = b.stats().unwrap().total().inbound_bytes_read;
+    std::thread::sleep(Duration::from_secs(4));
+    eprintln!(
+        "read data the target sent after the failure: {} bytes",
+        b.stats().unwrap().total().inbound_bytes_read - before
+    );
+    let got = back.to_vec();
+    if got != mine {
+        let bad = got.iter().filter(|&&g| g != 0x5A).count();
+        panic!("{bad} bytes of the reused buffer were overwritten by the failed read");
+    }
+    // The engines still work.
+    let t0 = Instant::now();
+    loop {
+        let st = a.read(
+            back.desc(),
+            0,
+            far.desc(),
+            0,
+            4096,
+            a.allocate_transfer_uid(),
+        );
+        if wait(&st, "a read afterwards") == StatusCode::Success {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "{}", st.message());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(back.to_vec()[..4096] == far.to_vec()[..4096]);
+}
