@@ -654,3 +654,97 @@ fn a_late_read_never_lands_in_a_reused_buffer() {
     }
     assert!(back.to_vec()[..4096] == far.to_vec()[..4096]);
 }
+
+/// Two processes of one host as pods (a network and a PID namespace each, as Kubernetes
+/// gives them): the same-host transport cannot prove the peer (its pid names nothing here),
+/// so `auto` falls back to TCP, saying so in one log line, and moves verified bytes, while
+/// `require` fails with the reason. (`morio bench`'s two roles, the target under `unshare`.)
+#[test]
+fn engines_in_separate_pid_namespaces_fall_back_to_tcp() {
+    use std::io::BufRead;
+    let Some(net) = Net::new() else { return };
+    if Command::new("unshare").arg("--version").output().is_err() {
+        eprintln!("skipped: no unshare(1) here");
+        return;
+    }
+    let bin = env!("CARGO_BIN_EXE_morio");
+    for (mode, works) in [("auto", true), ("require", false)] {
+        let mut target = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &net.ns[0],
+                "unshare",
+                "--pid",
+                "--fork",
+                "--mount-proc",
+            ])
+            .args([
+                bin, "bench", "--role", "target", "--no-pin", "--shards", "1",
+            ])
+            .args(["--host", &net.v4[0]])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(target.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port: u16 = line
+            .strip_prefix("MORIO_BENCH_TARGET ")
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+        let json =
+            std::env::temp_dir().join(format!("morio-netns-pod-{}.json", std::process::id()));
+        let out = Command::new("ip")
+            .args(["netns", "exec", &net.ns[1]])
+            .args([
+                bin,
+                "bench",
+                "--role",
+                "initiator",
+                "--no-pin",
+                "--shards",
+                "1",
+            ])
+            .args([
+                "--host",
+                &net.v4[1],
+                "--connect",
+                &format!("{}:{port}", net.v4[0]),
+            ])
+            .args([
+                "--iters",
+                "8",
+                "--op-type",
+                "write",
+                "--buffer-size",
+                "64KiB",
+            ])
+            .args(["--transfer-batch-size", "16", "--enable-batch-transfer"])
+            .args(["--same-host", mode, "--no-ceiling", "--no-floor", "--json"])
+            .arg(&json)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        let _ = target.kill();
+        let t = target.wait_with_output().unwrap();
+        let terr = String::from_utf8_lossy(&t.stderr);
+        if works {
+            assert!(out.status.success(), "{err}");
+            let rep: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+            let row = &rep["rows"][0];
+            assert_eq!(row["transport"], "tcp", "{row}");
+            assert_eq!(row["validated"], true, "{row}");
+            let said = terr.matches("same-host transport with").count();
+            assert_eq!(said, 1, "one log line for the fallback:\n{terr}");
+            assert!(terr.contains("using TCP"), "{terr}");
+        } else {
+            assert!(!out.status.success(), "require moved bytes: {err}");
+            assert!(err.contains("same-host transport required"), "{err}");
+        }
+        let _ = std::fs::remove_file(&json);
+    }
+}
