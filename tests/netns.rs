@@ -748,3 +748,36 @@ fn engines_in_separate_pid_namespaces_fall_back_to_tcp() {
         let _ = std::fs::remove_file(&json);
     }
 }
+
+/// An engine listening on every interface (MORI-IO's empty host, `0.0.0.0`, `::`) advertises
+/// the address its default route leaves from, and a peer on the other host reaches it there.
+#[test]
+fn an_engine_on_all_interfaces_advertises_the_address_peers_reach() {
+    let Some(net) = Net::new() else { return };
+    for i in 0..2 {
+        let ns = &net.ns[i];
+        ip(&["-n", ns, "route", "add", "default", "via", &net.v4[1 - i]]).unwrap();
+        ip(&[
+            "-n",
+            ns,
+            "-6",
+            "route",
+            "add",
+            "default",
+            "via",
+            &net.v6[1 - i],
+        ])
+        .unwrap();
+    }
+    for (host, v6) in [("", false), ("0.0.0.0", false), ("::", true)] {
+        let tag = format!("nsall{}", host.len());
+        let a = net.engine(0, &format!("{tag}_a"), host, cfg(Duration::from_secs(20)));
+        let want = if v6 { &net.v6[0] } else { &net.v4[0] };
+        assert_eq!(&a.engine_desc().host, want, "listening on {host:?}");
+        let b_host = if v6 { &net.v6[1] } else { &net.v4[1] };
+        let b = net.engine(1, &format!("{tag}_b"), b_host, cfg(Duration::from_secs(20)));
+        b.register_remote_engine(&a.engine_desc()).unwrap();
+        a.register_remote_engine(&b.engine_desc()).unwrap();
+        round_trips(&b, &a, 20);
+    }
+}
