@@ -61,12 +61,18 @@ struct Fencing {
     msg: String,
     /// Lane shards still to answer.
     waiting: usize,
+    /// When the resets were asked for (`now_ns` time).
+    since_ns: u64,
 }
+
+/// How long a failed write waits for its lanes' shards to confirm their resets before its
+/// failure is reported anyway (a shard that does not answer is stuck: its lanes too).
+const FENCE_GRACE_NS: u64 = 1_000_000_000;
 
 impl OwnerTable {
     /// Whether this shard owns no transfer (its deadline tick has nothing to do).
     pub(crate) fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.map.is_empty() && self.fencing.is_empty()
     }
 
     /// The transfer of generation `gen` ended: publish the new low-water mark if it was the
@@ -337,6 +343,7 @@ fn finish(
                 entry: e,
                 code,
                 msg: msg.to_string(),
+                since_ns: super::now_ns(),
             };
             let key = (peer.clone(), uid, gen);
             shard.owner.borrow_mut().fencing.insert(key, f);
@@ -417,6 +424,28 @@ pub(crate) fn tick(shard: &Rc<Shard>, now: u64) {
     };
     for ((peer, uid), e, code, msg) in expired {
         finish(shard, &peer, uid, e, code, &msg, Ending::Deadline);
+    }
+    // Failed writes whose lanes' shards have not confirmed their resets within the grace:
+    // reported anyway, so that every transfer still ends.
+    let overdue: Vec<_> = {
+        let mut t = shard.owner.borrow_mut();
+        let keys: Vec<_> = t
+            .fencing
+            .iter()
+            .filter(|(_, f)| now.saturating_sub(f.since_ns) >= FENCE_GRACE_NS)
+            .map(|(k, _)| k.clone())
+            .collect();
+        keys.into_iter()
+            .filter_map(|k| t.fencing.remove(&k).map(|f| (k, f)))
+            .collect()
+    };
+    for ((peer, uid, _), f) in overdue {
+        log::warn!(
+            "transfer {uid} to {peer}: its lanes' shards did not confirm their reset within \
+             {} ms; reporting its failure anyway",
+            FENCE_GRACE_NS / 1_000_000
+        );
+        complete(shard, &peer, uid, f.entry, f.code, &f.msg);
     }
 }
 
