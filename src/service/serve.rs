@@ -198,7 +198,9 @@ async fn serve(shard: Rc<Shard>, conn: Conn, hello: Hello, _admitted: Admitted) 
     if let Err(e) = conn.configure(cfg) {
         log::debug!("options on an accepted connection: {e}");
     }
+    let tcp = matches!(conn, Conn::Tcp(_));
     let (r, w, closer) = conn.split();
+    let watch = ResetWatch::new(tcp.then(|| closer.clone()), cfg.op_timeout);
     let mut reader = FrameReader::new(r, cfg.op_timeout);
     let mut writer = FrameWriter::new(w, cfg.inline_write_bytes);
     let peer: Arc<str> = hello.src_key.as_str().into();
@@ -213,7 +215,16 @@ async fn serve(shard: Rc<Shard>, conn: Conn, hello: Hello, _admitted: Admitted) 
     };
     let mut last_uid = None;
     loop {
-        let r = match step(&shard, &conn, &mut reader, &mut writer, &mut last_uid).await {
+        let r = match step(
+            &shard,
+            &conn,
+            &watch,
+            &mut reader,
+            &mut writer,
+            &mut last_uid,
+        )
+        .await
+        {
             Ok(true) => Ok(()),
             Ok(false) => return,
             Err(e) => Err(e),
@@ -232,11 +243,43 @@ async fn serve(shard: Rc<Shard>, conn: Conn, hello: Hello, _admitted: Admitted) 
     }
 }
 
+/// Whether the initiator reset a TCP connection while this side was not reading it: frames
+/// read after a long gap (a stalled shard or process) are checked first, and a WRITE whose
+/// lane the initiator reset is dropped, not placed. The initiator resets a lane when a write
+/// on it failed by its deadline (`lane::cancel`), and has reported that failure: its bytes
+/// must not land now, over what the application wrote there since. Costs one `getsockopt`
+/// per frame that follows a gap of a quarter of `op_timeout`.
+struct ResetWatch {
+    closer: Option<crate::transport::Closer>,
+    gap_ns: u64,
+    last_ns: std::cell::Cell<u64>,
+}
+
+impl ResetWatch {
+    fn new(closer: Option<crate::transport::Closer>, op_timeout: std::time::Duration) -> Self {
+        Self {
+            closer,
+            gap_ns: (op_timeout.as_nanos() as u64 / 4).max(1_000_000),
+            last_ns: std::cell::Cell::new(super::now_ns()),
+        }
+    }
+
+    /// Whether `frame`, read now, must be dropped: a WRITE after a gap on a lane the
+    /// initiator reset.
+    fn drop_frame(&self, frame: &Frame, now: u64) -> bool {
+        let Some(c) = &self.closer else { return false };
+        matches!(frame, Frame::Write { .. })
+            && now.saturating_sub(self.last_ns.get()) >= self.gap_ns
+            && c.reset_by_peer()
+    }
+}
+
 /// One turn of a connection: serve the next frame. `Ok(false)`: the peer closed the
 /// connection between frames.
 async fn step(
     shard: &Rc<Shard>,
     conn: &Link,
+    watch: &ResetWatch,
     reader: &mut FrameReader<Rx>,
     writer: &mut FrameWriter,
     last_uid: &mut Option<(u64, bool)>,
@@ -244,6 +287,14 @@ async fn step(
     let Some((frame, payload)) = reader.next_frame().await? else {
         return Ok(false);
     };
+    let now = super::now_ns();
+    if watch.drop_frame(&frame, now) {
+        return Err(ConnError::Violation(format!(
+            "the initiator reset this lane while it was not read for {} ms: its WRITE \
+             chunks are dropped, not placed (their transfer failed there)",
+            now.saturating_sub(watch.last_ns.get()) / 1_000_000
+        )));
+    }
     let uid = traced_uid(&frame);
     let first_read = reader.take_first_read_ns();
     let noticed = reader.take_noticed_ns();
@@ -263,6 +314,7 @@ async fn step(
         trace::mark(uid, trace::stage::T_PLACED);
         *last_uid = Some((uid, joined));
     }
+    watch.last_ns.set(super::now_ns());
     // Answers to a burst of requests leave together, once no further request is already
     // buffered.
     if !reader.frame_ready() {

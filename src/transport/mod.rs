@@ -292,6 +292,16 @@ impl Closer {
         }
     }
 
+    /// Whether the peer reset the connection ([`tcp::reset_by_peer`]; `false` for in-process
+    /// pipes).
+    pub(crate) fn reset_by_peer(&self) -> bool {
+        match self {
+            Closer::Tcp(fd) => tcp::reset_by_peer(*fd),
+            #[cfg(any(test, feature = "testing"))]
+            Closer::Mem(_) => false,
+        }
+    }
+
     /// Bytes this end sent that the peer has not acknowledged yet, or does not have yet
     /// (`TIOCOUTQ`: unsent and unacknowledged); `None` where unknown (an in-process pipe).
     pub(crate) fn unsent(&self) -> Option<usize> {

@@ -107,6 +107,27 @@ pub(crate) fn abort(fd: RawFd) {
     }
 }
 
+/// Whether the peer reset the connection (a RST arrived: the socket is closed, though what
+/// it received before may still wait to be read). `false` where the kernel does not say.
+pub(crate) fn reset_by_peer(fd: RawFd) -> bool {
+    // SAFETY: TCP_INFO fills at most `len` bytes of a struct we own; the descriptor is alive.
+    unsafe {
+        let mut info: libc::tcp_info = std::mem::zeroed();
+        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+        let r = libc::getsockopt(
+            fd,
+            libc::SOL_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        );
+        r == 0 && len > 0 && info.tcpi_state == TCP_CLOSE
+    }
+}
+
+/// `TCP_CLOSE` in the kernel's `tcpi_state`.
+const TCP_CLOSE: u8 = 7;
+
 /// Bytes in the socket's send queue, sent and not acknowledged or not sent yet (`TIOCOUTQ`);
 /// `None` if the kernel does not say.
 pub(crate) fn unsent(fd: RawFd) -> Option<usize> {
