@@ -677,7 +677,14 @@ size = "1MiB"
 /// application had written there since.
 #[test]
 fn a_write_failed_while_the_node_was_stopped_is_not_placed_when_it_resumes() {
-    let dir = std::env::temp_dir().join(format!("morio-serve-stop-{}", std::process::id()));
+    for mode in [morio::SameHost::Off, morio::SameHost::Require] {
+        stopped_node_drops_a_failed_write(mode);
+    }
+}
+
+fn stopped_node_drops_a_failed_write(mode: morio::SameHost) {
+    let dir =
+        std::env::temp_dir().join(format!("morio-serve-stop-{}-{mode:?}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cfg = dir.join("serve.toml");
     std::fs::write(
@@ -739,8 +746,7 @@ size = "16MiB"
         num_data_conns: 1,
         pin_shards: false,
         op_timeout: Duration::from_secs(1),
-        // Over TCP (the same-host transport is not fenced yet).
-        same_host: Some(morio::SameHost::Off),
+        same_host: Some(mode),
         ..Default::default()
     })
     .unwrap();
@@ -787,7 +793,7 @@ size = "16MiB"
     let landed = back.to_vec().iter().filter(|&&b| b == 0xAB).count();
     assert_eq!(
         landed, 0,
-        "{landed} bytes of the failed write were placed on resume"
+        "{mode:?}: {landed} bytes of the failed write were placed on resume"
     );
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);

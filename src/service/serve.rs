@@ -198,9 +198,11 @@ async fn serve(shard: Rc<Shard>, conn: Conn, hello: Hello, _admitted: Admitted) 
     if let Err(e) = conn.configure(cfg) {
         log::debug!("options on an accepted connection: {e}");
     }
-    let tcp = matches!(conn, Conn::Tcp(_));
+    // TCP and same-host connections (whose socket the initiator resets too); not in-process
+    // pipes.
+    let socket = matches!(conn, Conn::Tcp(_) | Conn::Local(_));
     let (r, w, closer) = conn.split();
-    let watch = ResetWatch::new(tcp.then(|| closer.clone()), cfg.op_timeout);
+    let watch = ResetWatch::new(socket.then(|| closer.clone()), cfg.op_timeout);
     let mut reader = FrameReader::new(r, cfg.op_timeout);
     let mut writer = FrameWriter::new(w, cfg.inline_write_bytes);
     let peer: Arc<str> = hello.src_key.as_str().into();
@@ -243,7 +245,7 @@ async fn serve(shard: Rc<Shard>, conn: Conn, hello: Hello, _admitted: Admitted) 
     }
 }
 
-/// Whether the initiator reset a TCP connection while this side was not reading it: frames
+/// Whether the initiator reset a connection while this side was not reading it: frames
 /// read after a long gap (a stalled shard or process) are checked first, and a WRITE whose
 /// lane the initiator reset is dropped, not placed. The initiator resets a lane when a write
 /// on it failed by its deadline (`lane::cancel`), and has reported that failure: its bytes

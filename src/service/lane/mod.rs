@@ -151,8 +151,12 @@ pub(crate) fn cancel(shard: &Rc<Shard>, peer: &str, uid: u64, gen: u64, why: &st
 }
 
 /// Whether the peer has every byte the lane's connection sent (its socket's send queue is
-/// empty); not known counts as no.
+/// empty); not known counts as no, as on a same-host lane (its frames go through a ring, its
+/// large parts are pulled by the peer: neither shows in the socket).
 fn delivered_all(lane: &Lane) -> bool {
+    if lane.connected.get() != Some(TCP) {
+        return false;
+    }
     let c = lane.closer.take();
     let unsent = c.as_ref().and_then(Closer::unsent);
     lane.closer.set(c);
@@ -210,7 +214,7 @@ fn retire(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: &str) {
 /// How a lane ends.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum End {
-    /// It failed (counted as a lane failure); its connection is shut down.
+    /// It failed (counted as a lane failure); its connection is reset, as for `Reset`.
     Failure,
     /// Closed on purpose (not counted).
     Retire,
@@ -257,10 +261,13 @@ fn die_as(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: String, end: End) {
     if let Some(c) = lane.closer.take() {
         // The connection lives until both lane tasks end, and they end only after this
         // point; closing it wakes the reader.
-        if end == End::Reset {
-            c.abort();
-        } else {
+        // A lane that failed, or was reset, drops what its socket still holds: the
+        // transfers it carried fail now, and their bytes must not land later. One closed on
+        // purpose ends gracefully.
+        if end == End::Retire {
             c.close();
+        } else {
+            c.abort();
         }
     }
     let failed = hit.len();
