@@ -250,7 +250,7 @@ async fn serve(shard: Rc<Shard>, conn: Conn, hello: Hello, _admitted: Admitted) 
 /// lane the initiator reset is dropped, not placed. The initiator resets a lane when a write
 /// on it failed by its deadline (`lane::cancel`), and has reported that failure: its bytes
 /// must not land now, over what the application wrote there since. Costs one `getsockopt`
-/// per frame that follows a gap of a quarter of `op_timeout`.
+/// per frame that comes a quarter of `op_timeout` or more after the one before it.
 struct ResetWatch {
     closer: Option<crate::transport::Closer>,
     gap_ns: u64,
@@ -297,6 +297,8 @@ async fn step(
             now.saturating_sub(watch.last_ns.get()) / 1_000_000
         )));
     }
+    // Gaps are between frames' arrivals, so a stall while placing one counts for the next.
+    watch.last_ns.set(now);
     let uid = traced_uid(&frame);
     let first_read = reader.take_first_read_ns();
     let noticed = reader.take_noticed_ns();
@@ -305,7 +307,7 @@ async fn step(
         trace::mark_at(uid, trace::stage::T_READABLE, first_read);
         trace::mark(uid, trace::stage::T_RECV);
     }
-    let started = super::now_ns();
+    let started = now;
     let chunk = matches!(frame, Frame::Write { .. } | Frame::Read { .. });
     let joined = on_frame(shard, conn, reader, writer, frame, payload).await?;
     if chunk {
@@ -316,7 +318,6 @@ async fn step(
         trace::mark(uid, trace::stage::T_PLACED);
         *last_uid = Some((uid, joined));
     }
-    watch.last_ns.set(super::now_ns());
     // Answers to a burst of requests leave together, once no further request is already
     // buffered.
     if !reader.frame_ready() {
