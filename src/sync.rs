@@ -5,7 +5,7 @@
 //! `tests/loom.rs` compiles those same two files against a `sync` module of its own that
 //! names loom's, and runs them under its model checker.
 //!
-//! [`model`] runs a test's body: directly here, under `loom::model` there, so a unit test in
+//! `model` runs a test's body: directly here, under `loom::model` there, so a unit test in
 //! one of those files runs in both.
 
 pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};

@@ -125,7 +125,7 @@ pub(crate) enum Attempt {
     /// Sent on lane `.0`: the lane completes the status.
     Sent(u16),
     /// Sent in part: the lane completes the status once its writer, which the caller must
-    /// wake ([`crate::service::msg::ShardMsg::RingLane`]), has sent the rest.
+    /// wake ([`crate::service::msg::ShardMsg::WakeWriter`]), has sent the rest.
     Spilled(u16),
     /// A transfer with the same uid is in flight to the peer: fail this one.
     Duplicate,

@@ -11,7 +11,7 @@
 //! TCP ([`tcp`]) is the first implementation; the same-host transport ([`local`]) the second:
 //! a TCP connection to a process of this host, upgraded after its handshake, whose large
 //! payloads the receiver copies out of the sender's memory instead of the socket; in-process
-//! pipes ([`mem`], built for tests) run the engine's shards with no socket at all. Another
+//! pipes (`mem`, built for tests) run the engine's shards with no socket at all. Another
 //! (RDMA, AF_XDP) is a new file here and one more variant of these types; nothing in
 //! `service/` changes.
 
