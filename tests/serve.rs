@@ -712,7 +712,7 @@ size = "16MiB"
         .arg(&cfg)
         .env_remove(morio::AUTH_SECRET_ENV)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap());
@@ -797,6 +797,12 @@ size = "16MiB"
     );
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
-    let _ = child.wait();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    // The node says why it dropped them (the check, not something else, kept them out).
+    assert!(
+        err.contains("the initiator reset this lane while it was not read for"),
+        "{mode:?}: {err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -232,7 +232,12 @@ async fn serve(shard: Rc<Shard>, conn: Conn, hello: Hello, _admitted: Admitted) 
             Err(e) => Err(e),
         };
         if let Err(e) = r {
-            log::debug!("closing connection from {}: {e}", conn.served.peer);
+            if matches!(e, ConnError::ResetWhileStalled(_)) {
+                // Rare and worth an operator's eye: this node stalled past a deadline.
+                log::warn!("connection from {}: {e}", conn.served.peer);
+            } else {
+                log::debug!("closing connection from {}: {e}", conn.served.peer);
+            }
             let bye = Frame::GoAway {
                 code: codes::ERR_BAD_STATE,
                 msg: e.to_string(),
@@ -291,11 +296,10 @@ async fn step(
     };
     let now = super::now_ns();
     if watch.drop_frame(&frame, now) {
-        return Err(ConnError::Violation(format!(
-            "the initiator reset this lane while it was not read for {} ms: its WRITE \
-             chunks are dropped, not placed (their transfer failed there)",
-            now.saturating_sub(watch.last_ns.get()) / 1_000_000
-        )));
+        let gap = now.saturating_sub(watch.last_ns.get());
+        return Err(ConnError::ResetWhileStalled(
+            std::time::Duration::from_nanos(gap),
+        ));
     }
     // Gaps are between frames' arrivals, so a stall while placing one counts for the next.
     watch.last_ns.set(now);

@@ -33,6 +33,14 @@ pub(crate) enum ConnError {
     /// The peer closed the connection.
     #[error("connection closed by peer")]
     Closed,
+    /// The initiator reset the connection while this side did not read it for so long: a
+    /// WRITE read after that is dropped, not placed (its transfer was reported failed).
+    #[error(
+        "the initiator reset this lane while it was not read for {} ms: its WRITE chunks are \
+         dropped, not placed (their transfer failed there)",
+        .0.as_millis()
+    )]
+    ResetWhileStalled(Duration),
 }
 
 /// Reads frames from a stream. Header and body go through an internal buffer that never
