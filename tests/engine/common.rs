@@ -490,3 +490,16 @@ pub fn rings_on() -> bool {
         Ok("off" | "0" | "false")
     )
 }
+
+/// `f()` once it equals `want`, or its last value after 5 s. Counters a lane's shard bumps
+/// when the peer took a chunk can trail the transfer's status (which another lane completed).
+pub fn settled<T: PartialEq>(f: impl Fn() -> T, want: &T) -> T {
+    let t0 = std::time::Instant::now();
+    loop {
+        let got = f();
+        if &got == want || t0.elapsed() > Duration::from_secs(5) {
+            return got;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
