@@ -87,6 +87,60 @@ pub fn note_activity() {
     crate::busy::note_activity()
 }
 
+/// The reading end of a Unix-domain stream whose reads a busy shard's poller watches: an
+/// empty socket on a busy shard is polled by the poller (the reader wakes on its next turn);
+/// otherwise the runtime waits on its readiness, which the poller also watches should the
+/// shard turn busy first. A plain glommio read on a busy shard is noticed only when the
+/// poller next sends the executor round its loop, up to a millisecond later.
+#[derive(Debug)]
+pub struct UnixReader {
+    s: UnixStream,
+    fd: std::os::fd::RawFd,
+}
+
+impl UnixReader {
+    /// Wrap a connected Unix-domain socket on the current shard.
+    pub fn from_fd(fd: std::os::fd::OwnedFd) -> Self {
+        use std::os::fd::AsRawFd;
+        let raw = fd.as_raw_fd();
+        Self {
+            s: unix_stream_from_fd(fd),
+            fd: raw,
+        }
+    }
+}
+
+impl AsyncRead for UnixReader {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if buf.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        // SAFETY: fd is the stream's open socket; buf is a valid writable slice.
+        let r = unsafe {
+            libc::recv(
+                this.fd,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if let Some(p) = received(r, this.fd, cx) {
+            return p;
+        }
+        armed(
+            Pin::new(&mut this.s).poll_read(cx, buf),
+            this.fd,
+            libc::POLLIN,
+            cx,
+        )
+    }
+}
+
 /// Wrap an already-listening socket (built with socket2 so options precede `listen`).
 pub fn listener_from_socket(sock: socket2::Socket) -> TcpListener {
     // SAFETY: we own the fd and hand its ownership to the glommio listener.

@@ -315,3 +315,33 @@ fn watched_sockets_are_polled_now_and_then() {
     }
     assert!(turns > 1, "polled every turn");
 }
+
+/// A task waiting on a Unix-domain socket through [`crate::rt::UnixReader`] on a busy shard
+/// is woken by the poller when a byte arrives (a plain glommio read would wait for the
+/// runtime, which a busy shard's poller lets round its loop only now and then: up to a
+/// millisecond; same-host senders wait on such a socket for their peer's acknowledgement).
+#[test]
+fn unix_readers_on_a_busy_shard_are_woken_by_the_poller() {
+    use futures_lite::AsyncReadExt;
+    let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .io_memory(1 << 20)
+        .make()
+        .unwrap();
+    ex.run(async {
+        enable(Duration::from_secs(60), Box::new(|| false));
+        note_activity();
+        glommio::spawn_local(poller()).detach();
+        let (tx, rx) = UnixStream::pair().unwrap();
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            (&tx).write_all(b"x").unwrap();
+            tx
+        });
+        let mut r = crate::rt::UnixReader::from_fd(rx.into());
+        let mut b = [0u8; 8];
+        assert_eq!(r.read(&mut b).await.unwrap(), 1);
+        assert_eq!(wakes(), 1, "the poller woke the reader");
+        drop(writer.join().unwrap());
+        assert_eq!(r.read(&mut b).await.unwrap(), 0, "the peer's end");
+    });
+}

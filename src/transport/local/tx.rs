@@ -44,7 +44,7 @@ struct Out {
     ring: Option<(Arc<SharedRing>, Option<OwnedFd>)>,
     /// Where the peer wakes this sender after an acknowledgement (or when its ring has room),
     /// and whether it has shown it does (its first byte comes when it took the socket).
-    waker: Option<(rt::UnixStream, bool)>,
+    waker: Option<(rt::UnixReader, bool)>,
     /// The peer process (for the log only: the peer does all the cross-process work).
     peer: libc::pid_t,
     /// How long a send may wait for the peer (`op_timeout`).
@@ -77,7 +77,7 @@ impl LocalTx {
         device: DeviceRecords,
         ring: Option<(Outbound, Option<OwnedFd>)>,
     ) -> Self {
-        let waker = wake.map(|rx| (rt::unix_stream_from_fd(rx), false));
+        let waker = wake.map(|rx| (rt::UnixReader::from_fd(rx), false));
         let ring = match ring {
             None => None,
             Some((ring, bell)) => {
@@ -351,7 +351,7 @@ const WOKEN_NAP: Duration = Duration::from_millis(2);
 /// millisecond. Giving up is safe: the caller withdraws its token, so a late copy by the
 /// peer fails its check.
 async fn wait_for(
-    waker: &mut Option<(rt::UnixStream, bool)>,
+    waker: &mut Option<(rt::UnixReader, bool)>,
     stall: Duration,
     fd: std::os::fd::RawFd,
     mut done: impl FnMut() -> bool,
@@ -392,7 +392,7 @@ fn closed(fd: std::os::fd::RawFd) -> bool {
 
 /// Wait for the peer's wake (a byte on `waker`, once it has shown it sends them) or `nap`,
 /// whichever comes first; the caller checks what it waits for again either way.
-async fn nap_or_wake(waker: &mut Option<(rt::UnixStream, bool)>, nap: Duration) {
+async fn nap_or_wake(waker: &mut Option<(rt::UnixReader, bool)>, nap: Duration) {
     let mut scratch = [0u8; 64];
     match waker {
         Some((s, woken)) => {
