@@ -4,6 +4,7 @@ mod admission;
 mod auth;
 mod backend_lifecycle;
 mod basic;
+mod chaos;
 mod common;
 mod concurrency;
 mod connect;
