@@ -28,5 +28,10 @@ for f in sorted(glob.glob(sys.argv[1]+'/*.json')):
     for r in d.get('rows',[]):
         print(f"{os.path.basename(f)[:-5]:22} {r.get('avg_bw_gbps',0):8.2f} GB/s avg {r.get('avg_lat_us',0):9.1f} p50 {r.get('p50_us',0):9.1f} p99 {r.get('p99_us',0):9.1f} {r.get('transport')}")
 PY
+echo "=== trace, GPU single 64 MiB write, same host, .dev/morio"
+rm -rf "$O/tr" && mkdir -p "$O/tr"
+MORIO_TRACE=$O/tr row x gw64-trace .dev/morio bench --loopback --op-type write --mem-type gpu "${one[@]}"
+python3 scripts/bench/trace-stages.py "$O/tr" 2>&1 | head -30
+rm -rf "$O/tr"
 echo "=== goals, fix build"
 OUT=$O/goals ROUNDS=3 GPU=1 bash scripts/bench/goals.sh 2>&1 | tail -22
