@@ -34,4 +34,4 @@ MORIO_TRACE=$O/tr row x gw64-trace .dev/morio bench --loopback --op-type write -
 python3 scripts/bench/trace-stages.py "$O/tr" 2>&1 | head -30
 rm -rf "$O/tr"
 echo "=== goals, fix build"
-OUT=$O/goals ROUNDS=3 GPU=1 bash scripts/bench/goals.sh 2>&1 | tail -22
+OUT=$O/goals ROUNDS=${GOAL_ROUNDS:-3} GPU=1 bash scripts/bench/goals.sh 2>&1 | tail -22
