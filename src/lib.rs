@@ -49,6 +49,8 @@ mod stats;
 pub mod status;
 mod submit;
 mod sync;
+#[cfg(test)]
+mod test_alloc;
 #[doc(hidden)]
 pub mod trace;
 mod transport;
