@@ -1,6 +1,6 @@
 //! A write that fails by its deadline leaves nothing behind to land later: the lanes that
 //! still held its bytes are reset before the failure is reported, their send queues dropped
-//! unsent (over loopback, against a target that stops reading; `tests/netns.rs` shows the
+//! unsent (over loopback, against a target that stops reading; `tests/netns/stale.rs` shows the
 //! same over a real link, where a later write to the same place would be overwritten).
 
 use std::io::Read;
