@@ -320,6 +320,15 @@ impl Collector for Snapshot {
         family(
             e,
             shards,
+            "busy_poll_handoffs",
+            "Times the shard's busy poller offered its CPU and another thread took it",
+            None,
+            c,
+            |s, m| counter(m, s.busy_poll_handoffs),
+        )?;
+        family(
+            e,
+            shards,
             "same_host_doorbells",
             "Doorbells rung for same-host peers whose ring readers were parked",
             None,
@@ -462,6 +471,7 @@ mod tests {
         b.gpu_ipc_declined = 4;
         b.busy_poll_wakes = 9;
         b.busy_poll_backoffs = 4;
+        a.busy_poll_handoffs = 8;
         a.same_host_doorbells = 5;
         b.same_host_ring_full_waits = 2;
         b.express_writes = 5;
@@ -498,6 +508,7 @@ mod tests {
         assert_eq!(at("morio_gpu_ipc_declined_total", "1"), 4.0);
         assert_eq!(at("morio_busy_poll_wakes_total", "1"), 9.0);
         assert_eq!(at("morio_busy_poll_backoffs_total", "1"), 4.0);
+        assert_eq!(at("morio_busy_poll_handoffs_total", "0"), 8.0);
         assert_eq!(at("morio_same_host_doorbells_total", "0"), 5.0);
         assert_eq!(at("morio_same_host_ring_full_waits_total", "1"), 2.0);
         assert_eq!(at("morio_express_writes_total", "1"), 5.0);

@@ -83,6 +83,10 @@ pub struct ShardStats {
     /// Times this shard stopped busy polling because it was preempted (its CPU was wanted
     /// by another thread); it then parks like a shard that does not spin, for 50 ms.
     pub busy_poll_backoffs: u64,
+    /// Times this shard's busy poller, offering its CPU while it had nothing to do
+    /// (`sched_yield`), found that another thread had taken it: a thread (the application's,
+    /// another shard's) shares the shard's CPU.
+    pub busy_poll_handoffs: u64,
     /// Doorbells this shard rang for same-host peers whose readers were parked (a
     /// shared-memory ring read by a spinning shard needs none).
     pub same_host_doorbells: u64,
@@ -146,6 +150,7 @@ impl ShardStats {
             gpu_ipc_declined: 0,
             busy_poll_wakes: 0,
             busy_poll_backoffs: 0,
+            busy_poll_handoffs: 0,
             same_host_doorbells: 0,
             same_host_ring_full_waits: 0,
             express_writes: 0,
@@ -268,6 +273,7 @@ impl std::fmt::Debug for ShardStats {
             .field("gpu_ipc_declined", &self.gpu_ipc_declined)
             .field("busy_poll_wakes", &self.busy_poll_wakes)
             .field("busy_poll_backoffs", &self.busy_poll_backoffs)
+            .field("busy_poll_handoffs", &self.busy_poll_handoffs)
             .field("same_host_doorbells", &self.same_host_doorbells)
             .field("same_host_ring_full_waits", &self.same_host_ring_full_waits)
             .field("express_writes", &self.express_writes)
@@ -332,6 +338,7 @@ impl EngineStats {
             t.gpu_ipc_declined += s.gpu_ipc_declined;
             t.busy_poll_wakes += s.busy_poll_wakes;
             t.busy_poll_backoffs += s.busy_poll_backoffs;
+            t.busy_poll_handoffs += s.busy_poll_handoffs;
             t.same_host_doorbells += s.same_host_doorbells;
             t.same_host_ring_full_waits += s.same_host_ring_full_waits;
             t.express_writes += s.express_writes;

@@ -31,6 +31,12 @@ pub fn busy_poll_backoffs() -> u64 {
     crate::busy::backoffs()
 }
 
+/// How many times the calling shard's busy poller, offering its CPU while it had nothing to
+/// do, found another thread had taken it (a thread sharing the shard's CPU).
+pub fn busy_poll_handoffs() -> u64 {
+    crate::busy::handoffs()
+}
+
 /// Tell the calling shard's busy poller that a task here has just been woken by another, so
 /// that its next turn lets that task run before it polls the sockets (a no-op unless the
 /// shard busy-polls).

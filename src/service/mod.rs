@@ -264,6 +264,7 @@ impl Shard {
                     self.gpu.borrow().staging_bytes();
                 st.busy_poll_wakes = rt::busy_poll_wakes();
                 st.busy_poll_backoffs = rt::busy_poll_backoffs();
+                st.busy_poll_handoffs = rt::busy_poll_handoffs();
                 let rings = crate::transport::local::ring_counts();
                 st.same_host_doorbells = rings.doorbells;
                 st.same_host_ring_full_waits = rings.full_waits;

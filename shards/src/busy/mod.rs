@@ -202,6 +202,12 @@ pub(crate) fn backoffs() -> u64 {
     BUSY.with(|b| b.borrow().as_ref().map_or(0, |b| b.contention.backoffs))
 }
 
+/// Times the calling shard's busy poller found that another thread had taken its CPU when
+/// offered (a thread sharing the shard's CPU).
+pub(crate) fn handoffs() -> u64 {
+    BUSY.with(|b| b.borrow().as_ref().map_or(0, |b| b.contention.handoffs))
+}
+
 /// Wait until the poller sees messages in the inbox (never completes on a shard that does
 /// not busy-poll, or while it is idle: the inbox's own wake-up covers those).
 ///
@@ -423,6 +429,7 @@ fn turn(spin: bool) -> Turn {
                 }
                 return Turn::GoIdle;
             }
+            b.contention.offer_cpu(now, quiet);
             if b.contention.check(now) {
                 return Turn::GoIdle;
             }

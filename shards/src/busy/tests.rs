@@ -68,6 +68,43 @@ fn a_preempted_busy_shard_backs_off() {
     );
 }
 
+/// A thread woken onto a busy shard's CPU (an application thread the scheduler put there)
+/// runs at the poller's next offer, and taking the CPU so is no contention: the shard goes
+/// on polling. Without offers the woken thread waited for the end of the busy window (the
+/// kernel does not preempt the poller for it), or preempted it and made it back off.
+#[test]
+fn a_thread_woken_onto_a_busy_shards_cpu_runs_at_an_offer_without_a_back_off() {
+    pin_to_cpu0();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let sharer = {
+        let ran = ran.clone();
+        std::thread::spawn(move || {
+            pin_to_cpu0();
+            while rx.recv().is_ok() {
+                ran.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+    };
+    enable(Duration::from_secs(60), Box::new(|| false));
+    back_off_when_preempted();
+    note_activity();
+    let t0 = Instant::now();
+    let mut sent = 0;
+    while ran.load(Ordering::SeqCst) < 20 && t0.elapsed() < Duration::from_secs(20) {
+        if sent == ran.load(Ordering::SeqCst) {
+            tx.send(()).unwrap();
+            sent += 1;
+        }
+        assert_ne!(turn(true), Turn::GoIdle, "the shard stepped aside");
+    }
+    drop(tx);
+    sharer.join().unwrap();
+    assert!(ran.load(Ordering::SeqCst) >= 20, "the sharer ran");
+    assert_eq!(backoffs(), 0);
+    assert!(handoffs() >= 1, "the sharer took the CPU at an offer");
+}
+
 #[test]
 fn after_its_window_a_default_shard_yields_awake_for_the_tail_then_goes_idle() {
     let window = Duration::from_micros(100);

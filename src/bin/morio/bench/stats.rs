@@ -68,6 +68,9 @@ pub struct Counters {
     pub busy_poll_wakes: u64,
     /// `busy_poll_backoffs`.
     pub busy_poll_backoffs: u64,
+    /// `busy_poll_handoffs`.
+    #[serde(default)]
+    pub busy_poll_handoffs: u64,
     /// `same_host_doorbells`.
     pub same_host_doorbells: u64,
     /// `express_writes`.
@@ -87,6 +90,7 @@ impl Counters {
             Self {
                 busy_poll_wakes: t.busy_poll_wakes,
                 busy_poll_backoffs: t.busy_poll_backoffs,
+                busy_poll_handoffs: t.busy_poll_handoffs,
                 same_host_doorbells: t.same_host_doorbells,
                 express_writes: t.express_writes,
                 express_reads: t.express_reads,
@@ -102,6 +106,9 @@ impl Counters {
             busy_poll_backoffs: self
                 .busy_poll_backoffs
                 .saturating_sub(before.busy_poll_backoffs),
+            busy_poll_handoffs: self
+                .busy_poll_handoffs
+                .saturating_sub(before.busy_poll_handoffs),
             same_host_doorbells: self
                 .same_host_doorbells
                 .saturating_sub(before.same_host_doorbells),
