@@ -45,6 +45,7 @@ mod proto;
 mod region;
 mod service;
 mod session;
+mod small_copy;
 mod stats;
 pub mod status;
 mod submit;

@@ -26,7 +26,7 @@ pub(crate) unsafe fn gather(local: &SharedRegion, pieces: &Layout, buf: &mut Vec
             buf.reserve(len * s.count as usize);
             for i in 0..s.count as usize {
                 let at = i * stride;
-                buf.extend_from_slice(&span[at..at + len]);
+                crate::small_copy::extend(buf, &span[at..at + len]);
             }
             true
         }
@@ -34,7 +34,7 @@ pub(crate) unsafe fn gather(local: &SharedRegion, pieces: &Layout, buf: &mut Vec
             for p in list {
                 // SAFETY: the caller's contract.
                 match unsafe { local.slice(p.local, p.len) } {
-                    Some(b) => buf.extend_from_slice(b),
+                    Some(b) => crate::small_copy::extend(buf, b),
                     None => return false,
                 }
             }

@@ -449,7 +449,7 @@ impl FrameWriter {
         if total <= self.inline_bytes {
             self.buf.reserve(total);
             for p in payload {
-                self.buf.extend_from_slice(p);
+                crate::small_copy::extend(&mut self.buf, p);
             }
             if self.buf.len() >= FLUSH_BYTES {
                 self.flush().await?;

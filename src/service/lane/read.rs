@@ -207,7 +207,7 @@ async fn place(
             // SAFETY: as below; one slice at a time, so overlaps cannot alias.
             let dst = unsafe { local.slice_mut(p.local, p.len) }.ok_or_else(oob)?;
             let part = src.get(at..at + dst.len()).ok_or_else(oob)?;
-            dst.copy_from_slice(part);
+            crate::small_copy::copy(dst, part);
             at += dst.len();
         }
     } else if ascending_disjoint(pieces.iter().map(|p| (p.local, p.len))) {

@@ -21,7 +21,7 @@ fn place_small(ext: &mut [u8], lo: u64, segs: &[crate::proto::frame::Seg], src: 
         let (Some(dst), Some(part)) = (ext.get_mut(off..off + len), src.get(at..at + len)) else {
             return false;
         };
-        dst.copy_from_slice(part);
+        crate::small_copy::copy(dst, part);
         at += len;
     }
     true

@@ -465,7 +465,7 @@ fn scatter(src: &[u8], bufs: &mut [IoSliceMut<'_>]) -> usize {
             break;
         }
         let k = b.len().min(src.len() - done);
-        b[..k].copy_from_slice(&src[done..done + k]);
+        crate::small_copy::copy(&mut b[..k], &src[done..done + k]);
         done += k;
     }
     done
