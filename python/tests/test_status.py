@@ -136,4 +136,6 @@ def test_busy_poll_is_a_setting_and_its_steps_aside_a_stat(engines):
     for us in (None, 0, 200):
         e = engines.engine("busy", config=small_config(busy_poll_us=us))
         stats = e.stats()
-        assert stats and all(s["busy_poll_backoffs"] >= 0 for s in stats)
+        assert stats and all(
+            s["busy_poll_backoffs"] >= 0 and s["busy_poll_handoffs"] >= 0 for s in stats
+        )
