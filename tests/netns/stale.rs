@@ -61,33 +61,46 @@ fn a_transfer_that_failed_on_a_cut_link_never_lands_over_a_later_one() {
     }
 }
 
-/// No stale bytes after a deadline on a slow link: a write that failed by its deadline while
-/// its bytes were still flowing (the link narrowed, acknowledgements still coming) must not
-/// land later over what a newer, successful write to the same place put there.
-#[test]
-fn a_late_transfer_never_lands_over_a_later_one() {
+/// A slow link (`rate` on `a`'s side), a deadline (`deadline`), and a write of `n` bytes that
+/// fails by it while its bytes still flow; then its tail (`tail` bytes) written anew until
+/// `landings` new writes succeeded: after a wait for anything of the old write still on its
+/// way, the tail must hold the new bytes.
+struct LateWrite {
+    ns: &'static str,
+    rate: &'static str,
+    deadline: Duration,
+    chunk_bytes: Option<usize>,
+    n: usize,
+    tail: usize,
+    landings: usize,
+    seeds: (u64, u64),
+}
+
+fn late_write_never_lands_over_a_later_one(t: LateWrite) {
     let Some(net) = Net::new() else { return };
-    net.rate(0, "200mbit");
-    let mut c = cfg(Duration::from_secs(1));
+    net.rate(0, t.rate);
+    let mut c = cfg(t.deadline);
     c.striping_threshold_bytes = 1 << 30;
-    let (a, b) = net.pair("nslate", false, c);
-    let n = 64 << 20;
-    let old = filled(&a, n, 9);
-    let new = filled(&a, n, 10);
+    if let Some(b) = t.chunk_bytes {
+        c.chunk_bytes = b;
+    }
+    let (a, b) = net.pair(t.ns, false, c);
+    let n = t.n;
+    let old = filled(&a, n, t.seeds.0);
+    let new = filled(&a, n, t.seeds.1);
     let dst = b.alloc_buffer(n).unwrap();
     for _ in 0..4 {
         let uid = a.allocate_transfer_uid();
         ok(&a.write(new.desc(), 0, dst.desc(), 0, 8, uid), "lanes up");
     }
-    // 64 MiB at 200 Mbit/s needs 2.7 s: it fails after 1 s with most of it still to come.
     let st = a.write(old.desc(), 0, dst.desc(), 0, n, a.allocate_transfer_uid());
     let code = wait(&st, "the old write");
     assert!(code as u32 > StatusCode::ERR_BEGIN, "{code:?}");
     // The tail the old write had not reached, written anew on other lanes.
-    let (off, len) = (n - (1 << 20), 1 << 20);
+    let (off, len) = (n - t.tail, t.tail);
     let t0 = Instant::now();
     let mut landed = 0;
-    while landed < 3 {
+    while landed < t.landings {
         let uid = a.allocate_transfer_uid();
         let st = a.write(new.desc(), off, dst.desc(), off, len, uid);
         let code = wait(&st, "a new write");
@@ -107,10 +120,10 @@ fn a_late_transfer_never_lands_over_a_later_one() {
         .zip(&o[..off])
         .filter(|(g, w)| g == w)
         .count();
-    let t = a.stats().unwrap().total();
+    let stats = a.stats().unwrap().total();
     eprintln!(
         "old bytes at the target: {old_landed} of {off}; lane failures {}",
-        t.lane_failures
+        stats.lane_failures
     );
     let (got, want) = (&got[off..off + len], &want[off..off + len]);
     if got != want {
@@ -119,61 +132,39 @@ fn a_late_transfer_never_lands_over_a_later_one() {
     }
 }
 
+/// No stale bytes after a deadline on a slow link: a write that failed by its deadline while
+/// its bytes were still flowing (the link narrowed, acknowledgements still coming) must not
+/// land later over what a newer, successful write to the same place put there.
+#[test]
+fn a_late_transfer_never_lands_over_a_later_one() {
+    // 64 MiB at 200 Mbit/s needs 2.7 s: it fails after 1 s with most of it still to come.
+    late_write_never_lands_over_a_later_one(LateWrite {
+        ns: "nslate",
+        rate: "200mbit",
+        deadline: Duration::from_secs(1),
+        chunk_bytes: None,
+        n: 64 << 20,
+        tail: 1 << 20,
+        landings: 3,
+        seeds: (9, 10),
+    });
+}
+
 /// A deadline that passes while whole frames of the transfer still wait in the socket's
 /// send buffer (none half sent, so nothing closes the lane for framing's sake) on a slow link.
 #[test]
 fn whole_frames_of_a_late_transfer_never_land_over_a_later_one() {
-    let Some(net) = Net::new() else { return };
-    net.rate(0, "40mbit");
-    let mut c = cfg(Duration::from_millis(500));
-    c.striping_threshold_bytes = 1 << 30;
-    c.chunk_bytes = 64 << 10;
-    let (a, b) = net.pair("nswhole", false, c);
-    let n = 6 << 20;
-    let old = filled(&a, n, 11);
-    let new = filled(&a, n, 12);
-    let dst = b.alloc_buffer(n).unwrap();
-    for _ in 0..4 {
-        let uid = a.allocate_transfer_uid();
-        ok(&a.write(new.desc(), 0, dst.desc(), 0, 8, uid), "lanes up");
-    }
     // 6 MiB at 5 MB/s: it fails after 0.5 s, its frames queued whole in the socket.
-    let st = a.write(old.desc(), 0, dst.desc(), 0, n, a.allocate_transfer_uid());
-    let code = wait(&st, "the old write");
-    assert!(code as u32 > StatusCode::ERR_BEGIN, "{code:?}");
-    let (off, len) = (n - (64 << 10), 64 << 10);
-    let t0 = Instant::now();
-    let mut landed = 0;
-    while landed < 1 {
-        let uid = a.allocate_transfer_uid();
-        let st = a.write(new.desc(), off, dst.desc(), off, len, uid);
-        let code = wait(&st, "a new write");
-        eprintln!(
-            "new write after {:?}: {code:?} {}",
-            t0.elapsed(),
-            st.message()
-        );
-        landed += usize::from(code == StatusCode::Success);
-        assert!(t0.elapsed() < Duration::from_secs(30), "{}", st.message());
-    }
-    std::thread::sleep(Duration::from_secs(5));
-    let (got, want) = (dst.to_vec(), new.to_vec());
-    let o = old.to_vec();
-    let old_landed = got[..off]
-        .iter()
-        .zip(&o[..off])
-        .filter(|(g, w)| g == w)
-        .count();
-    let t = a.stats().unwrap().total();
-    eprintln!(
-        "old bytes at the target: {old_landed} of {off}; lane failures {}",
-        t.lane_failures
-    );
-    let (got, want) = (&got[off..off + len], &want[off..off + len]);
-    if got != want {
-        let bad = got.iter().zip(want).filter(|(g, w)| g != w).count();
-        panic!("{bad} bytes of the successful writes were overwritten later by the failed one");
-    }
+    late_write_never_lands_over_a_later_one(LateWrite {
+        ns: "nswhole",
+        rate: "40mbit",
+        deadline: Duration::from_millis(500),
+        chunk_bytes: Some(64 << 10),
+        n: 6 << 20,
+        tail: 64 << 10,
+        landings: 1,
+        seeds: (11, 12),
+    });
 }
 
 /// A read that failed by its deadline on a slow link never writes into the application's

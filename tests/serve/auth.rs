@@ -1,8 +1,8 @@
 //! A node with `[auth] secret_file`: it serves a peer holding the secret, refuses one that does
 //! not (nothing placed), requires proofs on its control port, and does not warn.
 
-use std::io::{BufReader, Read};
-use std::process::{Command, Stdio};
+use std::io::Read;
+use std::process::Command;
 use std::time::Duration;
 
 use morio::{EngineDesc, IoEngine, IoEngineConfig, MemoryDesc, StatusCode, TcpBackendConfig};
@@ -43,15 +43,7 @@ size = "1MiB"
         ),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_morio"))
-        .args(["serve", "--config"])
-        .arg(&cfg)
-        .env_remove(morio::AUTH_SECRET_ENV)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let (mut child, mut out) = spawn_serve(&cfg);
     let addr = control_addr(&mut out);
     // Without the secret, the control service hands out nothing: 401 and one fixed line.
     for path in ["/descriptors", "/stats", "/descriptors?format=msgpack"] {

@@ -1,11 +1,12 @@
 //! What the serve tests share: the descriptors' wire form, `GET` over a plain socket, the
 //! `Authorization` proof of a secret, Prometheus text summed by metric, the control address
-//! the node prints first, and `morio ctl`.
+//! the node prints first, `morio serve` started on a config, and `morio ctl`.
 
 use std::collections::HashMap;
-use std::io::{BufRead, Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::Command;
+use std::path::Path;
+use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -129,4 +130,19 @@ pub fn ctl(addr: SocketAddr, args: &[&str]) -> (bool, String) {
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let err = String::from_utf8_lossy(&out.stderr);
     (out.status.success(), format!("{text}{err}"))
+}
+
+/// `morio serve --config cfg` (without `MORIO_AUTH_SECRET` from the test's environment), and
+/// a reader of its standard output.
+pub fn spawn_serve(cfg: &Path) -> (Child, BufReader<ChildStdout>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_morio"))
+        .args(["serve", "--config"])
+        .arg(cfg)
+        .env_remove(morio::AUTH_SECRET_ENV)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    (child, out)
 }

@@ -2,9 +2,8 @@
 //! out of its memory, stats, Prometheus metrics, health, `morio ctl`, a flood of silent
 //! connections, and SIGTERM.
 
-use std::io::{BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use morio::{EngineDesc, IoEngine, IoEngineConfig, MemoryDesc, StatusCode, TcpBackendConfig};
@@ -39,15 +38,7 @@ size = 4096
 "#,
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_morio"))
-        .args(["serve", "--config"])
-        .arg(&cfg)
-        .env_remove(morio::AUTH_SECRET_ENV)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let (mut child, mut out) = spawn_serve(&cfg);
     let addr = control_addr(&mut out);
 
     let h = get(addr, "/healthz", &[]);

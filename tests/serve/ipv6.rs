@@ -1,8 +1,8 @@
 //! A node on IPv6 loopback: its control service, descriptors, `morio ctl` and a client engine
 //! all on `::1` (skipped where the host has no IPv6 loopback).
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::io::BufRead;
+use std::process::Command;
 use std::time::Duration;
 
 use morio::{EngineDesc, IoEngine, IoEngineConfig, MemoryDesc, StatusCode, TcpBackendConfig};
@@ -40,15 +40,7 @@ size = "1MiB"
 "#,
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_morio"))
-        .args(["serve", "--config"])
-        .arg(&cfg)
-        .env_remove(morio::AUTH_SECRET_ENV)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let (mut child, mut out) = spawn_serve(&cfg);
     let addr = control_addr(&mut out);
     assert!(addr.is_ipv6(), "{addr}");
     let mut started = String::new();

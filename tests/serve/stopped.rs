@@ -1,8 +1,6 @@
 //! A node stopped with SIGSTOP while a write to it fails by its deadline: the write is not
 //! placed when the node resumes, over TCP and over the same-host transport.
 
-use std::io::BufReader;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use morio::{EngineDesc, IoEngine, IoEngineConfig, MemoryDesc, StatusCode, TcpBackendConfig};
@@ -46,15 +44,7 @@ size = "16MiB"
 "#,
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_morio"))
-        .args(["serve", "--config"])
-        .arg(&cfg)
-        .env_remove(morio::AUTH_SECRET_ENV)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let (child, mut out) = spawn_serve(&cfg);
     // Killed (and continued) however the test ends.
     struct Kill(u32);
     impl Drop for Kill {
