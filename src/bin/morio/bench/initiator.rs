@@ -196,6 +196,9 @@ fn finish(
             );
         }
     }
+    for note in done.iter().filter_map(RowStats::sharing_note) {
+        println!("Note: {note}");
+    }
     if let Some(path) = &a.json {
         let r = Report::new(a, blen, initiator, target, ceiling, done);
         report::write_json(path, &r)?;

@@ -163,11 +163,60 @@ impl RowStats {
             target_counters: None,
         })
     }
+
+    /// A line for the report when a side's busy-polling shards handed their CPU to another
+    /// thread in half the row's iterations or more: the application thread (or the
+    /// target's) ran on a shard's CPU, which costs small transfers a few microseconds each.
+    pub fn sharing_note(&self) -> Option<String> {
+        let sides = [
+            ("initiator", self.initiator_counters),
+            ("target", self.target_counters),
+        ];
+        let shared: Vec<String> = sides
+            .iter()
+            .filter_map(|(who, c)| {
+                let n = c.as_ref()?.busy_poll_handoffs;
+                (n > 0 && n as usize * 2 >= self.iters).then(|| format!("{who} {n}"))
+            })
+            .collect();
+        (!shared.is_empty()).then(|| {
+            format!(
+                "{} B x {}: busy-polling shards handed their CPU to another thread ({} times in {} iterations): a thread shared a shard's CPU; keep the application's threads off the shards' CPUs for the lowest latency.",
+                self.msg_size,
+                self.batch_size,
+                shared.join(", "),
+                self.iters
+            )
+        })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rows_whose_shards_handed_over_their_cpu_often_get_a_note() {
+        let mut r = RowStats::new(OpType::Write, 8, 1, &[Duration::from_micros(20); 100]).unwrap();
+        assert_eq!(r.sharing_note(), None, "no counters: nothing to say");
+        let c = |h| Counters {
+            busy_poll_handoffs: h,
+            ..Counters::default()
+        };
+        r.initiator_counters = Some(c(10));
+        r.target_counters = Some(c(0));
+        assert_eq!(
+            r.sharing_note(),
+            None,
+            "a handoff now and then is no sharing"
+        );
+        r.initiator_counters = Some(c(97));
+        let note = r.sharing_note().unwrap();
+        assert!(
+            note.contains("initiator 97") && !note.contains("target"),
+            "{note}"
+        );
+    }
 
     #[test]
     fn mori_formulas() {
