@@ -239,7 +239,17 @@ fn lanes_that_went_down_are_all_opened_again_by_the_next_transfer() {
     b.remove_backend(morio::BackendType::Tcp).unwrap();
     b.create_backend(cfg).unwrap();
     assert_eq!(b.engine_desc().port, port);
+    // Every lane has seen the close before the next transfer (a lane that noticed it only
+    // after that transfer reopened the others would wait for the one after).
     let t0 = Instant::now();
+    while a.stats().unwrap().total().lane_failures < 4 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            a.stats().unwrap().total()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     loop {
         let st = a.write(src.desc(), 0, dst.desc(), 0, 8, a.allocate_transfer_uid());
         if wait(&st) == morio::StatusCode::Success {
