@@ -17,12 +17,21 @@ use proptest::test_runner::FileFailurePersistence;
 /// The settings of every `proptest!` block here: `cases` cases, and failing seeds saved beside
 /// the module whose test found them (`tests/proto_props/<module>.proptest-regressions`) and
 /// replayed from there.
+/// `MORIO_SOAK=k`: k times every property's cases, for a long run by hand.
+fn soak() -> u32 {
+    std::env::var("MORIO_SOAK")
+        .ok()
+        .map(|s| s.parse().expect("MORIO_SOAK must be a positive integer"))
+        .filter(|&k| k > 0)
+        .unwrap_or(1)
+}
+
 pub fn config(cases: u32) -> ProptestConfig {
     ProptestConfig {
         failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
             "proptest-regressions",
         ))),
-        ..ProptestConfig::with_cases(cases)
+        ..ProptestConfig::with_cases(cases.saturating_mul(soak()))
     }
 }
 

@@ -36,7 +36,8 @@
 //! before it left, it records the inbound status, ends the target's join, and its COMPLETE
 //! ends the transfer.
 //!
-//! Set `PROTO_SIM_SEED=<n>` to run only seed `n` in every scenario.
+//! Set `PROTO_SIM_SEED=<n>` to run only seed `n` in every scenario, `MORIO_SOAK=<k>` for k times
+//! the seeds (a long run by hand; the property tests take it too).
 
 mod check;
 mod gen;

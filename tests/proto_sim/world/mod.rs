@@ -74,8 +74,17 @@ const MAX_STEPS: u64 = 3_000_000;
 pub fn seeds(n: u64) -> Vec<u64> {
     match std::env::var("PROTO_SIM_SEED") {
         Ok(s) => vec![s.parse().expect("PROTO_SIM_SEED must be a u64")],
-        Err(_) => (0..n).collect(),
+        Err(_) => (0..n * soak()).collect(),
     }
+}
+
+/// `MORIO_SOAK=k`: k times the seeds (and the property tests' cases), for a long run by hand.
+pub fn soak() -> u64 {
+    std::env::var("MORIO_SOAK")
+        .ok()
+        .map(|s| s.parse().expect("MORIO_SOAK must be a positive integer"))
+        .filter(|&k| k > 0)
+        .unwrap_or(1)
 }
 
 /// Whether every seed runs (aggregate assertions only make sense then).
