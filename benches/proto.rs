@@ -4,8 +4,10 @@
 use std::hint::black_box;
 use std::time::Instant;
 
+use morio::proto::access::AccessKey;
 use morio::proto::decode::decode_frame;
 use morio::proto::frame::{Chunk, Frame, Seg};
+use morio::proto::inbound::check_chunk;
 use morio::proto::plan::{cut, destination_overlaps, normalize, stripe_bytes};
 
 fn time<F: FnMut()>(name: &str, iters: u64, mut f: F) {
@@ -31,7 +33,7 @@ fn main() {
             chunk: 0,
             n_chunks: 1,
             mem_id: 3,
-            access_key: morio::proto::access::AccessKey::from_bytes([9; 16]),
+            access_key: AccessKey::from_bytes([9; 16]),
             extent: (0, 1 << 30),
             join_lane: 0,
             segs: (0..n_segs as u64)
@@ -39,7 +41,8 @@ fn main() {
                     off: i * 16,
                     len: if irregular { 8 - i % 2 } else { 8 },
                 })
-                .collect(),
+                .collect::<Vec<_>>()
+                .into(),
         };
         let frame = Frame::Write {
             chunk,
@@ -61,6 +64,17 @@ fn main() {
             iters,
             || {
                 black_box(decode_frame(black_box(&buf)).ok());
+            },
+        );
+        let region = Some((1u64 << 30, AccessKey::from_bytes([9; 16])));
+        time(
+            &format!("decode + check WRITE, {n_segs} segs ({form})"),
+            iters,
+            || {
+                if let Ok(Some((Frame::Write { chunk, .. }, _, _))) = decode_frame(black_box(&buf))
+                {
+                    black_box(check_chunk(&chunk, region).is_ok());
+                }
             },
         );
     }

@@ -1,7 +1,8 @@
 //! Copies of small pieces (a batch's 8-byte values): fixed-size moves the compiler inlines,
 //! where `copy_from_slice` of a length known only at run time calls `memcpy` for each piece.
 //! On the dev VM a 256 × 8 B batch gathers in about 160 ns this way against 710, and places
-//! in 255 ns against 710, once on each side of every small batch.
+//! in 255 ns against 710, once on each side of every small batch. Pieces at a constant
+//! stride ([`scatter`], [`gather`]) pick the fixed size once for the whole run.
 
 /// Copy `src` into `dst`, as `dst.copy_from_slice(src)` (which it is for other lengths).
 ///
@@ -54,6 +55,95 @@ fn extend_n<const N: usize>(buf: &mut Vec<u8>, src: &[u8]) {
     }
 }
 
+/// Copy `count` pieces of `len` bytes, packed in `src`, to `dst` at offsets 0, `stride`,
+/// `2 * stride`, ...; `false` (nothing copied) if the last piece would end past `dst` or
+/// `src` holds fewer than `count * len` bytes.
+pub(crate) fn scatter(dst: &mut [u8], stride: usize, src: &[u8], len: usize, count: usize) -> bool {
+    if !fits(dst.len(), stride, len, count) || len.saturating_mul(count) > src.len() {
+        return false;
+    }
+    match len {
+        8 => scatter_n::<8>(dst, stride, src, count),
+        4 => scatter_n::<4>(dst, stride, src, count),
+        16 => scatter_n::<16>(dst, stride, src, count),
+        2 => scatter_n::<2>(dst, stride, src, count),
+        1 => scatter_n::<1>(dst, stride, src, count),
+        32 => scatter_n::<32>(dst, stride, src, count),
+        0 => {}
+        _ => {
+            for (i, p) in src.chunks_exact(len).take(count).enumerate() {
+                let at = i * stride;
+                dst[at..at + len].copy_from_slice(p);
+            }
+        }
+    }
+    true
+}
+
+/// Append `count` pieces of `len` bytes at offsets 0, `stride`, `2 * stride`, ... of `src`
+/// to `buf`; `false` (`buf` unchanged) if the last piece would end past `src`.
+pub(crate) fn gather(
+    buf: &mut Vec<u8>,
+    src: &[u8],
+    stride: usize,
+    len: usize,
+    count: usize,
+) -> bool {
+    if !fits(src.len(), stride, len, count) {
+        return false;
+    }
+    buf.reserve(len * count);
+    match len {
+        8 => gather_n::<8>(buf, src, stride, count),
+        4 => gather_n::<4>(buf, src, stride, count),
+        16 => gather_n::<16>(buf, src, stride, count),
+        2 => gather_n::<2>(buf, src, stride, count),
+        1 => gather_n::<1>(buf, src, stride, count),
+        32 => gather_n::<32>(buf, src, stride, count),
+        _ => {
+            for i in 0..count {
+                buf.extend_from_slice(&src[i * stride..i * stride + len]);
+            }
+        }
+    }
+    true
+}
+
+/// Whether `count` pieces of `len` bytes at a `stride` end within `room` bytes.
+fn fits(room: usize, stride: usize, len: usize, count: usize) -> bool {
+    count == 0
+        || (count - 1)
+            .checked_mul(stride)
+            .and_then(|at| at.checked_add(len))
+            .is_some_and(|end| end <= room)
+}
+
+#[inline(always)]
+fn scatter_n<const N: usize>(dst: &mut [u8], stride: usize, src: &[u8], count: usize) {
+    for (i, p) in src.chunks_exact(N).take(count).enumerate() {
+        let at = i * stride;
+        // In bounds: `fits` checked the last piece.
+        match (
+            <&mut [u8; N]>::try_from(&mut dst[at..at + N]),
+            <&[u8; N]>::try_from(p),
+        ) {
+            (Ok(d), Ok(s)) => *d = *s,
+            (Err(_), _) | (_, Err(_)) => unreachable!("pieces of N bytes"),
+        }
+    }
+}
+
+#[inline(always)]
+fn gather_n<const N: usize>(buf: &mut Vec<u8>, src: &[u8], stride: usize, count: usize) {
+    for i in 0..count {
+        let at = i * stride;
+        match <&[u8; N]>::try_from(&src[at..at + N]) {
+            Ok(a) => buf.extend_from_slice(a),
+            Err(_) => unreachable!("a slice of N bytes"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -74,6 +164,65 @@ mod tests {
                 assert_eq!(b, want, "extend by {len} bytes");
             }
         }
+    }
+
+    #[test]
+    fn strided_pieces_scatter_and_gather_like_one_copy_each() {
+        let src: Vec<u8> = (0..=255u8).cycle().take(2000).collect();
+        for len in [0usize, 1, 2, 3, 4, 8, 9, 16, 32, 33] {
+            for stride in [len, len + 1, 2 * len + 3] {
+                for count in [0usize, 1, 2, 7] {
+                    let want_room = if count == 0 {
+                        0
+                    } else {
+                        (count - 1) * stride + len
+                    };
+                    // Scatter into exactly enough room, then one byte too little.
+                    let mut dst = vec![0xAAu8; want_room];
+                    let mut want = dst.clone();
+                    for i in 0..count {
+                        want[i * stride..i * stride + len]
+                            .copy_from_slice(&src[i * len..(i + 1) * len]);
+                    }
+                    assert!(scatter(&mut dst, stride, &src, len, count));
+                    assert_eq!(dst, want, "scatter len {len} stride {stride} count {count}");
+                    if want_room > 0 && len > 0 {
+                        let mut short = vec![0xAAu8; want_room - 1];
+                        assert!(!scatter(&mut short, stride, &src, len, count));
+                        assert!(short.iter().all(|&b| b == 0xAA), "nothing copied");
+                        assert!(!scatter(
+                            &mut dst,
+                            stride,
+                            &src[..len * count - 1],
+                            len,
+                            count
+                        ));
+                    }
+                    // Gather back out of the scattered bytes.
+                    let mut buf = vec![7u8];
+                    assert!(gather(&mut buf, &want, stride, len, count));
+                    let mut packed = vec![7u8];
+                    packed.extend_from_slice(&src[..len * count]);
+                    assert_eq!(
+                        buf, packed,
+                        "gather len {len} stride {stride} count {count}"
+                    );
+                    if want_room > 0 && len > 0 {
+                        assert!(!gather(
+                            &mut buf,
+                            &want[..want_room - 1],
+                            stride,
+                            len,
+                            count
+                        ));
+                        assert_eq!(buf, packed, "buf unchanged");
+                    }
+                }
+            }
+        }
+        // Sizes whose end overflows are refused, not wrapped.
+        assert!(!scatter(&mut [0u8; 8], usize::MAX, &[0u8; 16], 8, 2));
+        assert!(!gather(&mut Vec::new(), &[0u8; 8], usize::MAX, 8, 2));
     }
 
     #[test]

@@ -65,7 +65,7 @@ fn chunk(chunk: u32, n_chunks: u32, segs: Vec<Seg>, key: AccessKey) -> Chunk {
         access_key: key,
         extent: (lo, hi),
         join_lane: if n_chunks > 1 { 1 } else { 0 },
-        segs,
+        segs: segs.into(),
     }
 }
 

@@ -3,8 +3,8 @@
 use super::access::AccessKey;
 use super::codes;
 use super::frame::{
-    Chunk, Finish, Frame, Hello, HelloAck, Kind, LocalOffer, Op, Reply, Seg, FLAG_FINAL, FLAG_RUNS,
-    FLAG_TO_DEVICE,
+    Chunk, Finish, Frame, Hello, HelloAck, Kind, LocalOffer, Op, Reply, Run, Seg, Segs, FLAG_FINAL,
+    FLAG_RUNS, FLAG_TO_DEVICE,
 };
 use super::limits::{
     ACCESS_KEY_BYTES, FRAME_MAGIC, HEADER_BYTES, MAX_BODY_BYTES, MAX_CHUNK_BYTES, MAX_KEY_BYTES,
@@ -330,7 +330,7 @@ impl<'a> Reader<'a> {
         })
     }
     /// `n` segments in list form: (segments, their total length, whether any is bad).
-    fn segs(&mut self, n: u32) -> Result<(Vec<Seg>, u128, bool), DecodeError> {
+    fn segs(&mut self, n: u32) -> Result<(Segs, u128, bool), DecodeError> {
         // The count is bounded, and the body must actually hold n segments: check before
         // allocating so a lying count cannot reserve memory.
         let raw = self.take(SEG_BYTES * n as usize)?;
@@ -345,12 +345,13 @@ impl<'a> Reader<'a> {
             total += len as u128;
             segs.push(Seg { off, len });
         }
-        Ok((segs, total, bad))
+        Ok((Segs::List(segs), total, bad))
     }
 
-    /// `n` runs, expanded into their segments. The runs must describe at most
-    /// [`MAX_SEGS_PER_CHUNK`] segments in all, checked before anything is allocated.
-    fn runs(&mut self, n: u32) -> Result<(Vec<Seg>, u128, bool), DecodeError> {
+    /// `n` runs: one run of two or more segments stays a run ([`Segs::Run`]), others are
+    /// expanded into their segments. The runs must describe at most [`MAX_SEGS_PER_CHUNK`]
+    /// segments in all, checked before anything is allocated.
+    fn runs(&mut self, n: u32) -> Result<(Segs, u128, bool), DecodeError> {
         let raw = self.take(RUN_BYTES * n as usize)?;
         let mut count = 0u64;
         for c in raw.chunks_exact(RUN_BYTES) {
@@ -361,30 +362,43 @@ impl<'a> Reader<'a> {
                 u32::try_from(count).unwrap_or(u32::MAX),
             ));
         }
+        let run = |c: &[u8]| {
+            let r = Run {
+                first: Seg {
+                    off: le64(c, 0),
+                    len: le64(c, 8),
+                },
+                count: le32(c, 16),
+                stride: le64(c, 20),
+            };
+            // The last segment of the run must end without overflow.
+            let bad = (r.first.len == 0) | (r.count == 0) | r.end().is_none();
+            (r, bad)
+        };
+        if raw.len() == RUN_BYTES {
+            let (r, bad) = run(raw);
+            if r.count >= 2 {
+                return Ok((
+                    Segs::Run(r),
+                    u128::from(r.first.len) * u128::from(r.count),
+                    bad,
+                ));
+            }
+        }
         let mut segs = Vec::with_capacity(count as usize);
         let mut total = 0u128;
         let mut bad = false;
         for c in raw.chunks_exact(RUN_BYTES) {
-            let (off, len, k, stride) = (le64(c, 0), le64(c, 8), le32(c, 16), le64(c, 20));
-            // The last segment of the run must end without overflow.
-            let last_end = u64::from(k.saturating_sub(1))
-                .checked_mul(stride)
-                .and_then(|d| d.checked_add(off))
-                .and_then(|o| o.checked_add(len));
-            bad |= (len == 0) | (k == 0) | last_end.is_none();
+            let (r, b) = run(c);
+            bad |= b;
             if bad {
                 break;
             }
-            total += u128::from(len) * u128::from(k);
+            total += u128::from(r.first.len) * u128::from(r.count);
             // No overflow: the last segment's end was checked above.
-            let mut at = off;
-            segs.extend((0..k).map(|_| {
-                let s = Seg { off: at, len };
-                at = at.wrapping_add(stride);
-                s
-            }));
+            segs.extend(Segs::Run(r).iter());
         }
-        Ok((segs, total, bad))
+        Ok((Segs::List(segs), total, bad))
     }
 
     /// A chunk body; `final_` chunks must be the whole transfer (`n_chunks == 1`);

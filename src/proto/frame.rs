@@ -2,6 +2,7 @@
 
 use super::access::AccessKey;
 use super::limits::{FRAME_MAGIC, HEADER_BYTES, NONCE_BYTES, PROOF_BYTES};
+pub use super::segs::{Run, Segs};
 
 /// Frame kinds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,14 +114,14 @@ pub struct Chunk {
     /// lane of the peer (0, and ignored, for a one-chunk transfer). The target's join itself
     /// is engine-wide: whichever lane carries the chunk that completes it answers COMPLETE.
     pub join_lane: u16,
-    /// Target-side segments of this chunk, in payload order.
-    pub segs: Vec<Seg>,
+    /// Target-side segments of this chunk, in payload order (one run as a run).
+    pub segs: Segs,
 }
 
 impl Chunk {
     /// Sum of segment lengths (saturating; the decoder rejects overflow).
     pub fn bytes(&self) -> u64 {
-        self.segs.iter().fold(0u64, |a, s| a.saturating_add(s.len))
+        self.segs.bytes()
     }
 }
 
@@ -289,15 +290,20 @@ impl Frame {
     pub fn encode(&self, payload_len: u64, out: &mut Vec<u8>) {
         if let Self::Write { chunk, final_ } | Self::Read { chunk, final_, .. } = self {
             let start = out.len();
-            encode_chunk(
-                self.kind(),
-                *final_,
-                &chunk.head(),
-                &chunk.segs,
-                |s| *s,
-                payload_len,
-                out,
-            );
+            let (kind, head) = (self.kind(), chunk.head());
+            match &chunk.segs {
+                Segs::List(list) => {
+                    encode_chunk(kind, *final_, &head, list, |s| *s, payload_len, out)
+                }
+                Segs::Run(r) => encode_chunk_run(
+                    kind,
+                    *final_,
+                    &head,
+                    (r.first, r.count, r.stride),
+                    payload_len,
+                    out,
+                ),
+            }
             if let Self::Read {
                 to_device: true, ..
             } = self
@@ -411,7 +417,7 @@ pub struct ChunkHead {
 
 impl Chunk {
     /// The chunk of `head` with `segs`.
-    pub fn new(head: ChunkHead, segs: Vec<Seg>) -> Self {
+    pub fn new(head: ChunkHead, segs: impl Into<Segs>) -> Self {
         let ChunkHead {
             tag,
             uid,
@@ -431,7 +437,7 @@ impl Chunk {
             access_key,
             extent,
             join_lane,
-            segs,
+            segs: segs.into(),
         }
     }
 

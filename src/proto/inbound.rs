@@ -47,13 +47,11 @@ pub fn check_chunk(chunk: &Chunk, region: Option<(u64, AccessKey)>) -> Result<()
             msg: "transfer range outside the remote memory region",
         });
     }
-    for s in &chunk.segs {
-        if s.off < lo || s.off.checked_add(s.len).is_none_or(|end| end > hi) {
-            return Err(Refusal {
-                code: codes::ERR_INVALID_ARGS,
-                msg: "segment outside the transfer's declared extent",
-            });
-        }
+    if !chunk.segs.within(lo, hi) {
+        return Err(Refusal {
+            code: codes::ERR_INVALID_ARGS,
+            msg: "segment outside the transfer's declared extent",
+        });
     }
     Ok(())
 }
@@ -77,7 +75,7 @@ mod tests {
             access_key,
             extent,
             join_lane: 0,
-            segs: vec![Seg { off: 0, len: 8 }],
+            segs: vec![Seg { off: 0, len: 8 }].into(),
         }
     }
 

@@ -9,7 +9,8 @@
 //! - [`lane`]: an initiator lane's book of sent frames and the answers they wait for;
 //! - [`target`]: the target's decisions per frame (checks, inbound status, join, answer);
 //! - [`outbound`]: the owner's state machine of one transfer, fed with lane reports;
-//! - [`frame`] / [`decode`]: the frames and their bounded codec; [`plan`] / [`layout`]:
+//! - [`frame`] / [`decode`] / [`segs`]: the frames and their bounded codec, a chunk's
+//!   segments as decoded (one run kept a run); [`plan`] / [`layout`]:
 //!   chunk planning; [`join`]: the target's join of one multi-chunk transfer.
 //!
 //! Time, when needed, is a parameter. `PROTOCOL.md` is the prose version.
@@ -30,4 +31,5 @@ pub mod layout;
 pub mod limits;
 pub mod outbound;
 pub mod plan;
+pub mod segs;
 pub mod target;

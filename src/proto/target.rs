@@ -306,7 +306,8 @@ mod tests {
             segs: vec![Seg {
                 off: chunk as u64 * 16,
                 len: 16,
-            }],
+            }]
+            .into(),
         }
     }
 

@@ -23,12 +23,7 @@ pub(crate) unsafe fn gather(local: &SharedRegion, pieces: &Layout, buf: &mut Vec
                 return false;
             };
             let (len, stride) = (first.len as usize, s.local_stride as usize);
-            buf.reserve(len * s.count as usize);
-            for i in 0..s.count as usize {
-                let at = i * stride;
-                crate::small_copy::extend(buf, &span[at..at + len]);
-            }
-            true
+            crate::small_copy::gather(buf, span, stride, len, s.count as usize)
         }
         Layout::List(list) => {
             for p in list {

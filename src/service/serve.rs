@@ -8,17 +8,15 @@ use std::sync::Arc;
 use morio_shards::rt;
 
 use super::admission::{Admitted, Handshaking};
-use super::gpu_io::{self, SendError};
+use super::gpu_io;
 use super::msg::ShardMsg;
 use super::same_host;
 use super::{ServedConn, Shard, TaskGuard};
 use crate::proto::codes;
-use crate::proto::frame::{Chunk, Frame, Hello, HelloAck};
+use crate::proto::frame::{Frame, Hello, HelloAck};
 use crate::proto::handshake;
-use crate::proto::inbound::Refusal;
 use crate::proto::limits::NONCE_BYTES;
 use crate::proto::target::{self, Inbound, Record, Response, Served};
-use crate::region::SharedRegion;
 use crate::stats::PeerSlot;
 use crate::status::StatusCode;
 use crate::trace;
@@ -26,7 +24,9 @@ use crate::transport::framed::{read_frame_exact, ConnError, FrameReader, FrameWr
 use crate::transport::{Bound, Conn, Handoff, Rx};
 
 mod place;
+mod read;
 use place::place;
+use read::read;
 
 /// Accept connections forever (shard 0). Each gets its own task, so a slow or hostile client
 /// holds up nobody; past `max_handshakes` connections in their handshake, new ones are closed
@@ -454,96 +454,5 @@ async fn on_frame(
             respond(shard, conn, writer, r).await?;
             Ok(false)
         }
-    }
-}
-
-/// Answer a READ chunk (`req`: the chunk, whether it is final, whether the initiator places
-/// it into GPU memory) with READ_DATA (its bytes, or its refusal); a FINAL one records the
-/// inbound status first. Returns the chunk's code and message.
-async fn read(
-    shard: &Rc<Shard>,
-    conn: &Link,
-    writer: &mut FrameWriter,
-    req: (&Chunk, bool, bool),
-    checked: Result<(), Refusal>,
-    region: Option<SharedRegion>,
-) -> Result<(u32, String), ConnError> {
-    let (chunk, final_, _) = req;
-    let region = match (checked, region) {
-        (Ok(()), Some(r)) => r,
-        (checked, _) => {
-            let refusal = checked.err().unwrap_or(target::GONE);
-            let (code, msg) = (refusal.code, refusal.msg.to_string());
-            let (rec, frame) = conn.served.read_reply(chunk, final_, code, msg.clone());
-            if let Some(rec) = rec {
-                record(shard, conn, &rec, false);
-            }
-            writer.push(&frame, &[]).await?;
-            return Ok((code, msg));
-        }
-    };
-    if region.device().is_some() {
-        return read_from_device(shard, conn, writer, &region, req).await;
-    }
-    let mut slices = Vec::with_capacity(chunk.segs.len());
-    for s in &chunk.segs {
-        // SAFETY: bounds checked against the live region; reading it is what the peer's
-        // read request asks for.
-        match unsafe { region.slice(s.off, s.len) } {
-            Some(b) => slices.push(b),
-            None => return Err(ConnError::Violation("segment out of range".into())),
-        }
-    }
-    // Recorded before the bytes leave: once the initiator has them all, the target's status
-    // already exists. A failed send aborts the connection and the initiator fails too.
-    let (rec, frame) = conn
-        .served
-        .read_reply(chunk, final_, codes::SUCCESS, String::new());
-    if let Some(rec) = rec {
-        record(shard, conn, &rec, false);
-    }
-    writer.push(&frame, &slices).await?;
-    Ok((codes::SUCCESS, String::new()))
-}
-
-/// Answer a READ of device memory: staged through pinned slots, pipelined with the send, or
-/// offered as device parts to a same-host initiator that places it into GPU memory.
-async fn read_from_device(
-    shard: &Rc<Shard>,
-    conn: &Link,
-    writer: &mut FrameWriter,
-    region: &crate::region::Region,
-    req: (&Chunk, bool, bool),
-) -> Result<(u32, String), ConnError> {
-    let (chunk, final_, to_device) = req;
-    // As for host memory: recorded before the bytes leave.
-    let (rec, frame) = conn
-        .served
-        .read_reply(chunk, final_, codes::SUCCESS, String::new());
-    if let Some(rec) = rec {
-        record(shard, conn, &rec, false);
-    }
-    let spans: Vec<(u64, u64)> = chunk.segs.iter().map(|s| (s.off, s.len)).collect();
-    match gpu_io::push_from_device(shard, writer, &frame, region, &spans, to_device).await {
-        Ok(()) => Ok((codes::SUCCESS, String::new())),
-        Err(SendError::Gpu(e)) => {
-            // Nothing left yet: answer with the error instead (it replaces the SUCCESS
-            // recorded above, which no one can have seen).
-            let code = codes::ERR_GPU_OP;
-            let msg = format!("staging copy from GPU memory failed: {e}");
-            let (rec, frame) = conn.served.read_reply(chunk, final_, code, msg.clone());
-            if let Some(rec) = rec {
-                shard.shared.inbound.record(
-                    &conn.served.peer,
-                    conn.served.instance,
-                    rec.uid,
-                    status_of(rec.code),
-                    &rec.msg,
-                );
-            }
-            writer.push(&frame, &[]).await?;
-            Ok((code, msg))
-        }
-        Err(SendError::Conn(e)) => Err(e),
     }
 }

@@ -505,6 +505,22 @@ impl FrameWriter {
         self.flush_if_full().await
     }
 
+    /// Queue `frame` and its `payload_len` payload bytes, at most [`Self::inline_bytes`],
+    /// which `fill` appends right after it (a strided read's pieces, gathered in one loop).
+    pub(crate) async fn push_inline(
+        &mut self,
+        frame: &Frame,
+        payload_len: usize,
+        fill: impl FnOnce(&mut Vec<u8>),
+    ) -> io::Result<()> {
+        debug_assert!(payload_len <= self.inline_bytes);
+        frame.encode(payload_len as u64, &mut self.buf);
+        let at = self.buf.len();
+        fill(&mut self.buf);
+        debug_assert_eq!(self.buf.len() - at, payload_len);
+        self.flush_if_full().await
+    }
+
     /// Send what is queued once enough waits (so a long run of small frames goes out in
     /// bounded pieces).
     pub(crate) async fn flush_if_full(&mut self) -> io::Result<()> {

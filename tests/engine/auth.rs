@@ -175,7 +175,7 @@ fn a_client_without_the_secret_learns_nothing_and_writes_nothing() {
             access_key: dst.desc().access_key,
             extent: (0, 8),
             join_lane: 0,
-            segs: vec![Seg { off: 0, len: 8 }],
+            segs: vec![Seg { off: 0, len: 8 }].into(),
         },
         final_: true,
     };
@@ -227,7 +227,7 @@ fn a_client_without_the_secret_learns_nothing_and_writes_nothing() {
             access_key: dst.desc().access_key,
             extent: (100, 108),
             join_lane: 0,
-            segs: vec![Seg { off: 100, len: 8 }],
+            segs: vec![Seg { off: 100, len: 8 }].into(),
         },
         final_: true,
     };

@@ -126,7 +126,7 @@ pub(crate) fn write_head(uid: u64, d: &MemoryDesc, off: u64, len: u64) -> Vec<u8
         access_key: d.access_key,
         extent: (off, off + len),
         join_lane: 0,
-        segs: vec![Seg { off, len }],
+        segs: vec![Seg { off, len }].into(),
     };
     encode(
         &Frame::Write {

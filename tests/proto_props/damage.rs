@@ -201,7 +201,7 @@ fn header_rejections() {
             access_key: KEY,
             extent: (0, 8),
             join_lane: 0,
-            segs: vec![Seg { off: 0, len: 8 }],
+            segs: vec![Seg { off: 0, len: 8 }].into(),
         },
         final_: true,
     };
@@ -227,7 +227,7 @@ fn final_on_partial_chunk_and_odd_hello_ack_code_are_rejected() {
         access_key: KEY,
         extent: (0, 8),
         join_lane: 0,
-        segs: vec![Seg { off: 0, len: 8 }],
+        segs: vec![Seg { off: 0, len: 8 }].into(),
     };
     let mut buf = Vec::new();
     Frame::Write {
@@ -247,7 +247,7 @@ fn final_on_partial_chunk_and_odd_hello_ack_code_are_rejected() {
             access_key: KEY,
             extent: (0, 8),
             join_lane: lane,
-            segs: vec![Seg { off: 0, len: 8 }],
+            segs: vec![Seg { off: 0, len: 8 }].into(),
         };
         let mut buf = Vec::new();
         Frame::Write {

@@ -51,7 +51,7 @@ proptest! {
         );
         // Chunks take the run form exactly when it is the smaller one.
         if let Frame::Write { chunk: c, .. } | Frame::Read { chunk: c, .. } = &frame {
-            let n_runs = runs(&c.segs, |s| *s).count();
+            let n_runs = runs(&c.segs.to_vec(), |s| *s).count();
             let as_runs = n_runs * RUN_BYTES < c.segs.len() * SEG_BYTES;
             prop_assert_eq!(bytes[3] & FLAG_RUNS != 0, as_runs);
         } else {
@@ -160,7 +160,7 @@ fn the_access_key_follows_the_region_id_in_the_chunk_body() {
         access_key: key,
         extent: (8, 16),
         join_lane: 0,
-        segs: vec![Seg { off: 8, len: 8 }],
+        segs: vec![Seg { off: 8, len: 8 }].into(),
     };
     let f = Frame::Read {
         chunk: c,

@@ -3,7 +3,7 @@
 //! overlaps, chunks), and strided stripes hold whole pieces.
 
 use morio::proto::decode::{decode_frame, DecodeError};
-use morio::proto::frame::{Chunk, Frame, Kind, Seg, FLAG_FINAL, FLAG_RUNS};
+use morio::proto::frame::{Chunk, Frame, Kind, Run, Seg, Segs, FLAG_FINAL, FLAG_RUNS};
 use morio::proto::layout::{layout_chunks, layout_stripe, normalize_layout, Layout};
 use morio::proto::limits::{
     CHUNK_FIXED_BYTES, FRAME_MAGIC, HEADER_BYTES, MAX_SEGS_PER_CHUNK, RUN_BYTES,
@@ -28,7 +28,7 @@ fn a_strided_batch_is_one_run_on_the_wire() {
         access_key: KEY,
         extent: (0, 256 * 9),
         join_lane: 0,
-        segs,
+        segs: segs.into(),
     };
     let f = Frame::Write {
         chunk: c,
@@ -43,6 +43,42 @@ fn a_strided_batch_is_one_run_on_the_wire() {
     let (got, payload, _) = decode_frame(&bytes).unwrap().unwrap();
     assert_eq!(got, f);
     assert_eq!(payload, 256 * 8);
+    // The target gets it as one run (checked by its ends, placed in one loop), and encoding
+    // it again gives the same bytes.
+    let Frame::Write { chunk, .. } = &got else {
+        panic!("not a write: {got:?}");
+    };
+    let run = Run {
+        first: Seg { off: 0, len: 8 },
+        count: 256,
+        stride: 9,
+    };
+    assert!(
+        matches!(chunk.segs, Segs::Run(r) if r == run),
+        "{:?}",
+        chunk.segs
+    );
+    assert_eq!(encoded(&got, 256 * 8), bytes);
+}
+
+#[test]
+fn only_one_run_of_several_segments_stays_a_run() {
+    let segs_of = |runs: &[(u64, u64, u32, u64)]| {
+        let payload = runs.iter().map(|r| r.1 * u64::from(r.2)).sum();
+        match decode_frame(&run_frame(runs, payload)) {
+            Ok(Some((Frame::Write { chunk, .. }, _, _))) => chunk.segs,
+            other => panic!("{runs:?}: {other:?}"),
+        }
+    };
+    assert!(matches!(segs_of(&[(0, 8, 2, 16)]), Segs::Run(_)));
+    let one = segs_of(&[(0, 8, 1, 16)]);
+    assert!(
+        matches!(&one, Segs::List(l) if l == &[Seg { off: 0, len: 8 }]),
+        "{one:?}"
+    );
+    let two = segs_of(&[(0, 8, 2, 16), (100, 4, 2, 4)]);
+    let want = [(0, 8), (16, 8), (100, 4), (104, 4)].map(|(off, len)| Seg { off, len });
+    assert!(matches!(&two, Segs::List(l) if l == &want), "{two:?}");
 }
 
 /// A run-form chunk body with the given runs (`off`, `len`, `count`, `stride`).

@@ -140,7 +140,7 @@ pub fn chunk() -> impl Strategy<Value = Chunk> {
                 access_key,
                 extent: (a.min(b), a.max(b)),
                 join_lane,
-                segs,
+                segs: segs.into(),
             },
         )
 }

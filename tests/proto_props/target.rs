@@ -117,7 +117,8 @@ proptest! {
     ) {
         let (lo, hi) = c.extent;
         let i = which.index(c.segs.len());
-        let s = &mut c.segs[i];
+        let mut segs = c.segs.to_vec();
+        let s = &mut segs[i];
         if before && lo > 0 {
             // Start below the extent (keep the end inside).
             s.off = lo.saturating_sub(by);
@@ -131,6 +132,7 @@ proptest! {
             }
         }
         prop_assert!(s.off < lo || s.off + s.len > hi);
+        c.segs = segs.into();
         let e = check_chunk(&c, Some((size, key))).unwrap_err();
         prop_assert_eq!(e.code, ERR_INVALID_ARGS);
     }

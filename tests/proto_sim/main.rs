@@ -304,7 +304,7 @@ fn garbage(rng: &mut StdRng, n_lanes: u16, at_target: bool) -> (Vec<u8>, Closer)
         access_key: ACCESS_KEY,
         extent: (0, 64),
         join_lane,
-        segs: vec![Seg { off: 0, len: 64 }],
+        segs: vec![Seg { off: 0, len: 64 }].into(),
     };
     let (frame, closer): (Frame, Closer) = match (at_target, rng.gen_range(0..4)) {
         (_, 0) => {

@@ -141,7 +141,7 @@ async fn write_chunk(
         Op::Write if local.device().is_some() => {
             // The chunk as a frame value, for GPU staging.
             let pieces = spec.pieces.into_pieces();
-            let c = Chunk::new(head, pieces.iter().map(remote_seg).collect());
+            let c = Chunk::new(head, pieces.iter().map(remote_seg).collect::<Vec<_>>());
             let spans: Vec<(u64, u64)> = pieces.iter().map(|p| (p.local, p.len)).collect();
             let bytes = c.bytes();
             lane.book

@@ -4,7 +4,7 @@
 use std::rc::Rc;
 
 use crate::proto::codes;
-use crate::proto::frame::Chunk;
+use crate::proto::frame::{Chunk, Segs};
 use crate::proto::inbound::Refusal;
 use crate::proto::target;
 use crate::region::SharedRegion;
@@ -13,10 +13,29 @@ use crate::transport::framed::{ascending_disjoint, ConnError, FrameReader};
 use crate::transport::Rx;
 
 /// Copy `src` into `segs` (offsets relative to `lo`, in payload order) of `ext`; false if a
-/// segment or the payload does not fit (the checks before make that a protocol bug).
-fn place_small(ext: &mut [u8], lo: u64, segs: &[crate::proto::frame::Seg], src: &[u8]) -> bool {
+/// segment or the payload does not fit (the checks before make that a protocol bug). A run
+/// is placed in one loop of fixed-size copies.
+fn place_small(ext: &mut [u8], lo: u64, segs: &Segs, src: &[u8]) -> bool {
+    let list = match segs {
+        Segs::List(list) => list,
+        Segs::Run(r) => {
+            let at = r
+                .first
+                .off
+                .checked_sub(lo)
+                .and_then(|a| usize::try_from(a).ok());
+            let (len, stride) = (usize::try_from(r.first.len), usize::try_from(r.stride));
+            return match (at.and_then(|a| ext.get_mut(a..)), len, stride) {
+                (Some(dst), Ok(len), Ok(stride)) => {
+                    src.len() == len.saturating_mul(r.count as usize)
+                        && crate::small_copy::scatter(dst, stride, src, len, r.count as usize)
+                }
+                _ => false,
+            };
+        }
+    };
     let mut at = 0usize;
-    for s in segs {
+    for s in list {
         let (off, len) = ((s.off - lo) as usize, s.len as usize);
         let (Some(dst), Some(part)) = (ext.get_mut(off..off + len), src.get(at..at + len)) else {
             return false;
@@ -68,7 +87,7 @@ pub(super) async fn place(
             if ascending_disjoint(chunk.segs.iter().map(|s| (s.off, s.len))) {
                 // Disjoint destinations: hand them all to one scattered read.
                 let mut dsts = Vec::with_capacity(chunk.segs.len());
-                for s in &chunk.segs {
+                for s in chunk.segs.iter() {
                     // SAFETY: bounds checked above against the live region (kept alive by
                     // `region` across the awaits); the peer may write it because it is
                     // registered; the ranges are disjoint, so the slices do not alias.
@@ -79,7 +98,7 @@ pub(super) async fn place(
                 }
                 reader.read_payload_scatter(&mut dsts).await?;
             } else {
-                for s in &chunk.segs {
+                for s in chunk.segs.iter() {
                     // SAFETY: as above; one slice at a time, so overlaps cannot alias.
                     let dst = unsafe { region.slice_mut(s.off, s.len) };
                     let dst =

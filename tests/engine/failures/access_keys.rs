@@ -31,7 +31,8 @@ fn read_frame_of(uid: u64, (mem_id, access_key): Target, extent: (u64, u64)) -> 
         segs: vec![Seg {
             off: extent.0,
             len: extent.1 - extent.0,
-        }],
+        }]
+        .into(),
     };
     encode(
         &Frame::Read {

@@ -238,7 +238,7 @@ impl Sim {
             panic!("{ctx}: arrived, but no lane took it");
         });
         let segs: Vec<_> = pieces.iter().map(|p| remote_seg(&p)).collect();
-        assert_eq!(chunk.segs, segs, "{ctx}: segments");
+        assert_eq!(chunk.segs.to_vec(), segs, "{ctx}: segments");
         assert!(xf.sent.contains(&chunk.chunk), "{ctx}: arrived unsent");
         let n = xf.n_chunks;
         let s = self.seen.entry((inst, chunk.uid)).or_default();

@@ -1,0 +1,150 @@
+//! Target side: answering a READ chunk from host memory (staged for device memory), with a
+//! small strided run gathered next to its header in one loop.
+
+use std::rc::Rc;
+
+use super::gpu_io::{self, SendError};
+use super::{record, status_of, Link, Shard};
+use crate::proto::codes;
+use crate::proto::frame::{Chunk, Run, Segs};
+use crate::proto::inbound::Refusal;
+use crate::proto::target;
+use crate::region::SharedRegion;
+use crate::transport::framed::{ConnError, FrameWriter};
+
+/// Answer a READ chunk (`req`: the chunk, whether it is final, whether the initiator places
+/// it into GPU memory) with READ_DATA (its bytes, or its refusal); a FINAL one records the
+/// inbound status first. Returns the chunk's code and message.
+pub(super) async fn read(
+    shard: &Rc<Shard>,
+    conn: &Link,
+    writer: &mut FrameWriter,
+    req: (&Chunk, bool, bool),
+    checked: Result<(), Refusal>,
+    region: Option<SharedRegion>,
+) -> Result<(u32, String), ConnError> {
+    let (chunk, final_, _) = req;
+    let region = match (checked, region) {
+        (Ok(()), Some(r)) => r,
+        (checked, _) => {
+            let refusal = checked.err().unwrap_or(target::GONE);
+            let (code, msg) = (refusal.code, refusal.msg.to_string());
+            let (rec, frame) = conn.served.read_reply(chunk, final_, code, msg.clone());
+            if let Some(rec) = rec {
+                record(shard, conn, &rec, false);
+            }
+            writer.push(&frame, &[]).await?;
+            return Ok((code, msg));
+        }
+    };
+    if region.device().is_some() {
+        return read_from_device(shard, conn, writer, &region, req).await;
+    }
+    if let Some(r) = inline_run(&chunk.segs, writer.inline_bytes()) {
+        return read_run(shard, conn, writer, req, &region, r).await;
+    }
+    let mut slices = Vec::with_capacity(chunk.segs.len());
+    for s in chunk.segs.iter() {
+        // SAFETY: bounds checked against the live region; reading it is what the peer's
+        // read request asks for.
+        match unsafe { region.slice(s.off, s.len) } {
+            Some(b) => slices.push(b),
+            None => return Err(ConnError::Violation("segment out of range".into())),
+        }
+    }
+    // Recorded before the bytes leave: once the initiator has them all, the target's status
+    // already exists. A failed send aborts the connection and the initiator fails too.
+    let (rec, frame) = conn
+        .served
+        .read_reply(chunk, final_, codes::SUCCESS, String::new());
+    if let Some(rec) = rec {
+        record(shard, conn, &rec, false);
+    }
+    writer.push(&frame, &slices).await?;
+    Ok((codes::SUCCESS, String::new()))
+}
+
+/// A chunk's one run, if its bytes go next to their header.
+fn inline_run(segs: &Segs, inline_bytes: usize) -> Option<Run> {
+    match segs {
+        Segs::Run(r) if segs.bytes() <= inline_bytes as u64 => Some(*r),
+        _ => None,
+    }
+}
+
+/// Answer a READ of host memory whose segments are one small run `r`: its span resolved
+/// once, its pieces gathered next to the header in one loop.
+async fn read_run(
+    shard: &Rc<Shard>,
+    conn: &Link,
+    writer: &mut FrameWriter,
+    (chunk, final_, _): (&Chunk, bool, bool),
+    region: &crate::region::Region,
+    r: Run,
+) -> Result<(u32, String), ConnError> {
+    let out_of_range = || ConnError::Violation("segment out of range".into());
+    let span_len = r.end().and_then(|e| e.checked_sub(r.first.off));
+    // SAFETY: bounds checked against the live region; reading it is what the peer's read
+    // request asks for.
+    let span = span_len
+        .and_then(|n| unsafe { region.slice(r.first.off, n) })
+        .ok_or_else(out_of_range)?;
+    let (len, stride, count) = (r.first.len as usize, r.stride as usize, r.count as usize);
+    // Recorded before the bytes leave, as in `read`.
+    let (rec, frame) = conn
+        .served
+        .read_reply(chunk, final_, codes::SUCCESS, String::new());
+    if let Some(rec) = rec {
+        record(shard, conn, &rec, false);
+    }
+    writer
+        .push_inline(&frame, len * count, |buf| {
+            // The span holds every piece: it runs from the first to the end of the last.
+            let whole = crate::small_copy::gather(buf, span, stride, len, count);
+            debug_assert!(whole);
+        })
+        .await?;
+    Ok((codes::SUCCESS, String::new()))
+}
+
+/// Answer a READ of device memory: staged through pinned slots, pipelined with the send, or
+/// offered as device parts to a same-host initiator that places it into GPU memory.
+async fn read_from_device(
+    shard: &Rc<Shard>,
+    conn: &Link,
+    writer: &mut FrameWriter,
+    region: &crate::region::Region,
+    req: (&Chunk, bool, bool),
+) -> Result<(u32, String), ConnError> {
+    let (chunk, final_, to_device) = req;
+    // As for host memory: recorded before the bytes leave.
+    let (rec, frame) = conn
+        .served
+        .read_reply(chunk, final_, codes::SUCCESS, String::new());
+    if let Some(rec) = rec {
+        record(shard, conn, &rec, false);
+    }
+    let spans: Vec<(u64, u64)> = chunk.segs.iter().map(|s| (s.off, s.len)).collect();
+    match gpu_io::push_from_device(shard, writer, &frame, region, &spans, to_device).await {
+        Ok(()) => Ok((codes::SUCCESS, String::new())),
+        Err(SendError::Gpu(e)) => {
+            // Nothing left yet: answer with the error instead (it replaces the SUCCESS
+            // recorded above, which no one can have seen).
+            let code = codes::ERR_GPU_OP;
+            let msg = format!("staging copy from GPU memory failed: {e}");
+            let (rec, frame) = conn.served.read_reply(chunk, final_, code, msg.clone());
+            if let Some(rec) = rec {
+                shard.shared.inbound.record(
+                    &conn.served.peer,
+                    conn.served.instance,
+                    rec.uid,
+                    status_of(rec.code),
+                    &rec.msg,
+                );
+            }
+            writer.push(&frame, &[]).await?;
+            Ok((code, msg))
+        }
+        Err(SendError::Conn(e)) => Err(e),
+    }
+}
