@@ -8,7 +8,9 @@ DIR holds `morio bench --json` reports named ROW-rN (goals.sh's names: t- over T
 processes of one host; g for GPU memory). A goal whose rows are missing (GPU rows without a
 GPU, a failed row) is listed as not measured. Values: bandwidth ratios are morio's Avg BW over
 the reference row's; latencies in µs per batch iteration; `floor` is the row's raw-TCP floor
-(busy-polling threads, same batch, same CPUs) measured right after it.
+(busy-polling threads, same batch, same CPUs) measured right after it; `membw-rN` is the
+host's memory copy bandwidth in that round (`membw.py --json`, 256 MiB), the bound of a
+one-copy transfer.
 """
 
 import argparse
@@ -75,6 +77,9 @@ GOALS = [
     (23, "GPU / host 1 MiB x 256 read (TCP)", ["t-gr1m", "t-r1m"], ratio("t-gr1m", "t-r1m", bw), ">=", 0.85, "x"),
     (23, "GPU / host single 64 MiB write (TCP)", ["t-gw64m", "t-w64m"], ratio("t-gw64m", "t-w64m", bw), ">=", 0.85, "x"),
     (23, "GPU / host single 64 MiB read (TCP)", ["t-gr64m", "t-r64m"], ratio("t-gr64m", "t-r64m", bw), ">=", 0.85, "x"),
+    (0, "(info) host 1 MiB x 256 write, same-host / host copy", ["h-w1m", "membw"], ratio("h-w1m", "membw", bw), "", None, "x"),
+    (0, "(info) host 1 MiB x 256 read, same-host / host copy", ["h-r1m", "membw"], ratio("h-r1m", "membw", bw), "", None, "x"),
+    (0, "(info) host 1 MiB x 256 write, TCP / host copy", ["t-w1m", "membw"], ratio("t-w1m", "membw", bw), "", None, "x"),
     (0, "(info) default single 8 B p50 / floor p50 (TCP)", ["t-d8"], field("t-d8", lambda r: r["p50_us"] / floor_p50(r)), "", None, "x"),
 ]
 

@@ -49,6 +49,7 @@ for ((r = 1; r <= R; r++)); do
 			b "h-g${o}64m-r$r" -- "${H[@]}" --op-type $op --mem-type gpu "${one[@]}"
 		fi
 	done
+	timeout 60 python3 scripts/bench/membw.py --json "$O/g/membw-r$r.json" 256 >/dev/null 2>&1 || echo "fail membw-r$r"
 done
 python3 scripts/bench/goals.py "$O/g" --json "$O/goals.json"
 (cd "$O" && tar czf goals-json.tar.gz g && rm -rf g)

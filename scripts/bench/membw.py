@@ -2,8 +2,14 @@
 """Host memory copy bandwidth: N threads each copying its share of a SIZE buffer into another
 (numpy copies release the GIL), for buffer sizes that do and do not fit the last-level cache.
 The bound a one-copy same-host transfer of that size can reach (a transfer of S bytes
-copies S bytes: it reads S and writes S)."""
+copies S bytes: it reads S and writes S).
 
+    membw.py [MIB ...]                 the table, 1 to 16 threads
+    membw.py --json FILE [MIB]         the best over 4, 8 and 16 threads for one size (256
+                                       MiB by default), as a one-row `morio bench --json`
+                                       report (`avg_bw_gbps`) for goals.py"""
+
+import json
 import sys
 import threading
 import time
@@ -35,6 +41,14 @@ def run(size, threads, reps=4):
 
 
 def main():
+    if sys.argv[1:2] == ["--json"]:
+        size = int(sys.argv[3]) * MIB if len(sys.argv) > 3 else 256 * MIB
+        best = max(run(size, t) for t in (4, 8, 16))
+        row = {"op": "copy", "msg_size": size, "batch_size": 1, "avg_bw_gbps": best, "validated": True}
+        with open(sys.argv[2], "w") as fh:
+            json.dump({"tool": "membw.py", "rows": [row]}, fh)
+        print(f"host copy bandwidth, {size // MIB} MiB: {best:.1f} GB/s")
+        return
     sizes = [int(a) * MIB for a in sys.argv[1:]] or [64 * MIB, 256 * MIB]
     print(f"{'buffer':>10} " + " ".join(f"{t:>3} thr GB/s" for t in (1, 2, 4, 8, 16)))
     for s in sizes:
