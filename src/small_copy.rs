@@ -92,17 +92,20 @@ pub(crate) fn gather(
     if !fits(src.len(), stride, len, count) {
         return false;
     }
-    buf.reserve(len * count);
+    let at = buf.len();
+    buf.resize(at + len * count, 0);
+    let dst = &mut buf[at..];
     match len {
-        8 => gather_n::<8>(buf, src, stride, count),
-        4 => gather_n::<4>(buf, src, stride, count),
-        16 => gather_n::<16>(buf, src, stride, count),
-        2 => gather_n::<2>(buf, src, stride, count),
-        1 => gather_n::<1>(buf, src, stride, count),
-        32 => gather_n::<32>(buf, src, stride, count),
+        8 => gather_n::<8>(dst, src, stride),
+        4 => gather_n::<4>(dst, src, stride),
+        16 => gather_n::<16>(dst, src, stride),
+        2 => gather_n::<2>(dst, src, stride),
+        1 => gather_n::<1>(dst, src, stride),
+        32 => gather_n::<32>(dst, src, stride),
+        0 => {}
         _ => {
-            for i in 0..count {
-                buf.extend_from_slice(&src[i * stride..i * stride + len]);
+            for (i, d) in dst.chunks_exact_mut(len).enumerate() {
+                d.copy_from_slice(&src[i * stride..i * stride + len]);
             }
         }
     }
@@ -134,12 +137,16 @@ fn scatter_n<const N: usize>(dst: &mut [u8], stride: usize, src: &[u8], count: u
 }
 
 #[inline(always)]
-fn gather_n<const N: usize>(buf: &mut Vec<u8>, src: &[u8], stride: usize, count: usize) {
-    for i in 0..count {
+fn gather_n<const N: usize>(dst: &mut [u8], src: &[u8], stride: usize) {
+    for (i, d) in dst.chunks_exact_mut(N).enumerate() {
         let at = i * stride;
-        match <&[u8; N]>::try_from(&src[at..at + N]) {
-            Ok(a) => buf.extend_from_slice(a),
-            Err(_) => unreachable!("a slice of N bytes"),
+        // In bounds: `fits` checked the last piece.
+        match (
+            <&mut [u8; N]>::try_from(d),
+            <&[u8; N]>::try_from(&src[at..at + N]),
+        ) {
+            (Ok(d), Ok(s)) => *d = *s,
+            (Err(_), _) | (_, Err(_)) => unreachable!("pieces of N bytes"),
         }
     }
 }
