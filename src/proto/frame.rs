@@ -2,7 +2,7 @@
 
 use super::access::AccessKey;
 use super::limits::{FRAME_MAGIC, HEADER_BYTES, NONCE_BYTES, PROOF_BYTES};
-pub use super::segs::{Run, Segs};
+pub use super::segs::{Run, Seg, Segs};
 
 /// Frame kinds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,15 +69,6 @@ pub const FLAG_RUNS: u8 = 2;
 /// GPU memory, so the target may offer its own GPU memory as device parts (PROTOCOL.md,
 /// "Device parts"). A peer of version 7 or older never receives it.
 pub const FLAG_TO_DEVICE: u8 = 4;
-
-/// One contiguous piece of a region: `len` bytes at `off`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Seg {
-    /// Offset within the region.
-    pub off: u64,
-    /// Length in bytes.
-    pub len: u64,
-}
 
 /// Which way a transfer moves bytes, seen from its initiator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

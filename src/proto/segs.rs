@@ -1,9 +1,16 @@
-//! A chunk's target-side segments as the decoder hands them to the target: a frame that
-//! names one run (a strided batch, the usual KV-cache layout) stays one run, so the target
-//! checks it in constant time and places it in one loop, where a list of 256 segments would
-//! be built, checked and walked piece by piece.
+//! A chunk's target-side segments (`Seg`, one piece) as the decoder hands them to the
+//! target (`Segs`): a frame that names one run (a strided batch, the usual KV-cache layout)
+//! stays one run, so the target checks it in constant time and places it in one loop, where a
+//! list of 256 segments would be built, checked and walked piece by piece.
 
-use super::frame::Seg;
+/// One contiguous piece of a region: `len` bytes at `off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Seg {
+    /// Offset within the region.
+    pub off: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
 
 /// `count` segments of `first.len` bytes at `first.off`, `first.off + stride`, ... in
 /// ascending order (a run of one has stride 0).
