@@ -87,8 +87,9 @@ pub struct ShardStats {
     /// (`sched_yield`), found that another thread had taken it: a thread (the application's,
     /// another shard's) shares the shard's CPU.
     pub busy_poll_handoffs: u64,
-    /// Doorbells this shard rang for same-host peers whose readers were parked (a
-    /// shared-memory ring read by a spinning shard needs none).
+    /// Doorbells rung for same-host peers whose readers were parked (a shared-memory ring
+    /// read by a spinning shard needs none): by this shard, or by express writes into the
+    /// rings of its lanes.
     pub same_host_doorbells: u64,
     /// Times a send of this shard found a same-host peer's ring full and waited for room (a
     /// slow path: a peer that reads slowly, or rings too small for the traffic).

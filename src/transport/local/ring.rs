@@ -373,6 +373,15 @@ impl Outbound {
 thread_local! {
     /// This thread's (a shard's) doorbells rung and waits for room, for its stats.
     static COUNTS: std::cell::Cell<RingCounts> = const { std::cell::Cell::new(RingCounts { doorbells: 0, full_waits: 0 }) };
+    /// Doorbells that other threads (applications' express writes) rang on the rings this
+    /// thread's lanes send into: theirs to add, this shard's to report.
+    static EXPRESS_BELLS: Arc<AtomicU64> = Arc::new(AtomicU64::new(0));
+}
+
+/// The counter of doorbells rung by express writes into the rings of the calling shard's
+/// lanes (given to each such ring when its lane connects, on the shard).
+pub(crate) fn express_bells() -> Arc<AtomicU64> {
+    EXPRESS_BELLS.with(Arc::clone)
 }
 
 /// What the rings of the calling shard have done so far.
@@ -384,9 +393,12 @@ pub(crate) struct RingCounts {
     pub(crate) full_waits: u64,
 }
 
-/// The calling shard's [`RingCounts`].
+/// The calling shard's [`RingCounts`], express writes' doorbells into its lanes' rings
+/// included.
 pub(crate) fn counts() -> RingCounts {
-    COUNTS.with(std::cell::Cell::get)
+    let mut c = COUNTS.with(std::cell::Cell::get);
+    c.doorbells += EXPRESS_BELLS.with(|b| b.load(Ordering::Relaxed));
+    c
 }
 
 /// Count a wait for room in a peer's ring on the calling shard.
@@ -399,13 +411,24 @@ pub(crate) fn count_full_wait() {
 }
 
 /// Ring the doorbell: one byte into the connection's socket `fd` (non-blocking; a full socket
-/// holds doorbells already, and a broken one is the reader's to report).
+/// holds doorbells already, and a broken one is the reader's to report), counted for the
+/// calling shard.
 pub(crate) fn ring_doorbell(fd: RawFd) {
     COUNTS.with(|c| {
         let mut v = c.get();
         v.doorbells += 1;
         c.set(v);
     });
+    send_doorbell(fd);
+}
+
+/// [`ring_doorbell`] from any thread, counted on `bells` (an [`express_bells`] counter).
+pub(crate) fn ring_doorbell_for(fd: RawFd, bells: &AtomicU64) {
+    bells.fetch_add(1, Ordering::Relaxed);
+    send_doorbell(fd);
+}
+
+fn send_doorbell(fd: RawFd) {
     // SAFETY: a non-blocking send of one byte from a live buffer on the connection's socket.
     unsafe {
         libc::send(

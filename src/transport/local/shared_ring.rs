@@ -5,10 +5,11 @@
 //! several of its writes, and nothing may land between them).
 
 use std::os::fd::RawFd;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::records::{inline_head, MAX_INLINE};
-use super::ring::{ring_doorbell, Outbound};
+use super::ring::{ring_doorbell_for, Outbound};
 
 /// The ring and who may write it.
 #[derive(Debug)]
@@ -20,6 +21,9 @@ pub(crate) struct SharedRing {
     /// broken, and the sending half breaks the ring before it closes the socket
     /// ([`Self::close_express`] in its drop).
     bell: RawFd,
+    /// Where the doorbells express writes ring are counted: the lane's shard's
+    /// [`super::ring::express_bells`].
+    bells: Arc<AtomicU64>,
 }
 
 /// What the lock guards.
@@ -48,6 +52,7 @@ pub(crate) enum Declined {
 impl SharedRing {
     /// Share `ring`, whose doorbell is rung on `bell`, a socket the caller keeps open until
     /// it called [`Self::close_express`].
+    /// On the lane's shard: its doorbells are counted there.
     pub(crate) fn new(ring: Outbound, bell: RawFd) -> Self {
         Self {
             state: Mutex::new(State {
@@ -56,6 +61,7 @@ impl SharedRing {
                 broken: false,
             }),
             bell,
+            bells: super::ring::express_bells(),
         }
     }
 
@@ -104,7 +110,7 @@ impl SharedRing {
         }
         // Rung under the lock: the socket is open while the ring is not broken.
         if st.ring.doorbell_wanted() {
-            ring_doorbell(self.bell);
+            ring_doorbell_for(self.bell, &self.bells);
         }
         drop(st);
         Ok(())
