@@ -10,6 +10,7 @@ use super::{die, express_done, report, Lane};
 use crate::proto::codes;
 use crate::proto::frame::Frame;
 use crate::proto::lane::{Answer, Matched, ReadWait};
+use crate::proto::layout::Layout;
 use crate::region::SharedRegion;
 use crate::trace;
 use crate::transport::framed::{ascending_disjoint, ConnError, FrameReader};
@@ -200,8 +201,21 @@ async fn place(
         .ok()
         .and_then(|n| reader.take_buffered(n))
     {
-        // All of it arrived with the header (small batches): place it without awaiting, one
-        // piece at a time.
+        // All of it arrived with the header (small batches): place it without awaiting; a
+        // strided layout into its span, resolved once, in one loop of fixed-size copies.
+        if let Layout::Strided(s) = pieces {
+            let (first, last) = (s.first, s.last());
+            let span_len = (last.local + last.len)
+                .checked_sub(first.local)
+                .ok_or_else(oob)?;
+            // SAFETY: as below; the span is one slice, so its pieces cannot alias.
+            let span = unsafe { local.slice_mut(first.local, span_len) }.ok_or_else(oob)?;
+            let (len, stride) = (first.len as usize, s.local_stride as usize);
+            if !crate::small_copy::scatter(span, stride, src, len, s.count as usize) {
+                return Err(oob());
+            }
+            return Ok(Ok(()));
+        }
         let mut at = 0usize;
         for p in pieces.iter() {
             // SAFETY: as below; one slice at a time, so overlaps cannot alias.
