@@ -4,7 +4,8 @@
 # write and read over TCP (issue 23's <= 15 us), the spinning single 8 B, the default 8 B x 256
 # and 4 KiB x 256, and 1 MiB x 256 (no loss); then per row the mean of the per-round paired
 # differences (new - base). ROWS picks rows (default all; r1m, the 1 MiB x 256 read, only
-# when named).   OUT=$OUT ROUNDS=6 [ROWS="w1m r1m"] bash scripts/bench/s38-runs.sh
+# when named), BASE another base binary in .dev.
+#   OUT=$OUT ROUNDS=6 [ROWS="w1m r1m"] [BASE=morio-prev] bash scripts/bench/s38-runs.sh
 set -u
 O=${OUT:-/tmp/s38r}
 R=${ROUNDS:-6}
@@ -13,7 +14,7 @@ T=(--loopback --no-ceiling --same-host off)
 S=(--shards 2 --spin-us 2000 --wait-spin-us 1000)
 B=(--enable-batch-transfer --enable-sess)
 for ((r = 1; r <= R; r++)); do
-	for m in morio-base morio; do
+	for m in "${BASE:-morio-base}" morio; do
 		run() {
 			local n=$1
 			shift
@@ -29,8 +30,9 @@ for ((r = 1; r <= R; r++)); do
 		run r1m --no-floor --iters 48 --op-type read --buffer-size 1048576 --transfer-batch-size 256 "${B[@]}" --batch-contiguous
 	done
 done
-python3 - "$O/s/j" <<'PY'
+python3 - "$O/s/j" "${BASE:-morio-base}" <<'PY'
 import json, sys, glob, os, collections, statistics as st
+BASE = sys.argv[2]
 agg = collections.defaultdict(dict)
 for f in glob.glob(sys.argv[1] + "/*.json"):
     row, m, r = os.path.basename(f)[:-5].split(".")
@@ -43,7 +45,7 @@ for (row, m), v in sorted(agg.items()):
     print(f"{row:6} {m:11} {' '.join(f'{x[0]:.1f}' for x in t):54} {st.mean(x[0] for x in t):5.1f} {st.mean(x[1] for x in t):7.1f} {st.mean(x[3] for x in t):6.2f} {' '.join(f'{x[4]:.1f}' for x in t if x[4])}")
 print("paired (new - base), per round: avg us, p50 us, GB/s")
 for row in sorted({k[0] for k in agg}):
-    a, b = agg.get((row, "morio-base"), {}), agg.get((row, "morio"), {})
+    a, b = agg.get((row, BASE), {}), agg.get((row, "morio"), {})
     rs = sorted(set(a) & set(b))
     if not rs: continue
     d = [(b[r][0] - a[r][0], b[r][1] - a[r][1], b[r][3] - a[r][3]) for r in rs]
