@@ -168,13 +168,15 @@ fn trace_run(express: bool) {
         String::from_utf8_lossy(&out.stderr)
     );
     // The row says what both engines' shards did: express writes (or none), counted once
-    // (a write finding its lane's sender busy takes the usual path, so not every one).
+    // (a write finding its lane's sender busy, or its ring's lock held by a preempted shard,
+    // takes the usual path: on a loaded 2-core machine a 20-iteration row once counted 9, so
+    // only "some" is asserted; the stages below hold for either path).
     let row = &rows(&json)[0];
     let express_writes = row["initiator_counters"]["express_writes"]
         .as_u64()
         .unwrap();
     if express {
-        assert!(express_writes >= 10, "{row}");
+        assert!(express_writes > 0, "{row}");
     } else {
         assert_eq!(express_writes, 0, "{row}");
     }
