@@ -123,6 +123,22 @@ fn fits(room: usize, stride: usize, len: usize, count: usize) -> bool {
 
 #[inline(always)]
 fn scatter_n<const N: usize>(dst: &mut [u8], stride: usize, src: &[u8], count: usize) {
+    if stride >= N {
+        // Disjoint windows: each piece's window of `stride` bytes starts at its offset (the
+        // last one may be shorter, but holds the piece: `fits` checked it).
+        let windows = dst.chunks_mut(stride).zip(src.chunks_exact(N)).take(count);
+        for (w, p) in windows {
+            match (
+                <&mut [u8; N]>::try_from(&mut w[..N]),
+                <&[u8; N]>::try_from(p),
+            ) {
+                (Ok(d), Ok(s)) => *d = *s,
+                (Err(_), _) | (_, Err(_)) => unreachable!("pieces of N bytes"),
+            }
+        }
+        return;
+    }
+    // Overlapping destinations (a stride below the piece): in order, the later piece wins.
     for (i, p) in src.chunks_exact(N).take(count).enumerate() {
         let at = i * stride;
         // In bounds: `fits` checked the last piece.
@@ -177,7 +193,7 @@ mod tests {
     fn strided_pieces_scatter_and_gather_like_one_copy_each() {
         let src: Vec<u8> = (0..=255u8).cycle().take(2000).collect();
         for len in [0usize, 1, 2, 3, 4, 8, 9, 16, 32, 33] {
-            for stride in [len, len + 1, 2 * len + 3] {
+            for stride in [len, len + 1, 2 * len + 3, len / 2, 0] {
                 for count in [0usize, 1, 2, 7] {
                     let want_room = if count == 0 {
                         0
@@ -205,11 +221,14 @@ mod tests {
                             count
                         ));
                     }
-                    // Gather back out of the scattered bytes.
+                    // Gather back out of the scattered bytes (overlapping pieces read what
+                    // the later ones left).
                     let mut buf = vec![7u8];
                     assert!(gather(&mut buf, &want, stride, len, count));
                     let mut packed = vec![7u8];
-                    packed.extend_from_slice(&src[..len * count]);
+                    for i in 0..count {
+                        packed.extend_from_slice(&want[i * stride..i * stride + len]);
+                    }
                     assert_eq!(
                         buf, packed,
                         "gather len {len} stride {stride} count {count}"
