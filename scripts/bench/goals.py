@@ -77,6 +77,7 @@ GOALS = [
     (23, "GPU / host 1 MiB x 256 read (TCP)", ["t-gr1m", "t-r1m"], ratio("t-gr1m", "t-r1m", bw), ">=", 0.85, "x"),
     (23, "GPU / host single 64 MiB write (TCP)", ["t-gw64m", "t-w64m"], ratio("t-gw64m", "t-w64m", bw), ">=", 0.85, "x"),
     (23, "GPU / host single 64 MiB read (TCP)", ["t-gr64m", "t-r64m"], ratio("t-gr64m", "t-r64m", bw), ">=", 0.85, "x"),
+    (0, "(info) spinning 8 B x 256 avg / floor p50 (TCP)", ["t-s256"], field("t-s256", lambda r: r["avg_lat_us"] / floor_p50(r)), "", None, "x"),
     (0, "(info) host 1 MiB x 256 write, same-host / host copy", ["h-w1m", "membw"], ratio("h-w1m", "membw", bw), "", None, "x"),
     (0, "(info) host 1 MiB x 256 read, same-host / host copy", ["h-r1m", "membw"], ratio("h-r1m", "membw", bw), "", None, "x"),
     (0, "(info) host 1 MiB x 256 write, TCP / host copy", ["t-w1m", "membw"], ratio("t-w1m", "membw", bw), "", None, "x"),
