@@ -209,18 +209,20 @@ impl InboundStatuses {
                 instances.insert(peer.into(), (instance, now));
             }
         }
-        if !peers.contains_key(peer) {
-            // The key is copied once per peer record, not once per transfer.
-            let key: Arc<str> = peer.into();
-            let p = PeerStatuses {
-                key: key.clone(),
-                by_uid: BTreeMap::new(),
-                order: AgeOrder::default(),
-                last: now,
-            };
-            peers.insert(key, p);
-        }
-        let Some(p) = peers.get_mut(peer) else { return };
+        // One lookup for a peer already on record; the key is copied once per peer record,
+        // not once per transfer.
+        let p = match peers.get_mut(peer) {
+            Some(p) => p,
+            None => {
+                let key: Arc<str> = peer.into();
+                peers.entry(key.clone()).or_insert(PeerStatuses {
+                    key,
+                    by_uid: BTreeMap::new(),
+                    order: AgeOrder::default(),
+                    last: now,
+                })
+            }
+        };
         p.last = now;
         if let Some(e) = p.by_uid.get_mut(&uid) {
             if !e.0.is_error() {
