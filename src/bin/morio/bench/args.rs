@@ -166,6 +166,11 @@ pub struct Args {
     #[arg(long, value_parser = parse_size)]
     pub gpu_slot_bytes: Option<usize>,
 
+    /// Socket send and receive buffer of each data connection (default 32 MiB, MORI's):
+    /// how much a lane may queue in the kernel.
+    #[arg(long, value_parser = parse_size)]
+    pub sock_buf_bytes: Option<usize>,
+
     /// Shards per engine (default: one per allowed CPU, at most one per lane).
     #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_SHARDS))]
     pub shards: Option<usize>,
@@ -429,6 +434,8 @@ impl Args {
             same_host: self.same_host,
             gpu_staging_bytes: self.gpu_staging_bytes.unwrap_or(d.gpu_staging_bytes),
             gpu_slot_bytes: self.gpu_slot_bytes.unwrap_or(d.gpu_slot_bytes),
+            sock_sndbuf_bytes: self.sock_buf_bytes.unwrap_or(d.sock_sndbuf_bytes),
+            sock_rcvbuf_bytes: self.sock_buf_bytes.unwrap_or(d.sock_rcvbuf_bytes),
             ..d
         }
     }

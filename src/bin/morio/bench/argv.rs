@@ -151,6 +151,9 @@ impl Args {
         if let Some(b) = self.gpu_slot_bytes {
             opt("--gpu-slot-bytes", b.to_string());
         }
+        if let Some(b) = self.sock_buf_bytes {
+            opt("--sock-buf-bytes", b.to_string());
+        }
         if let Some(c) = cpus {
             opt("--cpus", format_cpus(c));
         } else if let Some(n) = self.shards {
@@ -257,6 +260,8 @@ mod tests {
             "require",
             "--scrape-ms",
             "1000",
+            "--sock-buf-bytes",
+            "4MiB",
         ])
         .unwrap();
         let v = a.child_args(Role::Initiator, Some(&[2, 3]), false, Some("127.0.0.1:9"));
@@ -277,6 +282,9 @@ mod tests {
             (b.same_host, b.scrape_ms),
             (Some(morio::SameHost::Require), Some(1000))
         );
+        assert_eq!(b.sock_buf_bytes, Some(4 << 20));
+        let cfg = b.backend_config();
+        assert_eq!((cfg.sock_sndbuf_bytes, cfg.sock_rcvbuf_bytes), (4 << 20, 4 << 20));
         let t = a.child_args(Role::Target, None, true, None);
         assert!(t.iter().all(|s| s != "--json") && t.iter().any(|s| s == "--no-pin"));
     }
