@@ -95,6 +95,12 @@ pub struct TcpBackendConfig {
     /// larger chunks pay it less often. Transfers to a peer before its first lane is up use
     /// `chunk_bytes`.
     pub same_host_chunk_bytes: usize,
+    /// `chunk_bytes` for transfers over TCP with GPU memory on either side (default 2 MiB):
+    /// each chunk of staged GPU memory pays a copy's fixed cost between device and pinned
+    /// slot before its first byte leaves and after its last byte lands, so GPU memory moves
+    /// fastest in larger chunks than host memory does (H100: 1 MiB × 256 GPU → GPU 18 → 24
+    /// GB/s from 1 to 2 MiB, where host memory loses; `docs/perf/s39-runs.md`).
+    pub gpu_chunk_bytes: usize,
     /// A striped write of at least two full chunks per lane (`2 × num_data_conns ×
     /// chunk_bytes` bytes) shares its stripes between its lanes: each lane takes the next
     /// one as it gets to it, so a lane that runs slow carries fewer. Smaller striped writes,
@@ -119,8 +125,13 @@ pub struct TcpBackendConfig {
     /// Pinned host memory for GPU staging, for the whole engine (split evenly over shards;
     /// allocated on first GPU transfer, never more). Bounds staging whatever the transfer size.
     pub gpu_staging_bytes: usize,
-    /// Size of one staging slot: the unit of the copy/network pipeline (the D2H of slot i+1
-    /// overlaps the send of slot i; the receive of slot i+1 overlaps the H2D of slot i).
+    /// Size of one staging slot (default 2 MiB): the unit of the copy/network pipeline (the
+    /// D2H of slot i+1 overlaps the send of slot i; the receive of slot i+1 overlaps the H2D
+    /// of slot i). Every copy between device and slot has a fixed cost, so larger slots move
+    /// GPU memory faster (H100: 1 MiB × 256 GPU → GPU 24 → 26 GB/s from 1 to 2 MiB slots,
+    /// `docs/perf/s39-runs.md`). At most: each shard's send and receive pools hold at least
+    /// two slots, so where `gpu_staging_bytes` split over many shards leaves less, slots are
+    /// smaller ([`TcpBackendConfig::staging_slot_bytes`]).
     pub gpu_slot_bytes: usize,
     /// The deployment secret (at least 16 bytes) every engine that may talk to this one
     /// shares. With it, every connection authenticates both ends in its handshake
@@ -288,6 +299,9 @@ pub struct AuthSecret(Vec<u8>);
 /// Shortest secret accepted.
 pub const MIN_AUTH_SECRET_BYTES: usize = 16;
 
+/// The smallest staging slot (and `gpu_slot_bytes`' lower bound).
+pub const MIN_SLOT_BYTES: usize = 4096;
+
 /// The environment variable that holds the deployment secret when the configuration does not.
 pub const AUTH_SECRET_ENV: &str = "MORIO_AUTH_SECRET";
 
@@ -345,13 +359,14 @@ impl Default for TcpBackendConfig {
             cpu_claim_dir: None,
             chunk_bytes: 1 << 20,
             same_host_chunk_bytes: 8 << 20,
+            gpu_chunk_bytes: 2 << 20,
             share_stripes: true,
             inline_write_bytes: 16 << 10,
             spin_before_park: None,
             busy_poll: None,
             handshake_timeout: Duration::from_secs(10),
             gpu_staging_bytes: 64 << 20,
-            gpu_slot_bytes: 1 << 20,
+            gpu_slot_bytes: 2 << 20,
             auth_secret: None,
             max_handshakes: 128,
             max_connections: 1024,
@@ -383,6 +398,9 @@ pub enum ConfigError {
     /// `same_host_chunk_bytes` outside 4 KiB..=64 MiB.
     #[error("same_host_chunk_bytes must be in [4096, {MAX_CHUNK_BYTES}], got {0}")]
     SameHostChunkBytes(usize),
+    /// `gpu_chunk_bytes` outside 4 KiB..=64 MiB.
+    #[error("gpu_chunk_bytes must be in [4096, {MAX_CHUNK_BYTES}], got {0}")]
+    GpuChunkBytes(usize),
     /// `max_handshakes`, `max_connections` or `max_connections_per_peer` is zero.
     #[error("max_handshakes, max_connections and max_connections_per_peer must be at least 1")]
     ZeroConnections,
@@ -425,13 +443,15 @@ pub enum ConfigError {
     /// A staging slot outside 4 KiB..=64 MiB.
     #[error("gpu_slot_bytes must be in [4096, {MAX_CHUNK_BYTES}], got {0}")]
     GpuSlot(usize),
-    /// Too little staging for every shard to hold a send and a receive slot.
-    #[error("gpu_staging_bytes ({staging}) must hold 2 slots of {slot} bytes for each of {shards} shards")]
+    /// Too little staging for every shard to hold two pools of two slots of the smallest size.
+    #[error(
+        "gpu_staging_bytes ({staging}) must give each of {shards} shards at least {min} bytes \
+         (two pools of two {MIN_SLOT_BYTES}-byte slots)",
+        min = 4 * MIN_SLOT_BYTES
+    )]
     GpuStaging {
         /// The configured total.
         staging: usize,
-        /// The slot size.
-        slot: usize,
         /// Shards sharing it.
         shards: usize,
     },
@@ -459,6 +479,9 @@ impl TcpBackendConfig {
         if self.same_host_chunk_bytes < 4096 || self.same_host_chunk_bytes as u64 > MAX_CHUNK_BYTES
         {
             return Err(ConfigError::SameHostChunkBytes(self.same_host_chunk_bytes));
+        }
+        if self.gpu_chunk_bytes < 4096 || self.gpu_chunk_bytes as u64 > MAX_CHUNK_BYTES {
+            return Err(ConfigError::GpuChunkBytes(self.gpu_chunk_bytes));
         }
         if self.num_shards == Some(0) {
             return Err(ConfigError::ZeroShards);
@@ -498,7 +521,7 @@ impl TcpBackendConfig {
                 return Err(ConfigError::AuthSecretTooShort(s.as_bytes().len()));
             }
         }
-        if self.gpu_slot_bytes < 4096 || self.gpu_slot_bytes as u64 > MAX_CHUNK_BYTES {
+        if self.gpu_slot_bytes < MIN_SLOT_BYTES || self.gpu_slot_bytes as u64 > MAX_CHUNK_BYTES {
             return Err(ConfigError::GpuSlot(self.gpu_slot_bytes));
         }
         if let Some(n) = self.same_host_ring_bytes {
@@ -521,16 +544,25 @@ impl TcpBackendConfig {
         self.check_staging(1)
     }
 
-    /// Whether `n_shards` shards can each hold a send and a receive slot.
+    /// Whether `n_shards` shards can each hold a send and a receive pool of two slots of the
+    /// smallest size.
     pub fn check_staging(&self, n_shards: usize) -> Result<(), ConfigError> {
-        if self.gpu_staging_bytes / n_shards.max(1) < 2 * self.gpu_slot_bytes {
+        if self.gpu_staging_bytes / n_shards.max(1) < 4 * MIN_SLOT_BYTES {
             return Err(ConfigError::GpuStaging {
                 staging: self.gpu_staging_bytes,
-                slot: self.gpu_slot_bytes,
                 shards: n_shards,
             });
         }
         Ok(())
+    }
+
+    /// The staging slot size each of `n_shards` shards uses: `gpu_slot_bytes`, or less (a
+    /// multiple of 4 KiB) where its share of `gpu_staging_bytes` would otherwise hold fewer
+    /// than two slots in each of its pools (send and receive).
+    pub fn staging_slot_bytes(&self, n_shards: usize) -> usize {
+        let per_pool = self.gpu_staging_bytes / n_shards.max(1) / 2;
+        let fit = (per_pool / 2) / MIN_SLOT_BYTES * MIN_SLOT_BYTES;
+        self.gpu_slot_bytes.min(fit).max(MIN_SLOT_BYTES)
     }
 }
 
@@ -562,6 +594,33 @@ mod tests {
         );
         assert_eq!((c.max_joins_per_peer, c.max_joins), (4096, 65536));
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn staging_slots_shrink_so_every_pool_holds_two() {
+        let c = TcpBackendConfig::default();
+        assert_eq!((c.gpu_staging_bytes, c.gpu_slot_bytes), (64 << 20, 2 << 20));
+        // Up to 8 shards the configured slot fits twice in each of a shard's two pools.
+        for n in [1, 2, 8] {
+            assert_eq!(c.staging_slot_bytes(n), 2 << 20, "{n} shards");
+            c.check_staging(n).unwrap();
+        }
+        // Beyond, slots shrink (in 4 KiB steps) instead of refusing the shard count.
+        assert_eq!(c.staging_slot_bytes(16), 1 << 20);
+        assert_eq!(c.staging_slot_bytes(64), 256 << 10);
+        assert_eq!(c.staging_slot_bytes(24), 680 << 10);
+        c.check_staging(1024).unwrap();
+        assert_eq!(c.staging_slot_bytes(1024), 16 << 10);
+        // The floor: two pools of two 4 KiB slots per shard.
+        assert_eq!(c.staging_slot_bytes(4096), MIN_SLOT_BYTES);
+        c.check_staging(4096).unwrap();
+        assert!(c.check_staging(4097).is_err());
+        // A smaller slot than the pool allows is kept as configured.
+        let small = TcpBackendConfig {
+            gpu_slot_bytes: 16 << 10,
+            ..TcpBackendConfig::default()
+        };
+        assert_eq!(small.staging_slot_bytes(8), 16 << 10);
     }
 
     #[test]
@@ -602,6 +661,13 @@ mod tests {
                     ..d()
                 },
                 ConfigError::SameHostChunkBytes((64 << 20) + 1),
+            ),
+            (
+                TcpBackendConfig {
+                    gpu_chunk_bytes: 4095,
+                    ..d()
+                },
+                ConfigError::GpuChunkBytes(4095),
             ),
             (
                 TcpBackendConfig {
@@ -661,12 +727,11 @@ mod tests {
             ),
             (
                 TcpBackendConfig {
-                    gpu_staging_bytes: 1 << 20,
+                    gpu_staging_bytes: 12 << 10,
                     ..d()
                 },
                 ConfigError::GpuStaging {
-                    staging: 1 << 20,
-                    slot: 1 << 20,
+                    staging: 12 << 10,
                     shards: 1,
                 },
             ),

@@ -136,7 +136,10 @@ fn bad_values_are_clear_errors_not_panics() {
         (vec!["loopback", "--chunk", "1000000G"], "--chunk"),
         (vec!["loopback", "--size", "1Q"], "--size"),
         (bench(&["--shards", "0"]), "--shards"),
-        (bench(&["--shards", "64"]), "gpu_staging_bytes"),
+        (
+            bench(&["--gpu-staging-bytes", "12KiB"]),
+            "gpu_staging_bytes",
+        ),
         (bench(&["--num-data-conns", "0"]), "num_data_conns"),
         (bench(&["--buffer-size", "0"]), "--buffer-size"),
         (bench(&["--buffer-size", "1000000G"]), "buffer"),

@@ -73,6 +73,7 @@ class TcpBackendConfig:
     pin_shards: bool
     chunk_bytes: int
     same_host_chunk_bytes: int
+    gpu_chunk_bytes: int
     share_stripes: bool
     inline_write_bytes: int
     spin_us: int
@@ -110,6 +111,7 @@ class TcpBackendConfig:
         pin_shards: Optional[bool] = None,
         chunk_bytes: Optional[int] = None,
         same_host_chunk_bytes: Optional[int] = None,
+        gpu_chunk_bytes: Optional[int] = None,
         share_stripes: Optional[bool] = None,
         inline_write_bytes: Optional[int] = None,
         spin_us: int = 0,

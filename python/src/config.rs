@@ -128,6 +128,7 @@ impl PyTcpBackendConfig {
         pin_shards = None,
         chunk_bytes = None,
         same_host_chunk_bytes = None,
+        gpu_chunk_bytes = None,
         share_stripes = None,
         inline_write_bytes = None,
         spin_us = 0,
@@ -165,6 +166,7 @@ impl PyTcpBackendConfig {
         pin_shards: Option<bool>,
         chunk_bytes: Option<usize>,
         same_host_chunk_bytes: Option<usize>,
+        gpu_chunk_bytes: Option<usize>,
         share_stripes: Option<bool>,
         inline_write_bytes: Option<usize>,
         spin_us: u64,
@@ -211,6 +213,9 @@ impl PyTcpBackendConfig {
         }
         if let Some(c) = same_host_chunk_bytes {
             me.cfg.same_host_chunk_bytes = c;
+        }
+        if let Some(c) = gpu_chunk_bytes {
+            me.cfg.gpu_chunk_bytes = c;
         }
         if let Some(s) = share_stripes {
             me.cfg.share_stripes = s;
@@ -562,6 +567,16 @@ impl PyTcpBackendConfig {
     fn set_same_host_chunk_bytes(&mut self, v: usize) {
         self.cfg.same_host_chunk_bytes = v;
     }
+    /// morio: largest chunk one frame carries over TCP with GPU memory on either side
+    /// (default 2 MiB).
+    #[getter]
+    fn gpu_chunk_bytes(&self) -> usize {
+        self.cfg.gpu_chunk_bytes
+    }
+    #[setter]
+    fn set_gpu_chunk_bytes(&mut self, v: usize) {
+        self.cfg.gpu_chunk_bytes = v;
+    }
     /// morio: large striped writes share their stripes between lanes.
     #[getter]
     fn share_stripes(&self) -> bool {
@@ -620,7 +635,8 @@ impl PyTcpBackendConfig {
     fn set_gpu_staging_bytes(&mut self, v: usize) {
         self.cfg.gpu_staging_bytes = v;
     }
-    /// morio: one staging slot, the unit of the GPU copy pipeline (default 1 MiB).
+    /// morio: one staging slot, the unit of the GPU copy pipeline (default 2 MiB; at most:
+    /// smaller where the staging split over many shards would hold fewer than two per pool).
     #[getter]
     fn gpu_slot_bytes(&self) -> usize {
         self.cfg.gpu_slot_bytes

@@ -218,6 +218,7 @@ def test_other_backends_not_implemented(engines, kind, cfg):
 @pytest.mark.parametrize("kw", [
     dict(num_data_conns=0), dict(num_data_conns=17), dict(num_data_conns=-1),
     dict(chunk_bytes=100), dict(chunk_bytes=0), dict(same_host_chunk_bytes=100),
+    dict(gpu_chunk_bytes=100),
     dict(keepalive_cnt=0), dict(keepalive_cnt=-1),
     dict(keepalive_idle_sec=-1), dict(num_shards=0), dict(cpus=[]), dict(cpus=[0, 0]),
     dict(striping_threshold_bytes=-1),

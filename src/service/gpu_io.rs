@@ -83,10 +83,12 @@ fn ctx(shard: &Shard, region: &Region, outgoing: bool) -> Result<Ctx, GpuError> 
     })?;
     let cfg = &shard.shared.cfg;
     let mut g = shard.gpu.borrow_mut();
-    let per_pool = cfg.gpu_staging_bytes / shard.n_shards().max(1) / 2;
+    let n_shards = shard.n_shards().max(1);
+    let per_pool = cfg.gpu_staging_bytes / n_shards / 2;
+    let slot = cfg.staging_slot_bytes(n_shards);
     let pool = if outgoing { &mut g.send } else { &mut g.recv };
     let staging = pool
-        .get_or_insert_with(|| Staging::new(dm.gpu.clone(), cfg.gpu_slot_bytes, per_pool))
+        .get_or_insert_with(|| Staging::new(dm.gpu.clone(), slot, per_pool))
         .clone();
     Ok(Ctx {
         staging,

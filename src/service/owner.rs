@@ -494,12 +494,17 @@ pub(crate) fn fail_all(shard: &Rc<Shard>, msg: &str) {
 /// stripes, 537 with 8 MiB chunks, 70 with 1 MiB (docs/perf/same-host-chunks-h200.md).
 pub(crate) const SAME_HOST_DEVICE_CHUNK_FACTOR: u64 = 8;
 
-/// The chunk size of `s`: `chunk_bytes`, or to a peer on the same-host transport
-/// `same_host_chunk_bytes` (host memory on either side) or [`SAME_HOST_DEVICE_CHUNK_FACTOR`]
-/// times that (GPU memory on both, unless GPU IPC is configured off).
+/// The chunk size of `s`: over TCP `chunk_bytes`, or `gpu_chunk_bytes` with GPU memory on
+/// either side (staged); to a peer on the same-host transport `same_host_chunk_bytes` (host
+/// memory on either side) or [`SAME_HOST_DEVICE_CHUNK_FACTOR`] times that (GPU memory on
+/// both, unless GPU IPC is configured off).
 fn chunk_bytes(cfg: &crate::config::TcpBackendConfig, s: &Submission) -> u64 {
     if !s.peer.same_host.load(Ordering::Relaxed) {
-        return cfg.chunk_bytes as u64;
+        return if s.remote_device || s.local.device().is_some() {
+            cfg.gpu_chunk_bytes as u64
+        } else {
+            cfg.chunk_bytes as u64
+        };
     }
     let host = cfg.same_host_chunk_bytes as u64;
     if s.remote_device && s.local.device().is_some() && cfg.gpu_ipc != Some(false) {

@@ -57,6 +57,7 @@ fn small_slots() -> TcpBackendConfig {
         c.gpu_slot_bytes = 16 << 10;
         c.gpu_staging_bytes = 2 * 2 * 4 * (16 << 10);
         c.chunk_bytes = 64 << 10;
+        c.gpu_chunk_bytes = 64 << 10;
         c.same_host_chunk_bytes = 64 << 10;
         c.striping_threshold_bytes = 32 << 10;
         c.num_data_conns = 4;
@@ -295,6 +296,39 @@ fn a_chunks_segments_are_copied_in_batches() {
             (1..=2).contains(&batches),
             "{same_host:?}: {copies} copies in {batches} batches"
         );
+    }
+}
+
+/// Over TCP a transfer with GPU memory on either side is cut at `gpu_chunk_bytes`, one with
+/// host memory on both at `chunk_bytes`: a 4 MiB write on one lane is one chunk or four, as
+/// the target's count of joined (multi-chunk) transfers shows.
+#[test]
+fn gpu_transfers_over_tcp_take_gpu_chunk_bytes() {
+    let rt: Arc<dyn GpuRuntime> = Arc::new(FakeGpu::new(1));
+    let cfg = cfg_with(|c| {
+        c.same_host = Some(morio::SameHost::Off);
+        c.num_data_conns = 1;
+        c.chunk_bytes = 1 << 20;
+        c.gpu_chunk_bytes = 4 << 20;
+    });
+    let (a, b) = gpu_pair("gpu_chunks", cfg, &rt);
+    let n = 4 << 20;
+    let data = random_big(n, 21);
+    for (local, remote, joined) in [
+        (Kind::Cpu, Kind::Cpu, 1),
+        (Kind::Gpu, Kind::Gpu, 0),
+        (Kind::Cpu, Kind::Gpu, 0),
+        (Kind::Gpu, Kind::Cpu, 0),
+    ] {
+        let what = format!("{local:?} -> {remote:?}");
+        let src = buffer(&a, local, &data);
+        let dst = buffer(&b, remote, &vec![0u8; n]);
+        let before = b.stats().unwrap().total().joined_transfers;
+        let uid = a.allocate_transfer_uid();
+        assert_ok(&a.write(src.desc(), 0, dst.desc(), 0, n, uid), &what);
+        assert_bytes_eq(&dst.to_vec(), &data, &what);
+        let t = b.stats().unwrap().total();
+        assert_eq!(t.joined_transfers - before, joined, "{what}: {t:?}");
     }
 }
 

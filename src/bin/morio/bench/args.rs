@@ -162,7 +162,7 @@ pub struct Args {
     /// Pinned GPU staging memory per engine (default 64 MiB).
     #[arg(long, value_parser = parse_size)]
     pub gpu_staging_bytes: Option<usize>,
-    /// GPU staging slot size: the copy/network pipeline unit (default 1 MiB).
+    /// GPU staging slot size: the copy/network pipeline unit (default 2 MiB).
     #[arg(long, value_parser = parse_size)]
     pub gpu_slot_bytes: Option<usize>,
 
@@ -183,6 +183,9 @@ pub struct Args {
     /// Largest chunk per frame (default 1 MiB).
     #[arg(long, value_parser = parse_size)]
     pub chunk_bytes: Option<usize>,
+    /// Largest chunk per frame over TCP with GPU memory on either side (default 2 MiB).
+    #[arg(long, value_parser = parse_size)]
+    pub gpu_chunk_bytes: Option<usize>,
     /// Largest chunk per frame to a same-host peer (default 8 MiB).
     #[arg(long, value_parser = parse_size)]
     pub same_host_chunk_bytes: Option<usize>,
@@ -428,6 +431,7 @@ impl Args {
             same_host_chunk_bytes: self
                 .same_host_chunk_bytes
                 .unwrap_or(d.same_host_chunk_bytes),
+            gpu_chunk_bytes: self.gpu_chunk_bytes.unwrap_or(d.gpu_chunk_bytes),
             share_stripes: d.share_stripes && !self.deal_stripes,
             spin_before_park: self.spin_us.map(Duration::from_micros),
             busy_poll: self.busy_poll_us.map(Duration::from_micros),

@@ -162,6 +162,9 @@ impl Args {
         if let Some(c) = self.chunk_bytes {
             opt("--chunk-bytes", c.to_string());
         }
+        if let Some(c) = self.gpu_chunk_bytes {
+            opt("--gpu-chunk-bytes", c.to_string());
+        }
         if let Some(c) = self.same_host_chunk_bytes {
             opt("--same-host-chunk-bytes", c.to_string());
         }
@@ -262,6 +265,8 @@ mod tests {
             "1000",
             "--sock-buf-bytes",
             "4MiB",
+            "--gpu-chunk-bytes",
+            "4MiB",
         ])
         .unwrap();
         let v = a.child_args(Role::Initiator, Some(&[2, 3]), false, Some("127.0.0.1:9"));
@@ -284,7 +289,11 @@ mod tests {
         );
         assert_eq!(b.sock_buf_bytes, Some(4 << 20));
         let cfg = b.backend_config();
-        assert_eq!((cfg.sock_sndbuf_bytes, cfg.sock_rcvbuf_bytes), (4 << 20, 4 << 20));
+        assert_eq!(
+            (cfg.sock_sndbuf_bytes, cfg.sock_rcvbuf_bytes),
+            (4 << 20, 4 << 20)
+        );
+        assert_eq!(cfg.gpu_chunk_bytes, 4 << 20);
         let t = a.child_args(Role::Target, None, true, None);
         assert!(t.iter().all(|s| s != "--json") && t.iter().any(|s| s == "--no-pin"));
     }

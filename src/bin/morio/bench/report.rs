@@ -175,8 +175,13 @@ pub fn print_config(a: &Args, sides: &[Side; 2], n_rows: usize, buffer_bytes: us
                 mem_name(a.target_mem()),
                 if a.initiator_mem() == MemType::Gpu || a.target_mem() == MemType::Gpu {
                     format!(
-                        " (GPU {}, runtime {:?}, staging {} B in {} B slots per engine)",
-                        a.gpu_device, a.gpu_runtime, cfg.gpu_staging_bytes, cfg.gpu_slot_bytes
+                        " (GPU {}, runtime {:?}, staging {} B in {} B slots per engine, {} B \
+                         chunks over TCP)",
+                        a.gpu_device,
+                        a.gpu_runtime,
+                        cfg.gpu_staging_bytes,
+                        cfg.gpu_slot_bytes,
+                        cfg.gpu_chunk_bytes
                     )
                 } else {
                     String::new()

@@ -33,6 +33,8 @@ op_timeout_ms = 30000
 chunk_bytes = "1MiB"
 # Largest chunk one frame carries to a same-host peer.
 same_host_chunk_bytes = "8MiB"
+# Largest chunk one frame carries over TCP with GPU memory on either side.
+gpu_chunk_bytes = "2MiB"
 # Shard count; leave out for one per allowed CPU (at most num_data_conns).
 # shards = 8
 # Explicit shard CPUs, e.g. from `morio topology` (overrides shards).
@@ -160,6 +162,7 @@ pub struct TcpSection {
     pub op_timeout_ms: u64,
     pub chunk_bytes: Size,
     pub same_host_chunk_bytes: Size,
+    pub gpu_chunk_bytes: Size,
     pub shards: Option<usize>,
     pub cpus: Option<Vec<usize>>,
     pub pin_shards: bool,
@@ -187,6 +190,7 @@ impl Default for TcpSection {
             op_timeout_ms: d.op_timeout.as_millis() as u64,
             chunk_bytes: Size(d.chunk_bytes),
             same_host_chunk_bytes: Size(d.same_host_chunk_bytes),
+            gpu_chunk_bytes: Size(d.gpu_chunk_bytes),
             shards: None,
             cpus: None,
             pin_shards: true,
@@ -428,6 +432,7 @@ impl ServeConfig {
             op_timeout: Duration::from_millis(t.op_timeout_ms),
             chunk_bytes: t.chunk_bytes.0,
             same_host_chunk_bytes: t.same_host_chunk_bytes.0,
+            gpu_chunk_bytes: t.gpu_chunk_bytes.0,
             // Unpinned, `cpus` only counts shards (the engine would pin to explicit CPUs).
             num_shards: t
                 .shards
@@ -495,6 +500,7 @@ mod tests {
             "busy polling: the engine's default"
         );
         assert_eq!(c.tcp_config().same_host_chunk_bytes, 8 << 20);
+        assert_eq!(c.tcp_config().gpu_chunk_bytes, 2 << 20);
         let busy = DEFAULT_TOML.replace("# busy_poll_us = 100", "busy_poll_us = 0");
         assert_eq!(
             ServeConfig::parse(&busy).unwrap().tcp_config().busy_poll,
