@@ -59,6 +59,15 @@ def test_tcp_config_keywords_are_moris():
             c.striping_threshold_bytes) == (1 << 20, 2 << 20, 500, False, 5, 6, 7, False, 3, 1024)
 
 
+def test_gpu_staging_keywords_default_and_round_trip():
+    c = TcpBackendConfig()
+    assert (c.gpu_chunk_bytes, c.gpu_slot_bytes, c.chunk_bytes) == (2 << 20, 2 << 20, 1 << 20)
+    c = TcpBackendConfig(gpu_chunk_bytes=4 << 20, gpu_slot_bytes=1 << 20)
+    assert (c.gpu_chunk_bytes, c.gpu_slot_bytes) == (4 << 20, 1 << 20)
+    c.gpu_chunk_bytes = 1 << 20
+    assert c.gpu_chunk_bytes == 1 << 20
+
+
 def test_transfer_uids_are_unique_across_threads_and_start_at_zero(engines):
     """`allocate_transfer_uid` from several threads at once: no uid twice, each thread's
     increasing (they come in per-thread blocks, so not consecutive across threads)."""

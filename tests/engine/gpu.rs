@@ -332,6 +332,45 @@ fn gpu_transfers_over_tcp_take_gpu_chunk_bytes() {
     }
 }
 
+/// A staging pool too small for 2 MiB slots on every shard (1 MiB over 4 shards) takes
+/// smaller slots instead of refusing the backend, and still moves every byte within its cap.
+#[test]
+fn a_small_staging_pool_over_several_shards_takes_smaller_slots() {
+    let fake = Arc::new(FakeGpu::new(1));
+    let rt: Arc<dyn GpuRuntime> = fake.clone();
+    let cfg = cfg_with(|c| {
+        c.same_host = Some(morio::SameHost::Off);
+        c.num_shards = Some(4);
+        c.num_data_conns = 4;
+        c.gpu_staging_bytes = 1 << 20;
+    });
+    assert_eq!(cfg.gpu_slot_bytes, 2 << 20);
+    assert_eq!(cfg.staging_slot_bytes(4), 64 << 10);
+    let cap = cfg.gpu_staging_bytes;
+    let (a, b) = gpu_pair("gpu_small_pool", cfg, &rt);
+    let n = 6 << 20;
+    let data = random_big(n, 23);
+    let src = buffer(&a, Kind::Gpu, &data);
+    let dst = buffer(&b, Kind::Gpu, &vec![0u8; n]);
+    let uid = a.allocate_transfer_uid();
+    assert_ok(
+        &a.write(src.desc(), 0, dst.desc(), 0, n, uid),
+        "6 MiB write",
+    );
+    assert_bytes_eq(&dst.to_vec(), &data, "6 MiB write");
+    let back = buffer(&a, Kind::Gpu, &vec![0u8; n]);
+    let uid = a.allocate_transfer_uid();
+    assert_ok(&a.read(back.desc(), 0, dst.desc(), 0, n, uid), "6 MiB read");
+    assert_bytes_eq(&back.to_vec(), &data, "6 MiB read");
+    for e in [&a, &b] {
+        let t = e.stats().unwrap().total();
+        assert!(
+            0 < t.gpu_staging_bytes && t.gpu_staging_bytes <= cap,
+            "{t:?}"
+        );
+    }
+}
+
 /// Pinned staging never exceeds the configured cap, however large the transfer.
 #[test]
 fn staging_stays_within_the_configured_cap() {
