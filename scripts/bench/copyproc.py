@@ -2,11 +2,21 @@
 """Pinned host <-> GPU copy bandwidth, one direction alone, both in one process (two streams)
 and both from two processes at once: whether one GPU shared by two processes (the loopback
 benchmark's initiator and target) serves their copies concurrently or in turns.
-Needs torch with CUDA.   python3 scripts/bench/copyproc.py [SECONDS] [MiB]"""
+Needs torch with CUDA.
+    python3 scripts/bench/copyproc.py [SECONDS] [MiB]
+    python3 scripts/bench/copyproc.py --json FILE [SECONDS] [MiB]
+                                     the two-process rate only, as a one-row `morio bench
+                                     --json` whose avg_bw_gbps is the slower direction's
+                                     (what a one-GPU loopback's staged GPU rows can reach)"""
+import json
 import multiprocessing as mp
 import sys
 import time
 
+OUT = None
+if sys.argv[1:2] == ["--json"]:
+    OUT = sys.argv[2]
+    del sys.argv[1:3]
 SECS = float(sys.argv[1]) if len(sys.argv) > 1 else 3.0
 MIB = int(sys.argv[2]) if len(sys.argv) > 2 else 2
 
@@ -38,11 +48,7 @@ def loop(dirs, secs, barrier=None, out=None):
     return r
 
 
-def main():
-    print(f"{MIB} MiB copies, {SECS} s each (GB/s)")
-    print("d2h alone", loop(["d2h"], SECS))
-    print("h2d alone", loop(["h2d"], SECS))
-    print("both, one process", loop(["d2h", "h2d"], SECS))
+def two_processes():
     ctx = mp.get_context("spawn")
     b, q = ctx.Barrier(2), ctx.Queue()
     ps = [ctx.Process(target=loop, args=([d], SECS, b, q)) for d in ("d2h", "h2d")]
@@ -51,7 +57,23 @@ def main():
     got = [q.get() for _ in ps]
     for p in ps:
         p.join()
-    print("both, two processes", {k: v for g in got for k, v in g.items()})
+    return {k: v for g in got for k, v in g.items()}
+
+
+def main():
+    if OUT is not None:
+        both = two_processes()
+        row = {"op": "d2h+h2d", "msg_size": MIB << 20, "batch_size": 1, "validated": True,
+               "avg_bw_gbps": min(both.values()), "d2h_gbps": both["d2h"], "h2d_gbps": both["h2d"]}
+        with open(OUT, "w") as fh:
+            json.dump({"tool": "copyproc.py", "rows": [row]}, fh)
+        print("both, two processes", both)
+        return
+    print(f"{MIB} MiB copies, {SECS} s each (GB/s)")
+    print("d2h alone", loop(["d2h"], SECS))
+    print("h2d alone", loop(["h2d"], SECS))
+    print("both, one process", loop(["d2h", "h2d"], SECS))
+    print("both, two processes", two_processes())
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ GPU, a failed row) is listed as not measured. Values: bandwidth ratios are morio
 the reference row's; latencies in µs per batch iteration; `floor` is the row's raw-TCP floor
 (busy-polling threads, same batch, same CPUs) measured right after it; `membw-rN` is the
 host's memory copy bandwidth in that round (`membw.py --json`, 256 MiB), the bound of a
-one-copy transfer.
+one-copy transfer; `gpulink-rN` the GPU's pinned copies from two processes at once, the slower
+direction (`copyproc.py --json`): a one-GPU loopback's staged GPU rows pass both ways through it.
 """
 
 import argparse
@@ -81,6 +82,8 @@ GOALS = [
     (0, "(info) host 1 MiB x 256 write, same-host / host copy", ["h-w1m", "membw"], ratio("h-w1m", "membw", bw), "", None, "x"),
     (0, "(info) host 1 MiB x 256 read, same-host / host copy", ["h-r1m", "membw"], ratio("h-r1m", "membw", bw), "", None, "x"),
     (0, "(info) host 1 MiB x 256 write, TCP / host copy", ["t-w1m", "membw"], ratio("t-w1m", "membw", bw), "", None, "x"),
+    (0, "(info) GPU 1 MiB x 256 write, TCP / GPU link both ways", ["t-gw1m", "gpulink"], ratio("t-gw1m", "gpulink", bw), "", None, "x"),
+    (0, "(info) GPU 1 MiB x 256 read, TCP / GPU link both ways", ["t-gr1m", "gpulink"], ratio("t-gr1m", "gpulink", bw), "", None, "x"),
     (0, "(info) default single 8 B p50 / floor p50 (TCP)", ["t-d8"], field("t-d8", lambda r: r["p50_us"] / floor_p50(r)), "", None, "x"),
 ]
 

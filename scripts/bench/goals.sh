@@ -7,7 +7,8 @@
 #     1 MiB x 256 write / read and single 64 MiB write / read;
 #   same host (--same-host require): host and GPU memory 1 MiB x 256 write / read, GPU single
 #     64 MiB write / read, spinning single 8 B.
-# GPU rows need the cuda build and a GPU (GPU=0 skips them). Carry .dev/morio (from
+# GPU rows need the cuda build and a GPU (GPU=0 skips them); with them, copyproc.py (torch)
+# measures the GPU's pinned copies both ways at once from two processes. Carry .dev/morio (from
 # `h200-bench.sh build`).   OUT=$OUT ROUNDS=3 GPU=1 bash scripts/bench/goals.sh
 set -u
 O=${OUT:-/tmp/goals}
@@ -50,6 +51,9 @@ for ((r = 1; r <= R; r++)); do
 		fi
 	done
 	timeout 60 python3 scripts/bench/membw.py --json "$O/g/membw-r$r.json" 256 >/dev/null 2>&1 || echo "fail membw-r$r"
+	if [ "$G" = 1 ]; then
+		timeout 60 python3 scripts/bench/copyproc.py --json "$O/g/gpulink-r$r.json" 2 2 >/dev/null 2>&1 || echo "fail gpulink-r$r"
+	fi
 done
 python3 scripts/bench/goals.py "$O/g" --json "$O/goals.json"
 (cd "$O" && tar czf goals-json.tar.gz g && rm -rf g)
