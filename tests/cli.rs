@@ -150,6 +150,7 @@ fn bad_values_are_clear_errors_not_panics() {
         (bench(&["--iters", "0"]), "--iters"),
         (bench(&["--chunk-bytes", "0"]), "chunk_bytes"),
         (bench(&["--gpu-slot-bytes", "0"]), "gpu_slot_bytes"),
+        (bench(&["--gpu-chunk-bytes", "100"]), "gpu_chunk_bytes"),
         (bench(&["--ceiling-bytes", "0"]), "--ceiling-bytes"),
         (bench(&["--port", "70000"]), "--port"),
         (vec!["bench", "--role", "initiator"], "--connect"),
