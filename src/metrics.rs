@@ -302,6 +302,15 @@ impl Collector for Snapshot {
         family(
             e,
             shards,
+            "gpu_overlapped_landings",
+            "Chunks received into GPU memory whose last staging copies overlapped reading the next frame",
+            None,
+            c,
+            |s, m| counter(m, s.gpu_overlapped_landings),
+        )?;
+        family(
+            e,
+            shards,
             "busy_poll_wakes",
             "Socket reads woken by the shard's busy poller (spinning shards only)",
             None,
@@ -469,6 +478,7 @@ mod tests {
         a.gpu_staged_bytes = 3 << 20;
         b.gpu_ipc_bytes = 6 << 20;
         b.gpu_ipc_declined = 4;
+        a.gpu_overlapped_landings = 7;
         b.busy_poll_wakes = 9;
         b.busy_poll_backoffs = 4;
         a.busy_poll_handoffs = 8;
@@ -506,6 +516,7 @@ mod tests {
         assert_eq!(at("morio_gpu_staged_bytes_total", "0"), (3 << 20) as f64);
         assert_eq!(at("morio_gpu_ipc_bytes_total", "1"), (6 << 20) as f64);
         assert_eq!(at("morio_gpu_ipc_declined_total", "1"), 4.0);
+        assert_eq!(at("morio_gpu_overlapped_landings_total", "0"), 7.0);
         assert_eq!(at("morio_busy_poll_wakes_total", "1"), 9.0);
         assert_eq!(at("morio_busy_poll_backoffs_total", "1"), 4.0);
         assert_eq!(at("morio_busy_poll_handoffs_total", "0"), 8.0);

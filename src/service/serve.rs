@@ -25,8 +25,9 @@ use crate::transport::{Bound, Conn, Handoff, Rx};
 
 mod place;
 mod read;
-use place::place;
+mod write;
 use read::read;
+use write::{answer_landed, on_write, Turn};
 
 /// Accept connections forever (shard 0). Each gets its own task, so a slow or hostile client
 /// holds up nobody; past `max_handshakes` connections in their handshake, new ones are closed
@@ -215,23 +216,20 @@ async fn serve(shard: Rc<Shard>, conn: Conn, hello: Hello, _admitted: Admitted) 
             n_lanes: hello.n_lanes,
         },
     };
-    let mut last_uid = None;
+    let mut turn = Turn::default();
     loop {
-        let r = match step(
-            &shard,
-            &conn,
-            &watch,
-            &mut reader,
-            &mut writer,
-            &mut last_uid,
-        )
-        .await
-        {
+        let r = match step(&shard, &conn, &watch, &mut reader, &mut writer, &mut turn).await {
             Ok(true) => Ok(()),
-            Ok(false) => return,
+            Ok(false) => {
+                // The peer closed between frames: a chunk still landing is recorded.
+                let _ = answer_landed(&shard, &conn, &mut writer, &mut turn).await;
+                return;
+            }
             Err(e) => Err(e),
         };
         if let Err(e) = r {
+            // A chunk already read is recorded as placed (or not) before the lane closes.
+            let _ = answer_landed(&shard, &conn, &mut writer, &mut turn).await;
             if matches!(e, ConnError::ResetWhileStalled(_)) {
                 // Rare and worth an operator's eye: this node stalled past a deadline.
                 log::warn!("connection from {}: {e}", conn.served.peer);
@@ -289,7 +287,7 @@ async fn step(
     watch: &ResetWatch,
     reader: &mut FrameReader<Rx>,
     writer: &mut FrameWriter,
-    last_uid: &mut Option<(u64, bool)>,
+    turn: &mut Turn,
 ) -> Result<bool, ConnError> {
     let Some((frame, payload)) = reader.next_frame().await? else {
         return Ok(false);
@@ -313,20 +311,24 @@ async fn step(
     }
     let started = now;
     let chunk = matches!(frame, Frame::Write { .. } | Frame::Read { .. });
-    let joined = on_frame(shard, conn, reader, writer, frame, payload).await?;
+    let joined = on_frame(shard, conn, reader, writer, frame, payload, turn).await?;
     if chunk {
         let us = super::now_ns().saturating_sub(started) / 1000;
         shard.stats.borrow_mut().record_inbound_chunk(us);
     }
-    if let Some(uid) = uid {
+    if let (Some(uid), Some(joined)) = (uid, joined) {
         trace::mark(uid, trace::stage::T_PLACED);
-        *last_uid = Some((uid, joined));
+        turn.last_uid = Some((uid, joined));
+    }
+    // A chunk still landing waits for its answer only while the next frame is already coming.
+    if turn.landing() && !reader.input_waiting() {
+        answer_landed(shard, conn, writer, turn).await?;
     }
     // Answers to a burst of requests leave together, once no further request is already
     // buffered.
     if !reader.frame_ready() {
         writer.flush().await?;
-        if let Some((uid, joined)) = last_uid.take() {
+        if let Some((uid, joined)) = turn.last_uid.take() {
             trace::mark(uid, trace::stage::T_SENT);
             if joined {
                 trace::mark(uid, trace::stage::T_ANSWERED);
@@ -397,6 +399,8 @@ fn status_of(code: u32) -> StatusCode {
     StatusCode::from_u32(code).unwrap_or(StatusCode::ErrBadState)
 }
 
+/// Serve one frame; whether a join's COMPLETE was queued, or `None` for a WRITE chunk left
+/// landing in `turn` (answered later).
 async fn on_frame(
     shard: &Rc<Shard>,
     conn: &Link,
@@ -404,27 +408,25 @@ async fn on_frame(
     writer: &mut FrameWriter,
     frame: Frame,
     payload: u64,
-) -> Result<bool, ConnError> {
+    turn: &mut Turn,
+) -> Result<Option<bool>, ConnError> {
     let violation = |v: target::Violation| ConnError::Violation(v.0);
     let joins = &shard.shared.joins;
-    match target::classify(frame).map_err(violation)? {
+    let inbound = target::classify(frame).map_err(violation)?;
+    match inbound {
         Inbound::Write(chunk, final_) => {
-            let region = shard.regions.borrow().get(&chunk.mem_id).cloned();
-            let facts = region.as_ref().map(|r| (r.len() as u64, r.access_key()));
-            let checked = conn
-                .served
-                .check(&chunk, final_, facts)
-                .map_err(violation)?;
-            trace::mark(chunk.uid, trace::stage::T_CHECKED);
-            let (code, msg) = place(shard, reader, &chunk, payload, checked, region).await?;
-            if code == codes::SUCCESS {
-                let mut st = shard.stats.borrow_mut();
-                st.count_inbound_write(conn.counters, payload);
-            }
-            let r = conn.served.write_done(&chunk, final_, code, msg, joins);
-            respond(shard, conn, writer, r).await
+            on_write(
+                shard,
+                conn,
+                (reader, writer),
+                (chunk, final_),
+                payload,
+                turn,
+            )
+            .await
         }
         Inbound::Read(chunk, final_, to_device) => {
+            answer_landed(shard, conn, writer, turn).await?;
             let region = shard.regions.borrow().get(&chunk.mem_id).cloned();
             let facts = region.as_ref().map(|r| (r.len() as u64, r.access_key()));
             let checked = conn
@@ -446,13 +448,14 @@ async fn on_frame(
             }
             // After this chunk's READ_DATA, on the same connection.
             let r = conn.served.read_done(&chunk, final_, code, msg, joins);
-            respond(shard, conn, writer, r).await
+            respond(shard, conn, writer, r).await.map(Some)
         }
         Inbound::Finish(f) => {
+            answer_landed(shard, conn, writer, turn).await?;
             trace::mark(f.uid, trace::stage::T_FINISH);
             let r = conn.served.finish(f, joins);
             respond(shard, conn, writer, r).await?;
-            Ok(false)
+            Ok(Some(false))
         }
     }
 }

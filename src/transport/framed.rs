@@ -366,6 +366,13 @@ pub(crate) fn ascending_disjoint(mut ranges: impl Iterator<Item = (u64, u64)>) -
 }
 
 impl FrameReader<Rx> {
+    /// Whether bytes of a next frame are already here, buffered or queued in the socket (so
+    /// the frame has begun and its sender will finish it): a connection may then read it
+    /// before it answers the one before. Never waits.
+    pub(crate) fn input_waiting(&self) -> bool {
+        self.end > self.start || self.r.input_queued()
+    }
+
     /// The device parts the peer offers as the current frame's payload, and the process
     /// they are in; `None` when the payload comes as bytes. Settle an offer with
     /// [`Self::settle_device`].

@@ -378,6 +378,19 @@ impl Tx {
     }
 }
 
+impl Rx {
+    /// Whether bytes wait to be read now, without waiting or consuming any: a TCP socket's
+    /// receive queue; other kinds say no.
+    pub(crate) fn input_queued(&self) -> bool {
+        match self {
+            Rx::Tcp(r) => tcp::queued_in(r.raw_fd()) > 0,
+            Rx::Local(_) => false,
+            #[cfg(any(test, feature = "testing"))]
+            Rx::Mem(_) => false,
+        }
+    }
+}
+
 impl AsyncRead for Rx {
     fn poll_read(
         self: Pin<&mut Self>,

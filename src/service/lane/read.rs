@@ -8,6 +8,7 @@ use super::super::gpu_io;
 use super::super::{Shard, TaskGuard};
 use super::{die, express_done, report, Lane};
 use crate::proto::codes;
+use crate::proto::dispatch::TransferRef;
 use crate::proto::frame::Frame;
 use crate::proto::lane::{Answer, Matched, ReadWait};
 use crate::proto::layout::Layout;
@@ -18,14 +19,21 @@ use crate::transport::Rx;
 
 pub(super) async fn read_loop(shard: Rc<Shard>, lane: Rc<Lane>, mut reader: FrameReader<Rx>) {
     let _live = TaskGuard::new(&shard);
+    let mut landing = None;
     loop {
         let r = match reader.next_frame().await {
             Ok(Some((frame, payload))) => {
-                on_frame(&shard, &lane, &mut reader, frame, payload).await
+                on_frame(&shard, &lane, &mut reader, frame, payload, &mut landing).await
             }
             Ok(None) => Err(ConnError::Closed),
             Err(e) => Err(e),
         };
+        // Data still landing is reported once its copies are done: now, unless the next
+        // answer has begun to arrive and the lane lives on. Its transfer has left the lane's
+        // book, so it must be reported before the lane dies.
+        if landing.is_some() && (r.is_err() || lane.dead() || !reader.input_waiting()) {
+            land(&shard, &lane, &mut landing).await;
+        }
         if let Err(e) = r {
             return die(&shard, &lane, &e.to_string());
         }
@@ -35,14 +43,65 @@ pub(super) async fn read_loop(shard: Rc<Shard>, lane: Rc<Lane>, mut reader: Fram
     }
 }
 
+/// A READ_DATA chunk placed into GPU memory whose copies may still run: reported once they
+/// are done, while the lane reads the answer after it.
+struct Landing {
+    tag: u64,
+    to: TransferRef,
+    wait: ReadWait<SharedRegion>,
+    copies: gpu_io::Landing,
+}
+
+/// Report the chunk still landing, if any, once its copies are done.
+async fn land(shard: &Rc<Shard>, lane: &Rc<Lane>, landing: &mut Option<Landing>) {
+    let Some(l) = landing.take() else { return };
+    let (code, msg) = match l.copies.finish(shard).await {
+        Ok(()) => (codes::SUCCESS, String::new()),
+        Err(e) => (
+            codes::ERR_GPU_OP,
+            format!("staging copy into GPU memory failed: {e}"),
+        ),
+    };
+    read_done(shard, lane, (l.tag, l.to, &l.wait), code, msg);
+}
+
+/// Count a READ_DATA's bytes (when placed) and report the chunk to its owner.
+fn read_done(
+    shard: &Rc<Shard>,
+    lane: &Rc<Lane>,
+    (tag, to, wait): (u64, TransferRef, &ReadWait<SharedRegion>),
+    code: u32,
+    msg: String,
+) {
+    if code == codes::SUCCESS {
+        shard
+            .stats
+            .borrow_mut()
+            .count_received(lane.counters, wait.bytes);
+    }
+    let r = lane
+        .book
+        .borrow_mut()
+        .read_done(tag, to, wait, code, msg, |t| {
+            shard.shared.may_run(t.owner, t.gen)
+        });
+    report(shard, &lane.peer.key, to, r);
+}
+
 async fn on_frame(
     shard: &Rc<Shard>,
     lane: &Rc<Lane>,
     reader: &mut FrameReader<Rx>,
     frame: Frame,
     payload: u64,
+    landing: &mut Option<Landing>,
 ) -> Result<(), ConnError> {
     let violation = |what: &str| Err(ConnError::Violation(what.to_string()));
+    // Answers are handled in the order they came: the one before first, unless this is
+    // another READ_DATA (independent of it), whose payload may be read while it lands.
+    if !matches!(frame, Frame::ReadData { .. }) || tag_of(&frame) & express::TAG_BIT != 0 {
+        land(shard, lane, landing).await;
+    }
     let (tag, uid, answer) = match frame {
         Frame::Complete(r) => (
             r.tag,
@@ -104,27 +163,50 @@ async fn on_frame(
     else {
         return violation("answer does not match its request");
     };
-    if code == codes::SUCCESS {
-        if payload != wait.bytes {
-            return violation("read data length differs from the request");
+    if code == codes::SUCCESS && payload != wait.bytes {
+        land(shard, lane, landing).await;
+        return violation("read data length differs from the request");
+    }
+    if code == codes::SUCCESS && wait.local.device().is_some() {
+        let spans: Vec<(u64, u64)> = wait.pieces.iter().map(|p| (p.local, p.len)).collect();
+        let prev = landing.as_mut().map(|l| &mut l.copies);
+        let placed = gpu_io::receive_into_device(shard, reader, &wait.local, &spans, prev).await;
+        land(shard, lane, landing).await;
+        let copies = placed?;
+        if copies.in_flight() && reader.input_waiting() {
+            *landing = Some(Landing {
+                tag,
+                to,
+                wait,
+                copies,
+            });
+            shard.stats.borrow_mut().gpu_overlapped_landings += 1;
+            return Ok(());
         }
-        if let Err(e) = place(shard, reader, &wait).await? {
+        if let Err(e) = copies.finish(shard).await {
             code = codes::ERR_GPU_OP;
             msg = format!("staging copy into GPU memory failed: {e}");
         }
-        shard
-            .stats
-            .borrow_mut()
-            .count_received(lane.counters, wait.bytes);
+    } else {
+        land(shard, lane, landing).await;
+        if code == codes::SUCCESS {
+            if let Err(e) = place(shard, reader, &wait).await? {
+                code = codes::ERR_GPU_OP;
+                msg = format!("staging copy into GPU memory failed: {e}");
+            }
+        }
     }
-    let r = lane
-        .book
-        .borrow_mut()
-        .read_done(tag, to, &wait, code, msg, |t| {
-            shard.shared.may_run(t.owner, t.gen)
-        });
-    report(shard, &lane.peer.key, to, r);
+    read_done(shard, lane, (tag, to, &wait), code, msg);
     Ok(())
+}
+
+/// A READ_DATA or COMPLETE frame's tag (0 for other kinds).
+fn tag_of(frame: &Frame) -> u64 {
+    match frame {
+        Frame::Complete(r) => r.tag,
+        Frame::ReadData { reply, .. } => reply.tag,
+        _ => 0,
+    }
 }
 
 /// Complete express transfer `p` with its answer: a write's COMPLETE, or a read's READ_DATA

@@ -61,7 +61,8 @@ pub struct RowStats {
 /// Shard counters of one engine that say how a row's small transfers were served: busy
 /// polling (wakes, and the times shards stepped aside because they were preempted, after
 /// which they park for 50 ms), doorbells rung for parked ring readers, express writes and
-/// lane failures. A row's figures are the differences over it.
+/// lane failures, GPU bytes staged and chunks whose copies into GPU memory overlapped the next
+/// frame's read. A row's figures are the differences over it.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counters {
     /// `busy_poll_wakes`.
@@ -80,6 +81,12 @@ pub struct Counters {
     pub express_reads: u64,
     /// `lane_failures`.
     pub lane_failures: u64,
+    /// `gpu_staged_bytes`.
+    #[serde(default)]
+    pub gpu_staged_bytes: u64,
+    /// `gpu_overlapped_landings`.
+    #[serde(default)]
+    pub gpu_overlapped_landings: u64,
 }
 
 impl Counters {
@@ -95,6 +102,8 @@ impl Counters {
                 express_writes: t.express_writes,
                 express_reads: t.express_reads,
                 lane_failures: t.lane_failures,
+                gpu_staged_bytes: t.gpu_staged_bytes,
+                gpu_overlapped_landings: t.gpu_overlapped_landings,
             }
         })
     }
@@ -115,6 +124,12 @@ impl Counters {
             express_writes: self.express_writes.saturating_sub(before.express_writes),
             express_reads: self.express_reads.saturating_sub(before.express_reads),
             lane_failures: self.lane_failures.saturating_sub(before.lane_failures),
+            gpu_staged_bytes: self
+                .gpu_staged_bytes
+                .saturating_sub(before.gpu_staged_bytes),
+            gpu_overlapped_landings: self
+                .gpu_overlapped_landings
+                .saturating_sub(before.gpu_overlapped_landings),
         }
     }
 }
