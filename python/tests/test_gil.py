@@ -159,8 +159,11 @@ CTRL_C_SCRIPT = textwrap.dedent(
 
 @pytest.mark.parametrize("method", METHODS)
 def test_ctrl_c_interrupts_wait(method):
+    # SIGINT's default action restored in the child: a shell's background job (`cmd &`
+    # without job control) starts with SIGINT ignored, and Python then leaves it ignored.
     p = subprocess.Popen([sys.executable, "-c", CTRL_C_SCRIPT, method],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert p.stdout.readline().strip() == "ready"
         time.sleep(0.3)  # let it enter the wait
