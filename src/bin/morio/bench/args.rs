@@ -156,6 +156,10 @@ pub struct Args {
     /// GPU that holds GPU buffers.
     #[arg(long, default_value_t = 0)]
     pub gpu_device: i32,
+    /// GPU that holds the loopback target's GPU buffers (default: --gpu-device): with two
+    /// GPUs, each copies one way, as between two hosts.
+    #[arg(long)]
+    pub target_gpu_device: Option<i32>,
     /// GPU runtime for GPU buffers.
     #[arg(long, value_enum, default_value_t = GpuRuntimeKind::Auto)]
     pub gpu_runtime: GpuRuntimeKind,
@@ -249,8 +253,8 @@ pub struct Args {
 impl Args {
     /// Every check that does not need the network. Run before anything is started.
     pub fn check(&self) -> anyhow::Result<()> {
-        if self.gpu_device < 0 {
-            bail!("--gpu-device must be a device ordinal (0, 1, ...)");
+        if self.gpu_device < 0 || self.target_gpu_device.is_some_and(|d| d < 0) {
+            bail!("--gpu-device and --target-gpu-device must be device ordinals (0, 1, ...)");
         }
         if !self.loopback && self.summarize.is_empty() {
             match (self.role, &self.connect) {
@@ -548,6 +552,7 @@ mod tests {
     fn bad_options_are_errors() {
         for bad in [
             &["--loopback", "--gpu-device", "-1"][..],
+            &["--loopback", "--target-gpu-device", "-1"],
             &["--loopback", "--iters", "0"],
             &["--loopback", "--iters", "18446744073709551615"],
             &["--loopback", "--warmup", "18446744073709551615"],

@@ -143,7 +143,12 @@ impl Args {
         if let Some(m) = self.target_mem_type {
             opt("--target-mem-type", name(m));
         }
-        opt("--gpu-device", self.gpu_device.to_string());
+        // Each child holds its buffers on its own GPU.
+        let dev = match role {
+            Role::Target => self.target_gpu_device.unwrap_or(self.gpu_device),
+            Role::Initiator => self.gpu_device,
+        };
+        opt("--gpu-device", dev.to_string());
         opt("--gpu-runtime", name(self.gpu_runtime));
         if let Some(b) = self.gpu_staging_bytes {
             opt("--gpu-staging-bytes", b.to_string());
@@ -267,6 +272,10 @@ mod tests {
             "4MiB",
             "--gpu-chunk-bytes",
             "4MiB",
+            "--gpu-device",
+            "0",
+            "--target-gpu-device",
+            "1",
         ])
         .unwrap();
         let v = a.child_args(Role::Initiator, Some(&[2, 3]), false, Some("127.0.0.1:9"));
@@ -294,7 +303,11 @@ mod tests {
             (4 << 20, 4 << 20)
         );
         assert_eq!(cfg.gpu_chunk_bytes, 4 << 20);
+        assert_eq!((b.gpu_device, b.target_gpu_device), (0, None));
         let t = a.child_args(Role::Target, None, true, None);
         assert!(t.iter().all(|s| s != "--json") && t.iter().any(|s| s == "--no-pin"));
+        let t: Vec<String> = t.iter().map(|s| s.to_string_lossy().into_owned()).collect();
+        let t = parse(&t.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
+        assert_eq!((t.gpu_device, t.target_gpu_device), (1, None));
     }
 }
