@@ -21,6 +21,9 @@ use crate::transport::Rx;
 /// Copies a pipeline keeps in flight at most (more only if slots are free).
 const WINDOW: usize = 8;
 
+/// Payloads from this size on may land while their connection reads on ([`Landing`]).
+const LANDING_MIN_BYTES: u64 = 64 << 10;
+
 /// A shard's GPU resources, created on its first GPU transfer.
 #[derive(Default)]
 pub(crate) struct GpuShard {
@@ -278,6 +281,13 @@ impl Landing {
     /// Whether copies may still be running.
     pub(crate) fn in_flight(&self) -> bool {
         !self.slots.is_empty()
+    }
+
+    /// Whether the connection may read on before this landing settles: copies may still run
+    /// and the payload is large enough for their wait to matter (a small one's copies take
+    /// microseconds, and looking at the socket costs a system call).
+    pub(crate) fn may_land(&self) -> bool {
+        self.in_flight() && self.staged >= LANDING_MIN_BYTES
     }
 
     /// Wait until every copy has completed and give the slots back; the result is kept.

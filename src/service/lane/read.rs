@@ -173,7 +173,7 @@ async fn on_frame(
         let placed = gpu_io::receive_into_device(shard, reader, &wait.local, &spans, prev).await;
         land(shard, lane, landing).await;
         let copies = placed?;
-        if copies.in_flight() && reader.input_waiting() {
+        if copies.may_land() && reader.input_waiting() {
             *landing = Some(Landing {
                 tag,
                 to,

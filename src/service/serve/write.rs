@@ -127,7 +127,7 @@ pub(super) async fn on_write(
     answer_landed(shard, conn, writer, turn).await?;
     let (code, msg) = match placed {
         Placed::Now(code, msg) => (code, msg),
-        Placed::Device(copies) if copies.in_flight() && reader.input_waiting() => {
+        Placed::Device(copies) if copies.may_land() && reader.input_waiting() => {
             turn.landing = Some(Landing {
                 chunk,
                 final_,
