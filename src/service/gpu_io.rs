@@ -253,6 +253,17 @@ fn issue_h2d(c: &Ctx, region: &Region, job: &Job, slot: &mut Slot) -> Result<(),
     Ok(())
 }
 
+/// A chunk's code and message once its bytes are in device memory (or failed to get there).
+pub(crate) fn landed(r: Result<(), GpuError>) -> (u32, String) {
+    match r {
+        Ok(()) => (crate::proto::codes::SUCCESS, String::new()),
+        Err(e) => (
+            crate::proto::codes::ERR_GPU_OP,
+            format!("staging copy into GPU memory failed: {e}"),
+        ),
+    }
+}
+
 /// A chunk's payload received into device memory, whose copies from pinned slots may still be
 /// running: the bytes are in device memory once it has settled. Holding one lets a connection
 /// read its next frame while the copies run (the receiving loop then answers this chunk after

@@ -13,10 +13,12 @@ use super::msg::ShardMsg;
 use super::same_host;
 use super::{ServedConn, Shard, TaskGuard};
 use crate::proto::codes;
-use crate::proto::frame::{Frame, Hello, HelloAck};
+use crate::proto::frame::{Chunk, Frame, Hello, HelloAck};
 use crate::proto::handshake;
+use crate::proto::inbound::Refusal;
 use crate::proto::limits::NONCE_BYTES;
 use crate::proto::target::{self, Inbound, Record, Response, Served};
+use crate::region::SharedRegion;
 use crate::stats::PeerSlot;
 use crate::status::StatusCode;
 use crate::trace;
@@ -383,6 +385,23 @@ async fn respond(
     }
 }
 
+/// The region a WRITE or READ chunk names (if registered here) and whether the peer may
+/// have it served; a chunk that breaks the protocol is a connection error.
+fn check(
+    shard: &Shard,
+    conn: &Link,
+    chunk: &Chunk,
+    final_: bool,
+) -> Result<(Option<SharedRegion>, Result<(), Refusal>), ConnError> {
+    let region = shard.regions.borrow().get(&chunk.mem_id).cloned();
+    let facts = region.as_ref().map(|r| (r.len() as u64, r.access_key()));
+    let checked = conn
+        .served
+        .check(chunk, final_, facts)
+        .map_err(|v| ConnError::Violation(v.0))?;
+    Ok((region, checked))
+}
+
 /// The transfer a frame belongs to, when latency tracing is on.
 fn traced_uid(frame: &Frame) -> Option<u64> {
     if !trace::enabled() {
@@ -427,12 +446,7 @@ async fn on_frame(
         }
         Inbound::Read(chunk, final_, to_device) => {
             answer_landed(shard, conn, writer, turn).await?;
-            let region = shard.regions.borrow().get(&chunk.mem_id).cloned();
-            let facts = region.as_ref().map(|r| (r.len() as u64, r.access_key()));
-            let checked = conn
-                .served
-                .check(&chunk, final_, facts)
-                .map_err(violation)?;
+            let (region, checked) = check(shard, conn, &chunk, final_)?;
             let (code, msg) = read(
                 shard,
                 conn,

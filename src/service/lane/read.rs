@@ -55,13 +55,7 @@ struct Landing {
 /// Report the chunk still landing, if any, once its copies are done.
 async fn land(shard: &Rc<Shard>, lane: &Rc<Lane>, landing: &mut Option<Landing>) {
     let Some(l) = landing.take() else { return };
-    let (code, msg) = match l.copies.finish(shard).await {
-        Ok(()) => (codes::SUCCESS, String::new()),
-        Err(e) => (
-            codes::ERR_GPU_OP,
-            format!("staging copy into GPU memory failed: {e}"),
-        ),
-    };
+    let (code, msg) = gpu_io::landed(l.copies.finish(shard).await);
     read_done(shard, lane, (l.tag, l.to, &l.wait), code, msg);
 }
 
@@ -183,17 +177,11 @@ async fn on_frame(
             shard.stats.borrow_mut().gpu_overlapped_landings += 1;
             return Ok(());
         }
-        if let Err(e) = copies.finish(shard).await {
-            code = codes::ERR_GPU_OP;
-            msg = format!("staging copy into GPU memory failed: {e}");
-        }
+        (code, msg) = gpu_io::landed(copies.finish(shard).await);
     } else {
         land(shard, lane, landing).await;
         if code == codes::SUCCESS {
-            if let Err(e) = place(shard, reader, &wait).await? {
-                code = codes::ERR_GPU_OP;
-                msg = format!("staging copy into GPU memory failed: {e}");
-            }
+            (code, msg) = gpu_io::landed(place(shard, reader, &wait).await?);
         }
     }
     read_done(shard, lane, (tag, to, &wait), code, msg);

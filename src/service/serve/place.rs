@@ -46,18 +46,6 @@ fn place_small(ext: &mut [u8], lo: u64, segs: &Segs, src: &[u8]) -> bool {
     true
 }
 
-/// A WRITE chunk's code and message once its bytes are in device memory (or failed to get
-/// there).
-pub(super) fn landed(r: Result<(), crate::gpu::GpuError>) -> (u32, String) {
-    match r {
-        Ok(()) => (codes::SUCCESS, String::new()),
-        Err(e) => (
-            codes::ERR_GPU_OP,
-            format!("staging copy into GPU memory failed: {e}"),
-        ),
-    }
-}
-
 /// Where a WRITE chunk's payload went.
 pub(super) enum Placed {
     /// Placed (or refused and drained): the chunk's code and message.

@@ -4,13 +4,13 @@
 
 use std::rc::Rc;
 
-use super::place::{landed, place, Placed};
-use super::{respond, Link};
+use super::place::{place, Placed};
+use super::{check, respond, Link};
 use crate::proto::codes;
 use crate::proto::frame::Chunk;
-use crate::proto::target;
 use crate::region::SharedRegion;
-use crate::service::{gpu_io, Shard};
+use crate::service::gpu_io::{self, landed};
+use crate::service::Shard;
 use crate::trace;
 use crate::transport::framed::{ConnError, FrameReader, FrameWriter};
 use crate::transport::Rx;
@@ -100,13 +100,7 @@ pub(super) async fn on_write(
     payload: u64,
     turn: &mut Turn,
 ) -> Result<Option<bool>, ConnError> {
-    let violation = |v: target::Violation| ConnError::Violation(v.0);
-    let region = shard.regions.borrow().get(&chunk.mem_id).cloned();
-    let facts = region.as_ref().map(|r| (r.len() as u64, r.access_key()));
-    let checked = conn
-        .served
-        .check(&chunk, final_, facts)
-        .map_err(violation)?;
+    let (region, checked) = check(shard, conn, &chunk, final_)?;
     trace::mark(chunk.uid, trace::stage::T_CHECKED);
     let device = checked.is_ok() && region.as_ref().is_some_and(|r| r.device().is_some());
     if !device {
