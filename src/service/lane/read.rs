@@ -161,6 +161,11 @@ async fn on_frame(
         land(shard, lane, landing).await;
         return violation("read data length differs from the request");
     }
+    // Only data of the same transfer is read while the chunk before lands: another
+    // transfer's bytes never hold up this one's report.
+    if landing.as_ref().is_some_and(|l| l.to != to) {
+        land(shard, lane, landing).await;
+    }
     if code == codes::SUCCESS && wait.local.device().is_some() {
         let spans: Vec<(u64, u64)> = wait.pieces.iter().map(|p| (p.local, p.len)).collect();
         let prev = landing.as_mut().map(|l| &mut l.copies);

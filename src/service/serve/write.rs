@@ -103,7 +103,13 @@ pub(super) async fn on_write(
     let (region, checked) = check(shard, conn, &chunk, final_)?;
     trace::mark(chunk.uid, trace::stage::T_CHECKED);
     let device = checked.is_ok() && region.as_ref().is_some_and(|r| r.device().is_some());
-    if !device {
+    // Only a chunk of the same transfer is read while the one before lands: another
+    // transfer's bytes never hold up this one's answer.
+    let same = turn
+        .landing
+        .as_ref()
+        .is_some_and(|l| l.chunk.uid == chunk.uid);
+    if !(device && same) {
         answer_landed(shard, conn, writer, turn).await?;
     }
     let prev = turn.landing.as_mut().map(|l| &mut l.copies);
