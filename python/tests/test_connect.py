@@ -18,6 +18,9 @@ def test_connect_opens_every_lane_and_transfers_dial_nothing(engines):
     wait_ok(a.write(a.register_array(src), 0, b.register_array(dst), 0, src.nbytes, a.allocate_transfer_uid()))
     assert np.array_equal(src, dst)
     assert sum(s["lane_connects"] for s in a.stats()) == connects
+    # Host memory is never staged, so nothing of it lands (the counter is there, at zero).
+    for s in a.stats() + b.stats():
+        assert (s["gpu_staged_bytes"], s["gpu_overlapped_landings"]) == (0, 0), s
     assert a.connect_remote_engine(b.get_engine_desc().key) == lanes
 
 
