@@ -380,11 +380,11 @@ impl Tx {
 
 impl Rx {
     /// Whether bytes wait to be read now, without waiting or consuming any: a TCP socket's
-    /// receive queue; other kinds say no.
+    /// receive queue, a same-host connection's buffer, ring or socket; in-process pipes say no.
     pub(crate) fn input_queued(&self) -> bool {
         match self {
             Rx::Tcp(r) => tcp::queued_in(r.raw_fd()) > 0,
-            Rx::Local(_) => false,
+            Rx::Local(r) => r.input_queued(),
             #[cfg(any(test, feature = "testing"))]
             Rx::Mem(_) => false,
         }

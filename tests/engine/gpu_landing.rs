@@ -133,3 +133,49 @@ fn a_peer_lost_while_chunks_land_fails_the_read_without_a_hang() {
         "read from another peer",
     );
 }
+
+/// Between engines of one host, host memory into GPU memory is staged on the receiving side
+/// (there are no device parts to offer), whether the stream rides a shared-memory ring or the
+/// socket (`MORIO_SAME_HOST_RING=off` runs this suite again so). READ data into the
+/// initiator's GPU lands like over TCP; a WRITE's large parts are pulled by the target, and
+/// their sender waits for each pull's acknowledgement before its next frame, so a WRITE chunk
+/// rarely finds the next one already there: it must then be answered at once, not held (a
+/// chunk held for a frame that is not coming would never be answered).
+#[test]
+fn same_host_chunks_into_gpu_memory_land_too() {
+    let fake = Arc::new(FakeGpu::new(1));
+    fake.set_copy_delay(Duration::from_millis(1));
+    let rt: Arc<dyn GpuRuntime> = fake.clone();
+    let cfg = cfg_with(|c| {
+        c.same_host = Some(morio::SameHost::Require);
+        c.num_shards = Some(1);
+        c.num_data_conns = 1;
+        c.same_host_chunk_bytes = 64 << 10;
+        c.gpu_slot_bytes = 16 << 10;
+        c.gpu_staging_bytes = 2 * 2 * (16 << 10);
+    });
+    let (a, b) = gpu_pair("gpu_landing_same_host", cfg, &rt);
+    let n = 1 << 20;
+    let data = random_big(n, 41);
+    let src = buffer(&a, Kind::Cpu, &data);
+    let dst = buffer(&b, Kind::Gpu, &vec![0u8; n]);
+    let uid = a.allocate_transfer_uid();
+    assert_ok(&a.write(src.desc(), 0, dst.desc(), 0, n, uid), "write");
+    assert_bytes_eq(&dst.to_vec(), &data, "write");
+    let host = buffer(&b, Kind::Cpu, &data);
+    let back = buffer(&a, Kind::Gpu, &vec![0u8; n]);
+    let uid = a.allocate_transfer_uid();
+    assert_ok(&a.read(back.desc(), 0, host.desc(), 0, n, uid), "read");
+    assert_bytes_eq(&back.to_vec(), &data, "read");
+    let t = a.stats().unwrap().total();
+    assert!(t.lane_connects_same_host > 0, "{t:?}");
+    assert!(t.gpu_overlapped_landings > 0, "{t:?}");
+    for e in [&a, &b] {
+        let t = e.stats().unwrap().total();
+        assert_eq!(
+            (t.gpu_staged_bytes, t.gpu_ipc_bytes),
+            (n as u64, 0),
+            "{t:?}"
+        );
+    }
+}

@@ -223,8 +223,7 @@ impl Inbound {
     }
 
     /// Whether bytes are waiting (as [`Self::read`] would find them).
-    #[cfg(test)]
-    fn has_bytes(&self) -> bool {
+    pub(crate) fn has_bytes(&self) -> bool {
         self.map.header().has_bytes(self.tail)
     }
 

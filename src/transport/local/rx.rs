@@ -136,6 +136,16 @@ impl LocalRx {
         }
     }
 
+    /// Whether stream bytes wait to be read now, without waiting or consuming any: buffered
+    /// here, or in the ring once the peer moved there, else in the socket.
+    pub(crate) fn input_queued(&self) -> bool {
+        self.end > self.start
+            || match &self.src {
+                Src::Socket => crate::transport::tcp::queued_in(self.r.raw_fd()) > 0,
+                Src::Ring { ring, .. } => ring.has_bytes(),
+            }
+    }
+
     /// Whether exports of `kind` from the peer could not be opened here before.
     pub(crate) fn refused(&self, kind: IpcKind) -> bool {
         self.refused & (1 << kind as u8) != 0
