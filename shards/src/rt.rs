@@ -253,6 +253,19 @@ impl ReadHalf {
         std::os::fd::AsRawFd::as_raw_fd(&*self.0.borrow())
     }
 
+    /// Bytes waiting in the socket's receive queue (`FIONREAD`), without reading any; 0 if
+    /// the kernel does not say.
+    pub fn queued(&self) -> usize {
+        let mut n: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int, ours; the descriptor is open while we are.
+        let r = unsafe { libc::ioctl(self.raw_fd(), libc::FIONREAD, &mut n) };
+        if r == 0 {
+            usize::try_from(n).unwrap_or(0)
+        } else {
+            0
+        }
+    }
+
     /// Read like [`AsyncRead::poll_read`], but an empty socket is left to the runtime alone:
     /// the busy poller does not watch it (for a socket whose bytes are rare and never
     /// urgent, such as a same-host connection's, whose data comes through shared memory; a

@@ -383,7 +383,7 @@ impl Rx {
     /// receive queue, a same-host connection's buffer, ring or socket; in-process pipes say no.
     pub(crate) fn input_queued(&self) -> bool {
         match self {
-            Rx::Tcp(r) => tcp::queued_in(r.raw_fd()) > 0,
+            Rx::Tcp(r) => r.queued() > 0,
             Rx::Local(r) => r.input_queued(),
             #[cfg(any(test, feature = "testing"))]
             Rx::Mem(_) => false,

@@ -137,18 +137,6 @@ pub(crate) fn unsent(fd: RawFd) -> Option<usize> {
     (r == 0).then(|| usize::try_from(n).unwrap_or(0))
 }
 
-/// Bytes waiting in the socket's receive queue (`FIONREAD`); 0 if the kernel does not say.
-pub(crate) fn queued_in(fd: RawFd) -> usize {
-    let mut n: libc::c_int = 0;
-    // SAFETY: FIONREAD writes one int, ours; the descriptor is alive while its half is.
-    let r = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) };
-    if r == 0 {
-        usize::try_from(n).unwrap_or(0)
-    } else {
-        0
-    }
-}
-
 /// Options every connection gets (both ends): nodelay, keepalive, and a user timeout so a
 /// peer that stops acknowledging data fails the connection instead of hanging it.
 pub(crate) fn configure_conn(

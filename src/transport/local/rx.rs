@@ -141,7 +141,7 @@ impl LocalRx {
     pub(crate) fn input_queued(&self) -> bool {
         self.end > self.start
             || match &self.src {
-                Src::Socket => crate::transport::tcp::queued_in(self.r.raw_fd()) > 0,
+                Src::Socket => self.r.queued() > 0,
                 Src::Ring { ring, .. } => ring.has_bytes(),
             }
     }
