@@ -55,9 +55,16 @@ pub(crate) fn register(core: &Core, desc: &EngineDesc) -> Result<(), EngineError
     if desc.key.is_empty() {
         return Err(bad());
     }
+    let likely_same_host = !desc.node_id.is_empty()
+        && core
+            .desc
+            .lock()
+            .map(|d| d.node_id == desc.node_id)
+            .unwrap_or(false);
     let peer = Arc::new(Peer::new(
         desc.key.as_str().into(),
         SocketAddr::new(ip, desc.port),
+        likely_same_host,
     ));
     write_lock(&core.remotes).insert(desc.key.clone(), peer);
     Ok(())

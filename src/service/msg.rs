@@ -28,6 +28,13 @@ pub(crate) struct Peer {
     /// since every same-host chunk that is pulled or copied on the GPU costs its lane a round
     /// trip.
     pub same_host: AtomicBool,
+    /// Whether any lane to it has connected yet (until then `same_host` says nothing).
+    pub reached: AtomicBool,
+    /// Whether its descriptor names this engine's node (`EngineDesc::node_id`): its first
+    /// transfer, planned before any lane says, is cut as one to a same-host peer if this
+    /// engine may use the same-host transport (a wrong guess costs that transfer's speed,
+    /// never its bytes: chunk sizes are the sender's choice).
+    pub likely_same_host: bool,
     /// Whether a transfer to it has had all its lanes opened ([`crate::service`]'s owners do
     /// on the first transfer, as MORI-IO does, so the next small transfers find their lanes
     /// up instead of each paying a dial).
@@ -38,11 +45,13 @@ pub(crate) struct Peer {
 
 impl Peer {
     /// A peer no lane has reached yet.
-    pub fn new(key: Arc<str>, addr: SocketAddr) -> Self {
+    pub fn new(key: Arc<str>, addr: SocketAddr, likely_same_host: bool) -> Self {
         Self {
             key,
             addr,
             same_host: AtomicBool::new(false),
+            reached: AtomicBool::new(false),
+            likely_same_host,
             opened: AtomicBool::new(false),
             express: Default::default(),
         }

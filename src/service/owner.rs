@@ -146,7 +146,7 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
     let params = DispatchParams {
         n_lanes,
         striping_threshold: cfg.striping_threshold_bytes as u64,
-        chunk_bytes: chunk_bytes(cfg, &s),
+        chunk_bytes: chunk_bytes(&shard.shared, &s),
         share_stripes: cfg.share_stripes,
     };
     let req = Request {
@@ -498,8 +498,17 @@ pub(crate) const SAME_HOST_DEVICE_CHUNK_FACTOR: u64 = 8;
 /// either side (staged); to a peer on the same-host transport `same_host_chunk_bytes` (host
 /// memory on either side) or [`SAME_HOST_DEVICE_CHUNK_FACTOR`] times that (GPU memory on
 /// both, unless GPU IPC is configured off).
-fn chunk_bytes(cfg: &crate::config::TcpBackendConfig, s: &Submission) -> u64 {
-    if !s.peer.same_host.load(Ordering::Relaxed) {
+fn chunk_bytes(shared: &super::Shared, s: &Submission) -> u64 {
+    let cfg = &shared.cfg;
+    let same_host = if s.peer.reached.load(Ordering::Relaxed) {
+        s.peer.same_host.load(Ordering::Relaxed)
+    } else {
+        // No lane has said yet (the first transfer): the descriptors' guess.
+        s.peer.likely_same_host
+            && shared.same_host() != crate::config::SameHost::Off
+            && !shared.same_host_known_failed(&s.peer.key)
+    };
+    if !same_host {
         return if s.remote_device || s.local.device().is_some() {
             cfg.gpu_chunk_bytes as u64
         } else {

@@ -148,8 +148,6 @@ fn same_host_chunks_into_gpu_memory_land_too() {
         c.num_shards = Some(1);
         c.num_data_conns = 1;
         c.same_host_chunk_bytes = 64 << 10;
-        // The first transfer may be cut before its lane is known to be same-host.
-        c.gpu_chunk_bytes = 64 << 10;
         c.gpu_slot_bytes = 16 << 10;
         c.gpu_staging_bytes = 2 * 2 * (16 << 10);
     });

@@ -120,6 +120,39 @@ fn same_host_peers_get_same_host_chunk_bytes() {
     }
 }
 
+/// The first transfer to a peer is planned before any lane to it is up: a peer whose
+/// descriptor names this node gets same-host chunks from the start (one 16 MiB chunk, no
+/// join at the target), unless the same-host transport is off (TCP's 1 MiB chunks: a join).
+#[test]
+fn a_first_transfer_to_a_same_host_peer_takes_same_host_chunks() {
+    for (mode, joined) in [
+        (SameHost::Require, 0u64),
+        (SameHost::Auto, 0),
+        (SameHost::Off, 1),
+    ] {
+        let (a, b) = pair(
+            &format!("sh_first_{mode:?}"),
+            cfg_with(|c| {
+                c.same_host = Some(mode);
+                c.num_data_conns = 1;
+                c.chunk_bytes = 1 << 20;
+                c.same_host_chunk_bytes = 32 << 20;
+            }),
+        );
+        let n = 16 << 20;
+        let src = random_buffer(&a, n, 11);
+        let dst = b.alloc_buffer(n).unwrap();
+        let uid = a.allocate_transfer_uid();
+        assert_ok(
+            &a.write(src.desc(), 0, dst.desc(), 0, n, uid),
+            "first write",
+        );
+        assert_bytes_eq(&bytes_at(&dst, 0, n), &bytes_at(&src, 0, n), "first write");
+        let t = b.stats().unwrap().total();
+        assert_eq!(t.joined_transfers, joined, "{mode:?}: {t:?}");
+    }
+}
+
 #[test]
 fn auto_picks_same_host_and_off_keeps_tcp() {
     let (a, b) = pair("sh_auto", cfg(SameHost::Auto));

@@ -389,6 +389,9 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
     lane.peer
         .same_host
         .store(local, std::sync::atomic::Ordering::Relaxed);
+    lane.peer
+        .reached
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     let (r, w, closer) = conn.split();
     shard
         .stats
