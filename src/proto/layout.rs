@@ -213,6 +213,21 @@ pub fn layout_chunks(layout: Layout, chunk_bytes: u64) -> Vec<Layout> {
         .collect()
 }
 
+/// Cut a layout into chunks of the given sizes (which sum to its total bytes; see
+/// [`plan::ramp_sizes`](super::plan::ramp_sizes)), as lists, and at [`MAX_SEGS_PER_CHUNK`]
+/// pieces (a chunk cut there holds less and the sizes after it shift by one: the chunks
+/// still cover the stream exactly).
+pub fn layout_chunks_sized(layout: Layout, sizes: &[u64]) -> Vec<Layout> {
+    let largest = sizes.iter().copied().max().unwrap_or(1);
+    let last = sizes.last().copied().unwrap_or(largest);
+    super::plan::cut_by(&layout.into_pieces(), largest, |i| {
+        sizes.get(i).copied().unwrap_or(last)
+    })
+    .into_iter()
+    .map(Layout::List)
+    .collect()
+}
+
 /// [`normalize`] into a [`Layout`]: a request of equal, non-zero sizes at constant
 /// non-negative strides on both sides is checked in one pass and kept strided; anything
 /// else is normalised into a list. `into_pieces` of the result equals `normalize`'s.
