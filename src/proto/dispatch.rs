@@ -269,8 +269,13 @@ pub fn dispatch<L: Clone>(
         params.chunk_bytes
     };
     let extent = req.layout.remote_extent();
+    // Ramps in whole pieces of a strided batch (its chunks stay strided), else in 4 KiB.
+    let unit = match &req.layout {
+        Layout::Strided(s) if s.first.len <= chunk_bytes => s.first.len,
+        _ => 4096,
+    };
     let ramp = (striped && params.ramp)
-        .then(|| plan::ramp_sizes(req.total, n_lanes as u64, chunk_bytes))
+        .then(|| plan::ramp_sizes(req.total, n_lanes as u64, chunk_bytes, unit))
         .flatten();
     // A strided batch stays strided down to the frame (unless ramped); a list is cut as a
     // list.
@@ -365,6 +370,7 @@ pub fn dispatch<L: Clone>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::layout::Stride;
     use crate::proto::plan::Piece;
 
     fn list(n: u64, len: u64) -> Layout {
@@ -589,6 +595,49 @@ mod tests {
                 assert_eq!(firsts, [0, 1, 2, 3]);
             }
         }
+        // A strided batch ramps in whole pieces and stays strided: 64 KiB pieces at a stride
+        // of 100 KiB, 16 MiB in 1 MiB chunks over 4 lanes.
+        let batch = Layout::Strided(Stride {
+            first: Piece {
+                local: 0,
+                remote: 8,
+                len: 64 << 10,
+            },
+            count: 256,
+            local_stride: 100 << 10,
+            remote_stride: 100 << 10,
+        });
+        let p = dispatch(req(Op::Write, batch), ramped, 1, TO, &())
+            .unwrap()
+            .unwrap();
+        let mut all: Vec<ChunkSpec> = p
+            .lanes
+            .iter()
+            .flat_map(|(_, v)| v.iter())
+            .filter_map(|i| match &i.work {
+                Work::Chunk(c, _) => Some(c.clone()),
+                _ => None,
+            })
+            .collect();
+        while let Some(c) = p.stripes.as_ref().unwrap().take() {
+            all.push(c);
+        }
+        all.sort_by_key(|c| c.chunk);
+        let sizes: Vec<u64> = all.iter().map(|c| c.pieces.total_bytes()).collect();
+        assert_eq!(&sizes[..4], &ramp[..]);
+        assert!(all.iter().all(|c| matches!(c.pieces, Layout::Strided(_))));
+        let pieces: Vec<Piece> = all
+            .into_iter()
+            .flat_map(|c| c.pieces.into_pieces())
+            .collect();
+        let want: Vec<Piece> = (0..256)
+            .map(|i| Piece {
+                local: i * (100 << 10),
+                remote: 8 + i * (100 << 10),
+                len: 64 << 10,
+            })
+            .collect();
+        assert_eq!(pieces, want);
         // Too small for a full chunk per lane between the ramps: cut evenly.
         let p = dispatch(req(Op::Write, list(8, MIB)), ramped, 1, TO, &())
             .unwrap()

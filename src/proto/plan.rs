@@ -142,17 +142,19 @@ pub fn shares_stripes(total: u64, n_lanes: u64, chunk_bytes: u64) -> bool {
 /// wait for a copy before a chunk leaves and after it lands (staged GPU memory): the first
 /// `n_lanes` chunks grow from `chunk / n_lanes` to `chunk` and the last `n_lanes` shrink
 /// back, so the lanes neither start nor end together (every lane's first copy at once made
-/// each wait for all of them, with nothing on the wire meanwhile). `None` when the transfer
+/// each wait for all of them, with nothing on the wire meanwhile). The ramps' sizes are
+/// multiples of `unit` (at least one): a strided transfer's piece length, so that its chunks
+/// stay strided (`chunk` is then a multiple of it too), else 4 KiB. `None` when the transfer
 /// has less than one full chunk per lane between its ramps: it is cut evenly.
-pub fn ramp_sizes(total: u64, n_lanes: u64, chunk: u64) -> Option<Vec<u64>> {
-    const STEP: u64 = 4096;
+pub fn ramp_sizes(total: u64, n_lanes: u64, chunk: u64, unit: u64) -> Option<Vec<u64>> {
     let n = n_lanes.max(1);
     let chunk = chunk.max(1);
+    let unit = unit.clamp(1, chunk);
     let step = |j: u64| {
         if j + 1 >= n {
             chunk
         } else {
-            (chunk * (j + 1) / n / STEP * STEP).clamp(STEP.min(chunk), chunk)
+            (chunk.saturating_mul(j + 1) / n / unit * unit).clamp(unit, chunk)
         }
     };
     let head: Vec<u64> = (0..n).map(step).collect();

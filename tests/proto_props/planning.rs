@@ -230,13 +230,14 @@ proptest! {
         chunk in prop_oneof![1..=8192u64, (64u64 << 10)..=(4u64 << 20)],
         whole in prop_oneof![0..=64u64, 0..=4096u64],
         part in any::<u64>(),
+        unit in prop_oneof![Just(4096u64), 1..=(1u64 << 21)],
     ) {
         let total = chunk * whole + part % chunk;
-        let Some(sizes) = ramp_sizes(total, n_lanes, chunk) else {
+        let Some(sizes) = ramp_sizes(total, n_lanes, chunk, unit) else {
             // Evenly cut only when there is less than a chunk per lane between the ramps
-            // (each ramp holds at most n chunks: (n + 1) / 2 but for the 4 KiB floor).
+            // (each ramp holds at most n chunks: (n + 1) / 2 but for the unit's floor).
             prop_assert!(n_lanes < 2 || total < 3 * n_lanes * chunk);
-            if chunk / n_lanes.max(1) >= 4096 {
+            if chunk / n_lanes.max(1) >= unit {
                 prop_assert!(n_lanes < 2 || total < (2 * n_lanes + 1) * chunk);
             }
             return Ok(());
@@ -249,7 +250,9 @@ proptest! {
         let (middle, tail) = rest.split_at(rest.len() - n);
         prop_assert!(head.windows(2).all(|w| w[0] <= w[1]), "head {:?}", head);
         prop_assert_eq!(head[n - 1], chunk);
-        prop_assert!(head[0] <= chunk.div_ceil(n as u64).max(4096));
+        prop_assert!(head[0] <= chunk.div_ceil(n as u64).max(unit));
+        // Whole units: a strided transfer's ramps hold whole pieces.
+        prop_assert!(head[..n - 1].iter().all(|&b| b % unit.min(chunk) == 0), "{:?}", head);
         prop_assert!(tail.iter().eq(head.iter().rev()));
         prop_assert!(middle.len() >= n);
         prop_assert!(middle[..middle.len() - 1].iter().all(|&b| b == chunk));
@@ -262,7 +265,7 @@ proptest! {
         chunk in 1..=16u64,
     ) {
         let total = total_bytes(&pieces);
-        let sizes = ramp_sizes(total, n_lanes, chunk)
+        let sizes = ramp_sizes(total, n_lanes, chunk, 1)
             .unwrap_or_else(|| vec![chunk; total.div_ceil(chunk) as usize]);
         let chunks = cut_by(&pieces, chunk, |i| sizes.get(i).copied().unwrap_or(chunk));
         let mut flat = Vec::new();
