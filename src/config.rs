@@ -101,13 +101,6 @@ pub struct TcpBackendConfig {
     /// fastest in larger chunks than host memory does (H100: 1 MiB × 256 GPU → GPU 18 → 24
     /// GB/s from 1 to 2 MiB, where host memory loses; `docs/perf/s39-runs.md`).
     pub gpu_chunk_bytes: usize,
-    /// Ramp the chunk sizes of striped transfers of staged GPU memory (over TCP, GPU memory
-    /// on either side): each lane's first chunk grows from `gpu_chunk_bytes / lanes` to the
-    /// full chunk and its last ones shrink back, so the lanes' first copies out of device
-    /// memory and last copies into it are small and do not all run at once
-    /// (`proto::plan::ramp_sizes`; only for transfers with at least one full chunk per lane
-    /// between the ramps).
-    pub gpu_ramp: bool,
     /// A striped write of at least two full chunks per lane (`2 × num_data_conns ×
     /// chunk_bytes` bytes) shares its stripes between its lanes: each lane takes the next
     /// one as it gets to it, so a lane that runs slow carries fewer. Smaller striped writes,
@@ -367,7 +360,6 @@ impl Default for TcpBackendConfig {
             chunk_bytes: 1 << 20,
             same_host_chunk_bytes: 8 << 20,
             gpu_chunk_bytes: 2 << 20,
-            gpu_ramp: false,
             share_stripes: true,
             inline_write_bytes: 16 << 10,
             spin_before_park: None,

@@ -74,7 +74,6 @@ class TcpBackendConfig:
     chunk_bytes: int
     same_host_chunk_bytes: int
     gpu_chunk_bytes: int
-    gpu_ramp: bool  # striped staged GPU transfers ramp their first and last chunks
     share_stripes: bool
     inline_write_bytes: int
     spin_us: int
@@ -113,7 +112,6 @@ class TcpBackendConfig:
         chunk_bytes: Optional[int] = None,
         same_host_chunk_bytes: Optional[int] = None,
         gpu_chunk_bytes: Optional[int] = None,
-        gpu_ramp: Optional[bool] = None,
         share_stripes: Optional[bool] = None,
         inline_write_bytes: Optional[int] = None,
         spin_us: int = 0,

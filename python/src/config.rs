@@ -129,7 +129,6 @@ impl PyTcpBackendConfig {
         chunk_bytes = None,
         same_host_chunk_bytes = None,
         gpu_chunk_bytes = None,
-        gpu_ramp = None,
         share_stripes = None,
         inline_write_bytes = None,
         spin_us = 0,
@@ -168,7 +167,6 @@ impl PyTcpBackendConfig {
         chunk_bytes: Option<usize>,
         same_host_chunk_bytes: Option<usize>,
         gpu_chunk_bytes: Option<usize>,
-        gpu_ramp: Option<bool>,
         share_stripes: Option<bool>,
         inline_write_bytes: Option<usize>,
         spin_us: u64,
@@ -218,9 +216,6 @@ impl PyTcpBackendConfig {
         }
         if let Some(c) = gpu_chunk_bytes {
             me.cfg.gpu_chunk_bytes = c;
-        }
-        if let Some(r) = gpu_ramp {
-            me.cfg.gpu_ramp = r;
         }
         if let Some(s) = share_stripes {
             me.cfg.share_stripes = s;
@@ -581,16 +576,6 @@ impl PyTcpBackendConfig {
     #[setter]
     fn set_gpu_chunk_bytes(&mut self, v: usize) {
         self.cfg.gpu_chunk_bytes = v;
-    }
-    /// morio: striped transfers of staged GPU memory ramp their first and last chunks (off by
-    /// default).
-    #[getter]
-    fn gpu_ramp(&self) -> bool {
-        self.cfg.gpu_ramp
-    }
-    #[setter]
-    fn set_gpu_ramp(&mut self, v: bool) {
-        self.cfg.gpu_ramp = v;
     }
     /// morio: large striped writes share their stripes between lanes.
     #[getter]

@@ -66,10 +66,6 @@ def test_gpu_staging_keywords_default_and_round_trip():
     assert (c.gpu_chunk_bytes, c.gpu_slot_bytes) == (4 << 20, 1 << 20)
     c.gpu_chunk_bytes = 1 << 20
     assert c.gpu_chunk_bytes == 1 << 20
-    assert not c.gpu_ramp
-    assert TcpBackendConfig(gpu_ramp=True).gpu_ramp
-    c.gpu_ramp = True
-    assert c.gpu_ramp
 
 
 def test_transfer_uids_are_unique_across_threads_and_start_at_zero(engines):

@@ -187,9 +187,6 @@ pub struct DispatchParams {
     pub chunk_bytes: u64,
     /// Whether a large striped write shares its stripes between its lanes.
     pub share_stripes: bool,
-    /// Whether a striped transfer ramps its chunk sizes up at its start and down at its end
-    /// ([`plan::ramp_sizes`]: staged GPU memory over TCP).
-    pub ramp: bool,
 }
 
 /// A transfer to dispatch.
@@ -269,20 +266,8 @@ pub fn dispatch<L: Clone>(
         params.chunk_bytes
     };
     let extent = req.layout.remote_extent();
-    // Ramps in whole pieces of a strided batch (its chunks stay strided), else in 4 KiB.
-    let unit = match &req.layout {
-        Layout::Strided(s) if s.first.len <= chunk_bytes => s.first.len,
-        _ => 4096,
-    };
-    let ramp = (striped && params.ramp)
-        .then(|| plan::ramp_sizes(req.total, n_lanes as u64, chunk_bytes, unit))
-        .flatten();
-    // A strided batch stays strided down to the frame (unless ramped); a list is cut as a
-    // list.
-    let mut chunks = match ramp {
-        Some(sizes) => layout::layout_chunks_sized(req.layout, &sizes),
-        None => layout::layout_chunks(req.layout, chunk_bytes),
-    };
+    // A strided batch stays strided down to the frame; a list is cut as a list.
+    let mut chunks = layout::layout_chunks(req.layout, chunk_bytes);
     if chunks.is_empty() {
         return Ok(None);
     }
@@ -370,7 +355,6 @@ pub fn dispatch<L: Clone>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::layout::Stride;
     use crate::proto::plan::Piece;
 
     fn list(n: u64, len: u64) -> Layout {
@@ -391,7 +375,6 @@ mod tests {
             striping_threshold: 1 << 20,
             chunk_bytes: 1 << 20,
             share_stripes: share,
-            ramp: false,
         }
     }
 
@@ -539,115 +522,6 @@ mod tests {
         }
         assert_eq!(taken.len() as u32 + 1, p.n_chunks);
         assert_eq!(taken[0], 1);
-    }
-
-    /// Bytes of each chunk of a plan, by chunk index (shared stripes taken in order).
-    fn sizes_of(p: &Plan<()>) -> Vec<u64> {
-        let mut by_chunk = std::collections::BTreeMap::new();
-        for (_, items) in &p.lanes {
-            for i in items {
-                if let Work::Chunk(c, _) = &i.work {
-                    by_chunk.insert(c.chunk, c.pieces.total_bytes());
-                }
-            }
-        }
-        if let Some(s) = &p.stripes {
-            while let Some(c) = s.take() {
-                by_chunk.insert(c.chunk, c.pieces.total_bytes());
-            }
-        }
-        assert_eq!(by_chunk.len() as u32, p.n_chunks);
-        by_chunk.into_values().collect()
-    }
-
-    #[test]
-    fn a_ramped_transfer_grows_its_first_chunks_and_shrinks_its_last() {
-        const MIB: u64 = 1 << 20;
-        let ramped = DispatchParams {
-            ramp: true,
-            ..params(4, true)
-        };
-        let ramp = [256 << 10, 512 << 10, 768 << 10, MIB];
-        let tail: Vec<u64> = ramp.iter().rev().copied().collect();
-        // A write sharing its stripes, and a read dealing them, both of 16 MiB over 4 lanes in
-        // 1 MiB chunks (a strided batch is cut as a list then).
-        for (op, layout) in [(Op::Write, list(16, MIB)), (Op::Read, list(16, MIB))] {
-            let p = dispatch(req(op, layout), ramped, 1, TO, &())
-                .unwrap()
-                .unwrap();
-            let sizes = sizes_of(&p);
-            assert_eq!(sizes.iter().sum::<u64>(), 16 * MIB);
-            assert_eq!(&sizes[..4], &ramp[..], "{op:?}");
-            assert_eq!(&sizes[sizes.len() - 4..], &tail[..], "{op:?}");
-            assert!(
-                sizes[4..sizes.len() - 4].iter().all(|&b| b == MIB),
-                "{op:?}"
-            );
-            if op == Op::Read {
-                // Dealt round robin from home: each lane starts with a ramp chunk.
-                let firsts: Vec<u32> = (0..4u16)
-                    .map(|l| {
-                        let lane = (1 + l) % 4;
-                        let items = &p.lanes.iter().find(|(x, _)| *x == lane).unwrap().1;
-                        chunks_of(items)[0]
-                    })
-                    .collect();
-                assert_eq!(firsts, [0, 1, 2, 3]);
-            }
-        }
-        // A strided batch ramps in whole pieces and stays strided: 64 KiB pieces at a stride
-        // of 100 KiB, 16 MiB in 1 MiB chunks over 4 lanes.
-        let batch = Layout::Strided(Stride {
-            first: Piece {
-                local: 0,
-                remote: 8,
-                len: 64 << 10,
-            },
-            count: 256,
-            local_stride: 100 << 10,
-            remote_stride: 100 << 10,
-        });
-        let p = dispatch(req(Op::Write, batch), ramped, 1, TO, &())
-            .unwrap()
-            .unwrap();
-        let mut all: Vec<ChunkSpec> = p
-            .lanes
-            .iter()
-            .flat_map(|(_, v)| v.iter())
-            .filter_map(|i| match &i.work {
-                Work::Chunk(c, _) => Some(c.clone()),
-                _ => None,
-            })
-            .collect();
-        while let Some(c) = p.stripes.as_ref().unwrap().take() {
-            all.push(c);
-        }
-        all.sort_by_key(|c| c.chunk);
-        let sizes: Vec<u64> = all.iter().map(|c| c.pieces.total_bytes()).collect();
-        assert_eq!(&sizes[..4], &ramp[..]);
-        assert!(all.iter().all(|c| matches!(c.pieces, Layout::Strided(_))));
-        let pieces: Vec<Piece> = all
-            .into_iter()
-            .flat_map(|c| c.pieces.into_pieces())
-            .collect();
-        let want: Vec<Piece> = (0..256)
-            .map(|i| Piece {
-                local: i * (100 << 10),
-                remote: 8 + i * (100 << 10),
-                len: 64 << 10,
-            })
-            .collect();
-        assert_eq!(pieces, want);
-        // Too small for a full chunk per lane between the ramps: cut evenly.
-        let p = dispatch(req(Op::Write, list(8, MIB)), ramped, 1, TO, &())
-            .unwrap()
-            .unwrap();
-        assert!(sizes_of(&p).iter().all(|&b| b == MIB));
-        // Off: cut evenly.
-        let p = dispatch(req(Op::Write, list(16, MIB)), params(4, true), 1, TO, &())
-            .unwrap()
-            .unwrap();
-        assert!(sizes_of(&p).iter().all(|&b| b == MIB));
     }
 
     #[test]

@@ -570,7 +570,6 @@ mod tests {
             striping_threshold: 1,
             chunk_bytes: 1 << 20,
             share_stripes: true,
-            ramp: false,
         };
         let plan = dispatch(req, params, 0, to(7, 1), &()).unwrap().unwrap();
         let mut lanes: Vec<LaneBook<()>> = vec![LaneBook::default(), LaneBook::default()];

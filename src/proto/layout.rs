@@ -213,43 +213,6 @@ pub fn layout_chunks(layout: Layout, chunk_bytes: u64) -> Vec<Layout> {
         .collect()
 }
 
-/// Cut a layout into chunks of the given sizes (which sum to its total bytes; see
-/// [`plan::ramp_sizes`](super::plan::ramp_sizes)): a strided layout whose pieces the sizes
-/// hold whole into strided chunks, any other as lists, and at [`MAX_SEGS_PER_CHUNK`] pieces
-/// (a chunk cut there holds less and the sizes after it shift by one: the chunks still
-/// cover the stream exactly).
-pub fn layout_chunks_sized(layout: Layout, sizes: &[u64]) -> Vec<Layout> {
-    if let Layout::Strided(s) = &layout {
-        let p = s.first.len;
-        let whole = |b: u64| p > 0 && b % p == 0 && b / p <= MAX_SEGS_PER_CHUNK as u64;
-        if sizes.iter().all(|&b| whole(b)) && sizes.iter().sum::<u64>() == layout.total_bytes() {
-            let mut at = 0;
-            return sizes
-                .iter()
-                .filter(|&&b| b > 0)
-                .map(|&b| {
-                    let count = b / p;
-                    let c = Layout::Strided(Stride {
-                        first: s.piece(at),
-                        count,
-                        ..*s
-                    });
-                    at += count;
-                    c
-                })
-                .collect();
-        }
-    }
-    let largest = sizes.iter().copied().max().unwrap_or(1);
-    let last = sizes.last().copied().unwrap_or(largest);
-    super::plan::cut_by(&layout.into_pieces(), largest, |i| {
-        sizes.get(i).copied().unwrap_or(last)
-    })
-    .into_iter()
-    .map(Layout::List)
-    .collect()
-}
-
 /// [`normalize`] into a [`Layout`]: a request of equal, non-zero sizes at constant
 /// non-negative strides on both sides is checked in one pass and kept strided; anything
 /// else is normalised into a list. `into_pieces` of the result equals `normalize`'s.

@@ -138,40 +138,6 @@ pub fn shares_stripes(total: u64, n_lanes: u64, chunk_bytes: u64) -> bool {
                 .saturating_mul(chunk_bytes)
 }
 
-/// Chunk sizes of a striped transfer of `total` bytes over `n_lanes` lanes whose lanes each
-/// wait for a copy before a chunk leaves and after it lands (staged GPU memory): the first
-/// `n_lanes` chunks grow from `chunk / n_lanes` to `chunk` and the last `n_lanes` shrink
-/// back, so the lanes neither start nor end together (every lane's first copy at once made
-/// each wait for all of them, with nothing on the wire meanwhile). The ramps' sizes are
-/// multiples of `unit` (at least one): a strided transfer's piece length, so that its chunks
-/// stay strided (`chunk` is then a multiple of it too), else 4 KiB. `None` when the transfer
-/// has less than one full chunk per lane between its ramps: it is cut evenly.
-pub fn ramp_sizes(total: u64, n_lanes: u64, chunk: u64, unit: u64) -> Option<Vec<u64>> {
-    let n = n_lanes.max(1);
-    let chunk = chunk.max(1);
-    let unit = unit.clamp(1, chunk);
-    let step = |j: u64| {
-        if j + 1 >= n {
-            chunk
-        } else {
-            (chunk.saturating_mul(j + 1) / n / unit * unit).clamp(unit, chunk)
-        }
-    };
-    let head: Vec<u64> = (0..n).map(step).collect();
-    let ramps = 2 * head.iter().sum::<u64>();
-    let middle = total.checked_sub(ramps)?;
-    if n < 2 || middle < n.saturating_mul(chunk) {
-        return None;
-    }
-    let mut sizes = head.clone();
-    sizes.extend(std::iter::repeat_n(chunk, (middle / chunk) as usize));
-    if middle % chunk > 0 {
-        sizes.push(middle % chunk);
-    }
-    sizes.extend(head.iter().rev());
-    Some(sizes)
-}
-
 /// [`cut`], taking the pieces: a transfer that fits one chunk becomes that chunk without a
 /// copy (the common case of small transfers and batches).
 pub fn into_chunks(pieces: Vec<Piece>, chunk_bytes: u64) -> Vec<Vec<Piece>> {
@@ -187,30 +153,22 @@ pub fn into_chunks(pieces: Vec<Piece>, chunk_bytes: u64) -> Vec<Vec<Piece>> {
 /// Cut the logical byte stream of `pieces` into chunks of at most `chunk_bytes` bytes and
 /// [`MAX_SEGS_PER_CHUNK`] pieces.
 pub fn cut(pieces: &[Piece], chunk_bytes: u64) -> Vec<Vec<Piece>> {
-    cut_by(pieces, chunk_bytes, |_| chunk_bytes)
-}
-
-/// [`cut`] with chunk `i` at most `size(i)` bytes (at least 1), none above `largest`.
-pub fn cut_by(
-    pieces: &[Piece],
-    largest: u64,
-    mut size: impl FnMut(usize) -> u64,
-) -> Vec<Vec<Piece>> {
+    let chunk_bytes = chunk_bytes.max(1);
     // Pieces per chunk if they are of even size (a cut adds one), so chunks rarely regrow.
     let sum = pieces.iter().fold(0u64, |a, p| a.saturating_add(p.len));
     let avg = (sum / pieces.len().max(1) as u64).max(1);
-    let per = (largest.max(1) / avg)
+    let per = (chunk_bytes / avg)
         .saturating_add(2)
         .min(MAX_SEGS_PER_CHUNK as u64) as usize;
     let mut chunks = Vec::new();
     let mut cur: Vec<Piece> = Vec::with_capacity(per.min(pieces.len()));
-    let mut room = size(0).max(1);
+    let mut room = chunk_bytes;
     for p in pieces {
         let mut p = *p;
         while p.len > 0 {
             if room == 0 || cur.len() == MAX_SEGS_PER_CHUNK {
                 chunks.push(std::mem::replace(&mut cur, Vec::with_capacity(per)));
-                room = size(chunks.len()).max(1);
+                room = chunk_bytes;
             }
             let take = p.len.min(room);
             cur.push(Piece {

@@ -143,13 +143,11 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
         uid: s.uid,
         gen,
     };
-    let (chunk_bytes, staged_gpu) = chunk_bytes(&shard.shared, &s);
     let params = DispatchParams {
         n_lanes,
         striping_threshold: cfg.striping_threshold_bytes as u64,
-        chunk_bytes,
+        chunk_bytes: chunk_bytes(&shard.shared, &s),
         share_stripes: cfg.share_stripes,
-        ramp: staged_gpu && cfg.gpu_ramp,
     };
     let req = Request {
         op: s.op,
@@ -496,12 +494,11 @@ pub(crate) fn fail_all(shard: &Rc<Shard>, msg: &str) {
 /// stripes, 537 with 8 MiB chunks, 70 with 1 MiB (docs/perf/same-host-chunks-h200.md).
 pub(crate) const SAME_HOST_DEVICE_CHUNK_FACTOR: u64 = 8;
 
-/// The chunk size of `s`, and whether its GPU memory is staged: over TCP `chunk_bytes`, or
-/// `gpu_chunk_bytes` with GPU memory on either side (staged); to a peer on the same-host
-/// transport `same_host_chunk_bytes` (host memory on either side) or
-/// [`SAME_HOST_DEVICE_CHUNK_FACTOR`] times that (GPU memory on both, unless GPU IPC is
-/// configured off).
-fn chunk_bytes(shared: &super::Shared, s: &Submission) -> (u64, bool) {
+/// The chunk size of `s`: over TCP `chunk_bytes`, or `gpu_chunk_bytes` with GPU memory on
+/// either side (staged); to a peer on the same-host transport `same_host_chunk_bytes` (host
+/// memory on either side) or [`SAME_HOST_DEVICE_CHUNK_FACTOR`] times that (GPU memory on
+/// both, unless GPU IPC is configured off).
+fn chunk_bytes(shared: &super::Shared, s: &Submission) -> u64 {
     let cfg = &shared.cfg;
     let same_host = if s.peer.reached.load(Ordering::Relaxed) {
         s.peer.same_host.load(Ordering::Relaxed)
@@ -513,17 +510,16 @@ fn chunk_bytes(shared: &super::Shared, s: &Submission) -> (u64, bool) {
     };
     if !same_host {
         return if s.remote_device || s.local.device().is_some() {
-            (cfg.gpu_chunk_bytes as u64, true)
+            cfg.gpu_chunk_bytes as u64
         } else {
-            (cfg.chunk_bytes as u64, false)
+            cfg.chunk_bytes as u64
         };
     }
     let host = cfg.same_host_chunk_bytes as u64;
     if s.remote_device && s.local.device().is_some() && cfg.gpu_ipc != Some(false) {
-        let c = (host * SAME_HOST_DEVICE_CHUNK_FACTOR).min(crate::proto::limits::MAX_CHUNK_BYTES);
-        (c, false)
+        (host * SAME_HOST_DEVICE_CHUNK_FACTOR).min(crate::proto::limits::MAX_CHUNK_BYTES)
     } else {
-        (host, false)
+        host
     }
 }
 

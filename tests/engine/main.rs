@@ -13,7 +13,6 @@ mod failures;
 mod fence;
 mod gpu;
 mod gpu_landing;
-mod gpu_ramp;
 mod gpu_same_host;
 mod gpu_vmm;
 mod host;

@@ -1,15 +1,13 @@
 //! Transfer planning: `normalize` checks requests and keeps their byte mapping with maximal
 //! merging, remote extents and overlap verdicts match the bytes, `cut` partitions the stream
-//! greedily (at the byte and the piece limit), `stripe_bytes` stays within its bounds, and a
-//! ramped cut (`ramp_sizes`, `cut_by`) covers the stream with chunks that grow, stay even,
-//! then shrink.
+//! greedily (at the byte and the piece limit), and `stripe_bytes` stays within its bounds.
 
 use std::collections::HashSet;
 
 use morio::proto::limits::{MAX_SEGS_PER_CHUNK, MIN_STRIPE_BYTES};
 use morio::proto::plan::{
-    cut, cut_by, destination_overlaps, normalize, ramp_sizes, remote_extent, stripe_bytes,
-    total_bytes, Piece, PlanError,
+    cut, destination_overlaps, normalize, remote_extent, stripe_bytes, total_bytes, Piece,
+    PlanError,
 };
 use proptest::prelude::*;
 
@@ -222,66 +220,6 @@ proptest! {
         if total > 0 {
             prop_assert_eq!(chunks.len() as u64, total.div_ceil(chunk_bytes));
         }
-    }
-
-    #[test]
-    fn ramped_sizes_grow_stay_even_and_shrink(
-        n_lanes in 0..=16u64,
-        chunk in prop_oneof![1..=8192u64, (64u64 << 10)..=(4u64 << 20)],
-        whole in prop_oneof![0..=64u64, 0..=4096u64],
-        part in any::<u64>(),
-        unit in prop_oneof![Just(4096u64), 1..=(1u64 << 21)],
-    ) {
-        let total = chunk * whole + part % chunk;
-        let Some(sizes) = ramp_sizes(total, n_lanes, chunk, unit) else {
-            // Evenly cut only when there is less than a chunk per lane between the ramps
-            // (each ramp holds at most n chunks: (n + 1) / 2 but for the unit's floor).
-            prop_assert!(n_lanes < 2 || total < 3 * n_lanes * chunk);
-            if chunk / n_lanes.max(1) >= unit {
-                prop_assert!(n_lanes < 2 || total < (2 * n_lanes + 1) * chunk);
-            }
-            return Ok(());
-        };
-        let n = n_lanes as usize;
-        prop_assert!(n >= 2);
-        prop_assert_eq!(sizes.iter().sum::<u64>(), total);
-        prop_assert!(sizes.iter().all(|&b| (1..=chunk).contains(&b)));
-        let (head, rest) = sizes.split_at(n);
-        let (middle, tail) = rest.split_at(rest.len() - n);
-        prop_assert!(head.windows(2).all(|w| w[0] <= w[1]), "head {:?}", head);
-        prop_assert_eq!(head[n - 1], chunk);
-        prop_assert!(head[0] <= chunk.div_ceil(n as u64).max(unit));
-        // Whole units: a strided transfer's ramps hold whole pieces.
-        prop_assert!(head[..n - 1].iter().all(|&b| b % unit.min(chunk) == 0), "{:?}", head);
-        prop_assert!(tail.iter().eq(head.iter().rev()));
-        prop_assert!(middle.len() >= n);
-        prop_assert!(middle[..middle.len() - 1].iter().all(|&b| b == chunk));
-    }
-
-    #[test]
-    fn cut_by_ramped_sizes_partitions_the_stream(
-        pieces in normalized_pieces(),
-        n_lanes in 2..=4u64,
-        chunk in 1..=16u64,
-    ) {
-        let total = total_bytes(&pieces);
-        let sizes = ramp_sizes(total, n_lanes, chunk, 1)
-            .unwrap_or_else(|| vec![chunk; total.div_ceil(chunk) as usize]);
-        let chunks = cut_by(&pieces, chunk, |i| sizes.get(i).copied().unwrap_or(chunk));
-        let mut flat = Vec::new();
-        for (i, c) in chunks.iter().enumerate() {
-            prop_assert!(!c.is_empty() && c.len() <= MAX_SEGS_PER_CHUNK);
-            prop_assert!(c.iter().all(|p| p.len > 0));
-            // Each chunk holds exactly its size (the last may hold less).
-            let b = total_bytes(c);
-            if i + 1 < chunks.len() {
-                prop_assert_eq!(b, sizes[i]);
-            } else {
-                prop_assert!(b <= sizes[i]);
-            }
-            flat.extend(pairs(c));
-        }
-        prop_assert_eq!(flat, pairs(&pieces));
     }
 
     #[test]

@@ -4,15 +4,12 @@
 
 use morio::proto::decode::{decode_frame, DecodeError};
 use morio::proto::frame::{Chunk, Frame, Kind, Run, Seg, Segs, FLAG_FINAL, FLAG_RUNS};
-use morio::proto::layout::{
-    layout_chunks, layout_chunks_sized, layout_stripe, normalize_layout, Layout,
-};
+use morio::proto::layout::{layout_chunks, layout_stripe, normalize_layout, Layout};
 use morio::proto::limits::{
     CHUNK_FIXED_BYTES, FRAME_MAGIC, HEADER_BYTES, MAX_SEGS_PER_CHUNK, RUN_BYTES,
 };
 use morio::proto::plan::{
-    cut, destination_overlaps, normalize, ramp_sizes, remote_extent, stripe_bytes, total_bytes,
-    Piece,
+    cut, destination_overlaps, normalize, remote_extent, stripe_bytes, total_bytes, Piece,
 };
 use proptest::prelude::*;
 
@@ -260,38 +257,5 @@ proptest! {
             .map(Layout::into_pieces)
             .collect();
         prop_assert_eq!(chunks, cut(&pieces, stripe));
-    }
-
-    /// A ramped cut (staged GPU memory's) of a strided batch in whole pieces keeps every
-    /// chunk strided and of its planned size, and of any layout covers the transfer exactly.
-    #[test]
-    fn ramped_chunks_cover_the_transfer(
-        (l, r, s, ls, rs) in prop_oneof![strided_request(), request()],
-        n_lanes in 2..=8u64,
-        cap in prop_oneof![4 => 1..=16u64, 1 => 8..=8192u64],
-    ) {
-        let Ok(layout) = normalize_layout(&l, &r, &s, ls, rs) else { return Ok(()) };
-        let total = layout.total_bytes();
-        let stripe = layout_stripe(&layout, n_lanes, cap);
-        let unit = match &layout {
-            Layout::Strided(st) if st.first.len <= stripe => st.first.len,
-            _ => 4096,
-        };
-        let Some(sizes) = ramp_sizes(total, n_lanes, stripe, unit) else { return Ok(()) };
-        let pieces = layout.clone().into_pieces();
-        let strided = unit != 4096 && matches!(layout, Layout::Strided(_));
-        let chunks = layout_chunks_sized(layout, &sizes);
-        if strided && (pieces.len() as u64) * unit == total {
-            prop_assert!(chunks.iter().all(|c| matches!(c, Layout::Strided(_))));
-            let got: Vec<u64> = chunks.iter().map(Layout::total_bytes).collect();
-            prop_assert_eq!(got, sizes);
-        }
-        let flat: Vec<Piece> = chunks.into_iter().flat_map(Layout::into_pieces).collect();
-        prop_assert_eq!(flat.iter().map(|p| p.len).sum::<u64>(), total);
-        // The same bytes in the same order (pieces may be cut differently).
-        let bytes = |v: &[Piece]| -> Vec<(u64, u64)> {
-            v.iter().flat_map(|p| (0..p.len).map(move |i| (p.local + i, p.remote + i))).collect()
-        };
-        prop_assert_eq!(bytes(&flat), bytes(&pieces));
     }
 }

@@ -167,8 +167,6 @@ impl Sim {
             chunk_bytes,
             threshold,
             share: self.rng.gen_ratio(3, 4),
-            // From values already drawn, so each seed's later draws stay as they were.
-            ramp: (chunk_bytes ^ threshold) & 1 == 1,
             owner: self.rng.gen_range(0..self.n_owners()),
             timeout: NO_DEADLINE,
             local_failure: false,

@@ -41,7 +41,6 @@ impl Sim {
             striping_threshold: spec.threshold,
             chunk_bytes: spec.chunk_bytes,
             share_stripes: spec.share,
-            ramp: spec.ramp,
         };
         let req = Request {
             op: spec.op,

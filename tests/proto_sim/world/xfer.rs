@@ -37,8 +37,6 @@ pub struct Spec {
     pub chunk_bytes: u64,
     pub threshold: u64,
     pub share: bool,
-    /// Whether a striped transfer ramps its chunk sizes (staged GPU memory's cut).
-    pub ramp: bool,
     /// The owner shard it is submitted to.
     pub owner: usize,
     /// Steps after submission (or [`NO_DEADLINE`]).

@@ -190,10 +190,6 @@ pub struct Args {
     /// Largest chunk per frame over TCP with GPU memory on either side (default 2 MiB).
     #[arg(long, value_parser = parse_size)]
     pub gpu_chunk_bytes: Option<usize>,
-    /// Ramp the chunk sizes of striped staged GPU transfers (`true` / `false`; see
-    /// `TcpBackendConfig::gpu_ramp`).
-    #[arg(long)]
-    pub gpu_ramp: Option<bool>,
     /// Largest chunk per frame to a same-host peer (default 8 MiB).
     #[arg(long, value_parser = parse_size)]
     pub same_host_chunk_bytes: Option<usize>,
@@ -440,7 +436,6 @@ impl Args {
                 .same_host_chunk_bytes
                 .unwrap_or(d.same_host_chunk_bytes),
             gpu_chunk_bytes: self.gpu_chunk_bytes.unwrap_or(d.gpu_chunk_bytes),
-            gpu_ramp: self.gpu_ramp.unwrap_or(d.gpu_ramp),
             share_stripes: d.share_stripes && !self.deal_stripes,
             spin_before_park: self.spin_us.map(Duration::from_micros),
             busy_poll: self.busy_poll_us.map(Duration::from_micros),

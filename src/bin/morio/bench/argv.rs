@@ -170,9 +170,6 @@ impl Args {
         if let Some(c) = self.gpu_chunk_bytes {
             opt("--gpu-chunk-bytes", c.to_string());
         }
-        if let Some(r) = self.gpu_ramp {
-            opt("--gpu-ramp", r.to_string());
-        }
         if let Some(c) = self.same_host_chunk_bytes {
             opt("--same-host-chunk-bytes", c.to_string());
         }
@@ -275,8 +272,6 @@ mod tests {
             "4MiB",
             "--gpu-chunk-bytes",
             "4MiB",
-            "--gpu-ramp",
-            "true",
             "--gpu-device",
             "0",
             "--target-gpu-device",
@@ -308,7 +303,6 @@ mod tests {
             (4 << 20, 4 << 20)
         );
         assert_eq!(cfg.gpu_chunk_bytes, 4 << 20);
-        assert!(cfg.gpu_ramp);
         assert_eq!((b.gpu_device, b.target_gpu_device), (0, None));
         let t = a.child_args(Role::Target, None, true, None);
         assert!(t.iter().all(|s| s != "--json") && t.iter().any(|s| s == "--no-pin"));
