@@ -355,6 +355,15 @@ impl PinnedBuf {
         // SAFETY: owned, valid memory (constructor contract).
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
+
+    /// The bytes of `r` only (clamped to the buffer): a view that does not cover the rest,
+    /// which a copy may still be writing.
+    pub fn range(&self, r: std::ops::Range<usize>) -> &[u8] {
+        let end = r.end.min(self.len);
+        let start = r.start.min(end);
+        // SAFETY: owned, valid memory (constructor contract); start <= end <= len.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(start), end - start) }
+    }
 }
 
 impl fmt::Debug for PinnedBuf {
