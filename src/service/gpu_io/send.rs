@@ -37,6 +37,9 @@ fn send_parts() -> usize {
     })
 }
 
+/// A leading piece of a slot: the fence after its copy, and where it ends in the slot.
+type Head = (Box<dyn GpuFence>, usize);
+
 /// The smallest piece worth a copy and a fence of its own.
 const MIN_PART_BYTES: usize = 64 << 10;
 
@@ -69,11 +72,11 @@ fn issue_d2h_parts(
     job: &Job,
     slot: &mut Slot,
     k: usize,
-) -> Result<Vec<(Box<dyn GpuFence>, usize)>, GpuError> {
+) -> Result<Vec<Head>, GpuError> {
     let base = slot.ptr();
     let pieces = job.split(k);
     let n = pieces.len();
-    let mut heads: Vec<(Box<dyn GpuFence>, usize)> = Vec::with_capacity(n);
+    let mut heads: Vec<Head> = Vec::with_capacity(n);
     for (i, (parts, end)) in pieces.into_iter().enumerate() {
         let issued = enqueue_d2h(c, region, base, &parts).and_then(|()| c.stream.fence());
         match issued {
@@ -159,7 +162,7 @@ async fn stage_from_device(
     let mut next = 0;
     let mut inflight: VecDeque<(Slot, usize)> = VecDeque::new();
     // The first slot's pieces before its last, when it is copied in pieces.
-    let mut heads: Vec<(Box<dyn GpuFence>, usize)> = Vec::new();
+    let mut heads: Vec<Head> = Vec::new();
     let k = send_parts().min(jobs.first().map_or(0, |j| j.bytes) / MIN_PART_BYTES);
     while next < jobs.len() && inflight.len() < WINDOW {
         let slot = if inflight.is_empty() {
