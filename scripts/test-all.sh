@@ -18,10 +18,6 @@ MORIO_SAME_HOST=off HIP_PATH="${HIP_PATH:-/usr}" \
 # busy-poll after their work (the default on hosts of 8 CPUs or more, off on small ones).
 MORIO_SAME_HOST_RING=off MORIO_BUSY_POLL_US=100 HIP_PATH="${HIP_PATH:-/usr}" \
   cargo test --workspace --all-features --locked --test engine
-# The GPU cases once more with a frame's first staging slot copied out and sent in pieces
-# (an experiment, off by default until a device A/B decides: MORIO_GPU_SEND_PARTS).
-MORIO_GPU_SEND_PARTS=4 HIP_PATH="${HIP_PATH:-/usr}" \
-  cargo test --workspace --all-features --locked --test engine gpu
 
 venv="${MORIO_VENV:-.venv}"
 if [ ! -x "$venv/bin/python" ]; then

@@ -65,7 +65,7 @@ thread_local! {
 }
 
 /// Make `ctx` current on this thread.
-fn bind(ctx: usize) -> Result<(), GpuError> {
+pub(super) fn bind(ctx: usize) -> Result<(), GpuError> {
     if CURRENT.with(|c| c.get()) == ctx {
         return Ok(());
     }
@@ -205,6 +205,11 @@ impl GpuRuntime for CudaRuntime {
 
     fn alloc_pinned(&self, len: usize) -> Result<PinnedBuf, GpuError> {
         let ctx = self.ctx(0)?;
+        if super::cuda_pinned::enabled() {
+            if let Some(b) = super::cuda_pinned::alloc(ctx, len)? {
+                return Ok(b);
+            }
+        }
         bind(ctx)?;
         // Portable: usable with every device's context.
         const PORTABLE: u32 = 1;

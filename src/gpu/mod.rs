@@ -21,6 +21,8 @@ pub mod cuda;
 #[cfg(feature = "cuda")]
 mod cuda_batch;
 #[cfg(feature = "cuda")]
+mod cuda_pinned;
+#[cfg(feature = "cuda")]
 mod cuda_vmm;
 #[cfg(feature = "hip")]
 pub mod hip;
@@ -354,15 +356,6 @@ impl PinnedBuf {
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: owned, valid memory (constructor contract).
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-
-    /// The bytes of `r` only (clamped to the buffer): a view that does not cover the rest,
-    /// which a copy may still be writing.
-    pub fn range(&self, r: std::ops::Range<usize>) -> &[u8] {
-        let end = r.end.min(self.len);
-        let start = r.start.min(end);
-        // SAFETY: owned, valid memory (constructor contract); start <= end <= len.
-        unsafe { std::slice::from_raw_parts(self.ptr.add(start), end - start) }
     }
 }
 

@@ -19,35 +19,6 @@ pub(crate) struct Job {
     pub bytes: usize,
 }
 
-impl Job {
-    /// The job cut into `k` pieces of about equal bytes (fewer if it is smaller), each its
-    /// parts and where its bytes end in the slot; together they cover the job exactly.
-    pub(crate) fn split(&self, k: usize) -> Vec<(Vec<Part>, usize)> {
-        let k = k.clamp(1, self.bytes.max(1));
-        let mut out = Vec::with_capacity(k);
-        let mut cur = Vec::new();
-        let mut bound = self.bytes.div_ceil(k);
-        for p in &self.parts {
-            let mut p = *p;
-            while p.len > 0 {
-                let take = p.len.min(bound.saturating_sub(p.slot_off).max(1));
-                cur.push(Part { len: take, ..p });
-                p.dev_off += take as u64;
-                p.slot_off += take;
-                p.len -= take;
-                if p.slot_off >= bound && out.len() + 1 < k {
-                    out.push((std::mem::take(&mut cur), p.slot_off));
-                    bound = (self.bytes * (out.len() + 1)).div_ceil(k);
-                }
-            }
-        }
-        if !cur.is_empty() || out.is_empty() {
-            out.push((cur, self.bytes));
-        }
-        out
-    }
-}
-
 /// Cut the payload formed by `spans` (region offset, length; in payload order) into jobs of at
 /// most `slot` bytes. Small spans share a slot; a large span is split across slots.
 pub(crate) fn jobs(spans: &[(u64, u64)], slot: usize) -> Vec<Job> {
@@ -108,35 +79,6 @@ mod tests {
     }
 
     proptest! {
-        /// A job cut into pieces: at most `k`, each ending where the next starts, together
-        /// every byte of the job once and in order, each piece's parts within its range.
-        #[test]
-        fn split_jobs_cover_the_job(
-            spans in proptest::collection::vec((0u64..1 << 30, 0u64..3000), 1..12),
-            slot in 1usize..8192,
-            k in 1usize..9,
-        ) {
-            for j in jobs(&spans, slot) {
-                let pieces = j.split(k);
-                prop_assert!(!pieces.is_empty() && pieces.len() <= k);
-                let bytes = |ps: &[Part]| -> Vec<(u64, usize)> {
-                    ps.iter().flat_map(|p| (0..p.len).map(move |i| (p.dev_off + i as u64, p.slot_off + i))).collect()
-                };
-                let mut flat = Vec::new();
-                let mut start = 0;
-                for (parts, end) in &pieces {
-                    prop_assert!(*end > start || j.bytes == 0, "empty piece");
-                    for p in parts {
-                        prop_assert!(p.len > 0 && p.slot_off >= start && p.slot_off + p.len <= *end);
-                    }
-                    flat.extend(bytes(parts));
-                    start = *end;
-                }
-                prop_assert_eq!(start, j.bytes);
-                prop_assert_eq!(flat, bytes(&j.parts));
-            }
-        }
-
         /// Jobs cover the payload exactly once, in order, never overfill a slot, and every
         /// slot but the last is full.
         #[test]

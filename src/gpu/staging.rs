@@ -119,11 +119,6 @@ impl Slot {
         self.buf.as_ref().map_or(&[], |b| b.as_slice())
     }
 
-    /// The slot's bytes in `r` only (while a copy may still write the rest).
-    pub(crate) fn bytes_in(&self, r: std::ops::Range<usize>) -> &[u8] {
-        self.buf.as_ref().map_or(&[], |b| b.range(r))
-    }
-
     /// Base pointer, for copy calls.
     pub(crate) fn ptr(&mut self) -> *mut u8 {
         self.bytes_mut().as_mut_ptr()
