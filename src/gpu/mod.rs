@@ -13,6 +13,8 @@ pub(crate) use export::export_fd_allowed;
 pub use export::{IpcExport, IpcExports, IpcKind};
 
 pub use ipc::IpcLease;
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod huge;
 pub(crate) mod pack;
 pub(crate) mod staging;
 
@@ -20,8 +22,6 @@ pub(crate) mod staging;
 pub mod cuda;
 #[cfg(feature = "cuda")]
 mod cuda_batch;
-#[cfg(feature = "cuda")]
-mod cuda_pinned;
 #[cfg(feature = "cuda")]
 mod cuda_vmm;
 #[cfg(feature = "hip")]
