@@ -77,10 +77,10 @@ fn bind(ctx: usize) -> Result<(), GpuError> {
 }
 
 /// `len` bytes of staging on transparent huge pages ([`huge`]), registered (portable) with
-/// `ctx` current; `None` where they are turned off or the mapping or its registration fails
-/// (a locked-memory limit, say): the caller then uses `cuMemHostAlloc`.
+/// `ctx` current; `None` where they do not suit `len` ([`huge::suits`]) or the mapping or its
+/// registration fails (a locked-memory limit, say): the caller then uses `cuMemHostAlloc`.
 fn huge_pinned(ctx: usize, len: usize) -> Option<PinnedBuf> {
-    if !huge::enabled() {
+    if !huge::suits(len) {
         return None;
     }
     let m = huge::Mapping::new(len)?;

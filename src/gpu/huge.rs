@@ -8,10 +8,14 @@ use std::ffi::c_void;
 /// Huge page size the mappings are aligned to.
 const HUGE: usize = 2 << 20;
 
-/// Whether staging uses these mappings: on unless `MORIO_PINNED_THP=0` (read once).
-pub(crate) fn enabled() -> bool {
+/// Whether staging of `len` bytes uses these mappings: whole huge pages only (a smaller slot,
+/// as a pool over many shards takes, would pin memory it never uses), and not where
+/// `MORIO_PINNED_THP=0` (read once).
+pub(crate) fn suits(len: usize) -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MORIO_PINNED_THP").map_or(true, |v| v != "0"))
+    len > 0
+        && len % HUGE == 0
+        && *ON.get_or_init(|| std::env::var("MORIO_PINNED_THP").map_or(true, |v| v != "0"))
 }
 
 /// A private anonymous mapping of whole huge pages, owned until [`Mapping::unmap`].
@@ -81,6 +85,13 @@ impl Mapping {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only whole huge pages are staged on them.
+    #[test]
+    fn only_whole_huge_pages_suit() {
+        assert!(suits(HUGE) && suits(4 * HUGE));
+        assert!(!suits(0) && !suits(HUGE / 2) && !suits(HUGE + 4096));
+    }
 
     /// Mappings are whole, aligned huge pages that hold what is written to them.
     #[test]

@@ -561,13 +561,13 @@ fn deregister_gpu_memory_during_a_transfer() {
 }
 
 /// Staging memory from the runtime, at sizes that are and are not whole huge pages, carries
-/// bytes into device memory and back through a stream (on CUDA: slots registered on
-/// transparent huge pages, then with `cuMemHostAlloc` where the registration is refused).
+/// bytes into device memory and back through a stream (on CUDA: whole huge pages registered
+/// from a mapping on transparent huge pages, other sizes from `cuMemHostAlloc`).
 #[test]
 fn pinned_staging_memory_of_any_size_carries_bytes_both_ways() {
     for (name, rt) in runtimes() {
         let stream = rt.create_stream(0).unwrap();
-        for len in [1usize, 4096 + 3, 2 << 20, (3 << 20) + 5] {
+        for len in [1usize, 4096 + 3, 2 << 20, 4 << 20, (3 << 20) + 5] {
             let mut up = rt.alloc_pinned(len).unwrap();
             let mut down = rt.alloc_pinned(len).unwrap();
             assert_eq!((up.len(), down.len()), (len, len), "{name}");
