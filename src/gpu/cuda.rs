@@ -9,7 +9,6 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::sys;
 
-use super::huge;
 use super::ipc::IpcCache;
 use super::{
     BatchCopy, CopyDir, DeviceBuf, DeviceInfo, GpuError, GpuFence, GpuRuntime, GpuStream,
@@ -74,34 +73,6 @@ fn bind(ctx: usize) -> Result<(), GpuError> {
     unsafe { cu::ctx::set_current(ctx as sys::CUcontext) }.map_err(err("cuCtxSetCurrent"))?;
     CURRENT.with(|c| c.set(ctx));
     Ok(())
-}
-
-/// `len` bytes of staging on transparent huge pages ([`huge`]), registered (portable) with
-/// `ctx` current; `None` where they do not suit `len` ([`huge::suits`]) or the mapping or its
-/// registration fails (a locked-memory limit, say): the caller then uses `cuMemHostAlloc`.
-fn huge_pinned(ctx: usize, len: usize) -> Option<PinnedBuf> {
-    if !huge::suits(len) {
-        return None;
-    }
-    let m = huge::Mapping::new(len)?;
-    // SAFETY: the range is our own mapping, registered until the free below.
-    let r = unsafe { sys::cuMemHostRegister_v2(m.ptr, m.size, sys::CU_MEMHOSTREGISTER_PORTABLE) };
-    if r != sys::CUresult::CUDA_SUCCESS {
-        // SAFETY: never registered, never handed out.
-        unsafe { m.unmap() };
-        return None;
-    }
-    let free = Box::new(move || {
-        let m = m;
-        if bind(ctx).is_ok() {
-            // SAFETY: registered above, unregistered once.
-            unsafe { sys::cuMemHostUnregister(m.ptr) };
-        }
-        // SAFETY: the buffer is gone: nothing uses the memory any more.
-        unsafe { m.unmap() };
-    });
-    // SAFETY: `len <= m.size` bytes of our mapping, owned until `free`.
-    Some(unsafe { PinnedBuf::from_raw(m.ptr as *mut u8, len, free) })
 }
 
 impl CudaRuntime {
@@ -235,9 +206,6 @@ impl GpuRuntime for CudaRuntime {
     fn alloc_pinned(&self, len: usize) -> Result<PinnedBuf, GpuError> {
         let ctx = self.ctx(0)?;
         bind(ctx)?;
-        if let Some(b) = huge_pinned(ctx, len) {
-            return Ok(b);
-        }
         // Portable: usable with every device's context.
         const PORTABLE: u32 = 1;
         // SAFETY: plain allocation; freed exactly once below.

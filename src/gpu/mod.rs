@@ -13,8 +13,6 @@ pub(crate) use export::export_fd_allowed;
 pub use export::{IpcExport, IpcExports, IpcKind};
 
 pub use ipc::IpcLease;
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-mod huge;
 pub(crate) mod pack;
 pub(crate) mod staging;
 

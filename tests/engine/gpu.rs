@@ -560,9 +560,9 @@ fn deregister_gpu_memory_during_a_transfer() {
     assert_eq!(dst.to_vec().len(), n);
 }
 
-/// Staging memory from the runtime, at sizes that are and are not whole huge pages, carries
-/// bytes into device memory and back through a stream (on CUDA: whole huge pages registered
-/// from a mapping on transparent huge pages, other sizes from `cuMemHostAlloc`).
+/// Staging memory from the runtime, at sizes that are and are not whole 2 MiB pages, carries
+/// bytes into device memory and back through a stream (on CUDA: `cuMemHostAlloc`'s pinned
+/// memory, DMA'd by the copy engines, as staging slots are).
 #[test]
 fn pinned_staging_memory_of_any_size_carries_bytes_both_ways() {
     for (name, rt) in runtimes() {
