@@ -63,6 +63,15 @@ pub struct TcpBackendConfig {
     pub enable_ctrl_nodelay: bool,
     /// Lanes (data connections) per peer, 1..=16 (MORI default 8).
     pub num_data_conns: usize,
+    /// Lanes a transfer staged through GPU memory over TCP stripes over, 1..=16 (default 16;
+    /// never fewer than `num_data_conns`: [`Self::gpu_lanes`]). A lane's staged chunk waits
+    /// for its copy between device memory and a pinned slot before its first byte leaves
+    /// and after its last lands, and a second lane on the same shard sends meanwhile: GPU
+    /// batches +8–12 % with 16 lanes on the H100 (`docs/perf/s41-runs.md`), where striping
+    /// every transfer over 16 costs a 4 KiB × 256 host batch 29 %, so only staged GPU
+    /// transfers use the lanes past `num_data_conns` (dialed on a peer's first such
+    /// transfer).
+    pub gpu_data_conns: usize,
     /// Transfers of at least this many bytes are striped over all lanes (MORI default 64 KiB).
     pub striping_threshold_bytes: usize,
 
@@ -352,6 +361,7 @@ impl Default for TcpBackendConfig {
             keepalive_cnt: 3,
             enable_ctrl_nodelay: true,
             num_data_conns: 8,
+            gpu_data_conns: MAX_LANES as usize,
             striping_threshold_bytes: 64 << 10,
             num_shards: None,
             cpus: None,
@@ -389,6 +399,9 @@ pub enum ConfigError {
     /// `num_data_conns` outside 1..=16.
     #[error("num_data_conns must be in [1, {MAX_LANES}], got {0}")]
     DataConns(usize),
+    /// `gpu_data_conns` outside 1..=16.
+    #[error("gpu_data_conns must be in [1, {MAX_LANES}], got {0}")]
+    GpuDataConns(usize),
     /// `op_timeout` or `handshake_timeout` is zero.
     #[error("{0} must be greater than zero")]
     ZeroTimeout(&'static str),
@@ -466,6 +479,9 @@ impl TcpBackendConfig {
         // MORI-compat: numDataConns in [1,16].
         if !(1..=MAX_LANES as usize).contains(&self.num_data_conns) {
             return Err(ConfigError::DataConns(self.num_data_conns));
+        }
+        if !(1..=MAX_LANES as usize).contains(&self.gpu_data_conns) {
+            return Err(ConfigError::GpuDataConns(self.gpu_data_conns));
         }
         if self.op_timeout.is_zero() {
             return Err(ConfigError::ZeroTimeout("op_timeout"));
@@ -554,6 +570,12 @@ impl TcpBackendConfig {
             });
         }
         Ok(())
+    }
+
+    /// Lanes a staged GPU transfer stripes over, and every lane a peer may have: the larger
+    /// of `gpu_data_conns` and `num_data_conns`.
+    pub fn gpu_lanes(&self) -> usize {
+        self.gpu_data_conns.max(self.num_data_conns)
     }
 
     /// The staging slot size each of `n_shards` shards uses: `gpu_slot_bytes`, or less (a

@@ -119,14 +119,17 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
         // MORI-compat: a second in-flight op with the same (peer, uid) fails; the first proceeds.
         return fail_status(&s.status, codes::ERR_BAD_STATE, "duplicate peer/op id");
     }
-    let n_lanes = cfg.num_data_conns as u16;
+    let (chunk_bytes, n_lanes) = chunk_and_lanes(&shard.shared, &s);
     let home = {
         let mut t = shard.owner.borrow_mut();
         let c = match t.cursor.get_mut(&s.peer.key) {
             Some(c) => c,
             None => t.cursor.entry(s.peer.key.clone()).or_insert(0),
         };
-        let home = dispatch::home_lane(shard.id, shard.n_shards(), n_lanes, *c);
+        // The home lane is one of the first `num_data_conns` whatever the transfer: a staged
+        // GPU transfer stripes over more, and the lanes past them open on the first one.
+        let base = cfg.num_data_conns as u16;
+        let home = dispatch::home_lane(shard.id, shard.n_shards(), base, *c);
         *c = c.wrapping_add(1);
         home
     };
@@ -146,7 +149,7 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
     let params = DispatchParams {
         n_lanes,
         striping_threshold: cfg.striping_threshold_bytes as u64,
-        chunk_bytes: chunk_bytes(&shard.shared, &s),
+        chunk_bytes,
         share_stripes: cfg.share_stripes,
     };
     let req = Request {
@@ -494,11 +497,26 @@ pub(crate) fn fail_all(shard: &Rc<Shard>, msg: &str) {
 /// stripes, 537 with 8 MiB chunks, 70 with 1 MiB (docs/perf/same-host-chunks-h200.md).
 pub(crate) const SAME_HOST_DEVICE_CHUNK_FACTOR: u64 = 8;
 
-/// The chunk size of `s`: over TCP `chunk_bytes`, or `gpu_chunk_bytes` with GPU memory on
-/// either side (staged); to a peer on the same-host transport `same_host_chunk_bytes` (host
-/// memory on either side) or [`SAME_HOST_DEVICE_CHUNK_FACTOR`] times that (GPU memory on
-/// both, unless GPU IPC is configured off).
-fn chunk_bytes(shared: &super::Shared, s: &Submission) -> u64 {
+/// The chunk size of `s` and the lanes it may stripe over: over TCP `chunk_bytes` and
+/// `num_data_conns`, or `gpu_chunk_bytes` and [`TcpBackendConfig::gpu_lanes`] with GPU memory
+/// on either side (staged); to a peer on the same-host transport `num_data_conns` lanes and
+/// `same_host_chunk_bytes` (host memory on either side) or [`SAME_HOST_DEVICE_CHUNK_FACTOR`]
+/// times that (GPU memory on both, unless GPU IPC is configured off).
+///
+/// [`TcpBackendConfig::gpu_lanes`]: crate::TcpBackendConfig::gpu_lanes
+fn chunk_and_lanes(shared: &super::Shared, s: &Submission) -> (u64, u16) {
+    let lanes = shared.cfg.num_data_conns as u16;
+    let (chunk, staged) = chunk_bytes(shared, s);
+    if staged {
+        (chunk, shared.cfg.gpu_lanes() as u16)
+    } else {
+        (chunk, lanes)
+    }
+}
+
+/// [`chunk_and_lanes`]'s chunk size, and whether the transfer is staged (GPU memory over
+/// TCP).
+fn chunk_bytes(shared: &super::Shared, s: &Submission) -> (u64, bool) {
     let cfg = &shared.cfg;
     let same_host = if s.peer.reached.load(Ordering::Relaxed) {
         s.peer.same_host.load(Ordering::Relaxed)
@@ -510,16 +528,18 @@ fn chunk_bytes(shared: &super::Shared, s: &Submission) -> u64 {
     };
     if !same_host {
         return if s.remote_device || s.local.device().is_some() {
-            cfg.gpu_chunk_bytes as u64
+            (cfg.gpu_chunk_bytes as u64, true)
         } else {
-            cfg.chunk_bytes as u64
+            (cfg.chunk_bytes as u64, false)
         };
     }
     let host = cfg.same_host_chunk_bytes as u64;
     if s.remote_device && s.local.device().is_some() && cfg.gpu_ipc != Some(false) {
-        (host * SAME_HOST_DEVICE_CHUNK_FACTOR).min(crate::proto::limits::MAX_CHUNK_BYTES)
+        let chunk =
+            (host * SAME_HOST_DEVICE_CHUNK_FACTOR).min(crate::proto::limits::MAX_CHUNK_BYTES);
+        (chunk, false)
     } else {
-        host
+        (host, false)
     }
 }
 

@@ -588,3 +588,60 @@ fn pinned_staging_memory_of_any_size_carries_bytes_both_ways() {
         }
     }
 }
+
+/// The lane indices `a` has dialed to `b` (settled: lanes count their connects as they come
+/// up, which may trail the transfer's SUCCESS on another shard by a moment).
+fn lanes_to(a: &IoEngine, b: &IoEngine, at_least: usize) -> Vec<u16> {
+    let key = b.engine_desc().key.clone();
+    let t0 = std::time::Instant::now();
+    loop {
+        let lanes: Vec<u16> = a
+            .stats()
+            .unwrap()
+            .per_peer()
+            .get(&key)
+            .map(|p| p.lanes.keys().copied().collect())
+            .unwrap_or_default();
+        if lanes.len() >= at_least || t0.elapsed() > Duration::from_secs(5) {
+            return lanes;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A transfer staged through GPU memory over TCP stripes over `gpu_data_conns` lanes, a
+/// host-memory one over `num_data_conns` only (the lanes past them open on the first staged
+/// transfer); `gpu_data_conns` below `num_data_conns` means `num_data_conns`. Bytes checked
+/// both ways.
+#[test]
+fn staged_gpu_transfers_stripe_over_gpu_data_conns_lanes() {
+    for (name, rt) in runtimes() {
+        for (gpu_conns, want) in [(4usize, vec![0u16, 1, 2, 3]), (1, vec![0, 1])] {
+            let cfg = TcpBackendConfig {
+                same_host: Some(morio::SameHost::Off),
+                num_data_conns: 2,
+                gpu_data_conns: gpu_conns,
+                ..small_slots()
+            };
+            let (a, b) = gpu_pair(&format!("gpu_lanes_{name}_{gpu_conns}"), cfg, &rt);
+            let n = 1 << 20;
+            let host_src = buffer(&a, Kind::Cpu, &random_bytes(n, 21));
+            let host_dst = buffer(&b, Kind::Cpu, &vec![0u8; n]);
+            let s = a.write(host_src.desc(), 0, host_dst.desc(), 0, n, 1);
+            assert_ok(&s, "host write");
+            assert_bytes_eq(&host_dst.to_vec(), &host_src.to_vec(), "host write");
+            assert_eq!(lanes_to(&a, &b, 2), vec![0, 1], "{name}: host memory");
+
+            let src = buffer(&a, Kind::Gpu, &random_bytes(n, 22));
+            let dst = buffer(&b, Kind::Gpu, &vec![0u8; n]);
+            let s = a.write(src.desc(), 0, dst.desc(), 0, n, 2);
+            assert_ok(&s, "GPU write");
+            assert_bytes_eq(&dst.to_vec(), &src.to_vec(), "GPU write");
+            assert!(dst.write_at(0, &random_bytes(n, 23)));
+            let s = a.read(src.desc(), 0, dst.desc(), 0, n, 3);
+            assert_ok(&s, "GPU read");
+            assert_bytes_eq(&src.to_vec(), &dst.to_vec(), "GPU read");
+            assert_eq!(lanes_to(&a, &b, want.len()), want, "{name}: {gpu_conns}");
+        }
+    }
+}

@@ -521,7 +521,7 @@ async fn shake(
     let hello = Hello {
         version,
         lane: lane.lane,
-        n_lanes: cfg.num_data_conns as u16,
+        n_lanes: cfg.gpu_lanes() as u16,
         src_key: shared.key.clone(),
         dst_key: lane.peer.key.to_string(),
         instance: shared.instance,
