@@ -3,7 +3,7 @@
 # answered after the next frame is read, its last H2D copies overlapping that read). Rows: host
 # memory 1 MiB x 256 and a single 64 MiB, write and read (the reference, and the "no row loses
 # more than 3 %" check); GPU -> GPU the same four; CPU -> GPU write, GPU <- CPU read (into the
-# initiator's GPU), GPU -> CPU write; GPU 8 B x 256 writes (avg us). Then per row and build the
+# initiator's GPU), GPU -> CPU write; GPU 8 B x 256 and 4 KiB x 256 writes (g8w, g4w: avg us). Then per row and build the
 # rounds, the mean, new / old per round, GPU / host per round, and the most chunks a run
 # counted as landing while the next frame was read (gpu_overlapped_landings, both engines).
 #   OUT=$OUT ROUNDS=3 A=.dev/morio-old B=.dev/morio bash scripts/bench/s40-landing.sh
@@ -50,6 +50,7 @@ for ((r = 1; r <= R; r++)); do
 		run gcr --op-type read --initiator-mem-type gpu --target-mem-type cpu "${M[@]}"
 		run gcw --op-type write --initiator-mem-type gpu --target-mem-type cpu "${M[@]}"
 		run g8w --op-type write --mem-type gpu --iters 500 --buffer-size 8 --transfer-batch-size 256 --enable-batch-transfer --enable-sess
+		run g4w --op-type write --mem-type gpu --iters 500 --buffer-size 4096 --transfer-batch-size 256 --enable-batch-transfer --enable-sess
 	done
 done
 python3 - "$O/ld/j" "$O/s40-landing.json" "${NAMES[@]}" <<'PY'
@@ -60,13 +61,13 @@ ovl = collections.defaultdict(list)
 for f in glob.glob(sys.argv[1] + "/*.json"):
     row, b, r = os.path.basename(f)[:-5].split(".")
     x = json.load(open(f))["rows"][0]
-    agg[(row, b)][int(r)] = x["avg_lat_us"] if row == "g8w" else x["avg_bw_gbps"]
+    agg[(row, b)][int(r)] = x["avg_lat_us"] if row in ("g8w", "g4w") else x["avg_bw_gbps"]
     c = [x.get(k) or {} for k in ("initiator_counters", "target_counters")]
     ovl[(row, b)].append(sum(d.get("gpu_overlapped_landings", 0) for d in c))
 json.dump({f"{k[0]}.{k[1]}": v for k, v in agg.items()}, open(sys.argv[2], "w"), indent=1)
 HOST = {"gw": "hw", "gr": "hr", "g64w": "h64w", "g64r": "h64r", "cgw": "hw", "gcr": "hr", "gcw": "hw"}
-print(f"{'row':5} {'build':5} {'GB/s (g8w: avg us) per round':30} {'mean':>7}  new/old per round | GPU/host per round")
-for row in ["hw", "hr", "h64w", "h64r", "gw", "gr", "g64w", "g64r", "cgw", "gcr", "gcw", "g8w"]:
+print(f"{'row':5} {'build':5} {'GB/s (g8w, g4w: avg us) per round':30} {'mean':>7}  new/old per round | GPU/host per round")
+for row in ["hw", "hr", "h64w", "h64r", "gw", "gr", "g64w", "g64r", "cgw", "gcr", "gcw", "g8w", "g4w"]:
     for b in NAMES:
         v = agg.get((row, b), {})
         if not v:

@@ -498,19 +498,23 @@ pub(crate) fn fail_all(shard: &Rc<Shard>, msg: &str) {
 pub(crate) const SAME_HOST_DEVICE_CHUNK_FACTOR: u64 = 8;
 
 /// The chunk size of `s` and the lanes it may stripe over: over TCP `chunk_bytes` and
-/// `num_data_conns`, or `gpu_chunk_bytes` and [`TcpBackendConfig::gpu_lanes`] with GPU memory
-/// on either side (staged); to a peer on the same-host transport `num_data_conns` lanes and
-/// `same_host_chunk_bytes` (host memory on either side) or [`SAME_HOST_DEVICE_CHUNK_FACTOR`]
-/// times that (GPU memory on both, unless GPU IPC is configured off).
+/// `num_data_conns`, or `gpu_chunk_bytes` with GPU memory on either side (staged), then over
+/// [`TcpBackendConfig::gpu_lanes`] where that gives every lane a whole chunk at least (a
+/// second lane on a shard pays off by sending while the first waits for a chunk's copy; a
+/// small batch cut over more lanes only pays more frames); to a peer on the same-host
+/// transport `num_data_conns` lanes and `same_host_chunk_bytes` (host memory on either side)
+/// or [`SAME_HOST_DEVICE_CHUNK_FACTOR`] times that (GPU memory on both, unless GPU IPC is
+/// configured off).
 ///
 /// [`TcpBackendConfig::gpu_lanes`]: crate::TcpBackendConfig::gpu_lanes
 fn chunk_and_lanes(shared: &super::Shared, s: &Submission) -> (u64, u16) {
-    let lanes = shared.cfg.num_data_conns as u16;
+    let lanes = shared.cfg.num_data_conns;
+    let gpu_lanes = shared.cfg.gpu_lanes();
     let (chunk, staged) = chunk_bytes(shared, s);
-    if staged {
-        (chunk, shared.cfg.gpu_lanes() as u16)
+    if staged && gpu_lanes > lanes && s.total >= chunk.saturating_mul(gpu_lanes as u64) {
+        (chunk, gpu_lanes as u16)
     } else {
-        (chunk, lanes)
+        (chunk, lanes as u16)
     }
 }
 

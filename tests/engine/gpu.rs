@@ -589,9 +589,10 @@ fn pinned_staging_memory_of_any_size_carries_bytes_both_ways() {
     }
 }
 
-/// The lane indices `a` has dialed to `b` (settled: lanes count their connects as they come
-/// up, which may trail the transfer's SUCCESS on another shard by a moment).
-fn lanes_to(a: &IoEngine, b: &IoEngine, at_least: usize) -> Vec<u16> {
+/// The lane indices `a` has dialed to `b` once there are `at_least` or `wait` has passed
+/// (lanes count their connects as they come up, which may trail the transfer's SUCCESS on
+/// another shard by a moment).
+fn lanes_to(a: &IoEngine, b: &IoEngine, at_least: usize, wait: Duration) -> Vec<u16> {
     let key = b.engine_desc().key.clone();
     let t0 = std::time::Instant::now();
     loop {
@@ -602,17 +603,17 @@ fn lanes_to(a: &IoEngine, b: &IoEngine, at_least: usize) -> Vec<u16> {
             .get(&key)
             .map(|p| p.lanes.keys().copied().collect())
             .unwrap_or_default();
-        if lanes.len() >= at_least || t0.elapsed() > Duration::from_secs(5) {
+        if lanes.len() >= at_least || t0.elapsed() > wait {
             return lanes;
         }
         std::thread::sleep(Duration::from_millis(10));
     }
 }
 
-/// A transfer staged through GPU memory over TCP stripes over `gpu_data_conns` lanes, a
-/// host-memory one over `num_data_conns` only (the lanes past them open on the first staged
-/// transfer); `gpu_data_conns` below `num_data_conns` means `num_data_conns`. Bytes checked
-/// both ways.
+/// A transfer staged through GPU memory over TCP that gives each of `gpu_data_conns` lanes a
+/// whole chunk stripes over them, a host-memory one and a smaller staged one over
+/// `num_data_conns` only (the lanes past them open on the first large staged transfer);
+/// `gpu_data_conns` below `num_data_conns` means `num_data_conns`. Bytes checked both ways.
 #[test]
 fn staged_gpu_transfers_stripe_over_gpu_data_conns_lanes() {
     for (name, rt) in runtimes() {
@@ -630,7 +631,25 @@ fn staged_gpu_transfers_stripe_over_gpu_data_conns_lanes() {
             let s = a.write(host_src.desc(), 0, host_dst.desc(), 0, n, 1);
             assert_ok(&s, "host write");
             assert_bytes_eq(&host_dst.to_vec(), &host_src.to_vec(), "host write");
-            assert_eq!(lanes_to(&a, &b, 2), vec![0, 1], "{name}: host memory");
+            let settle = Duration::from_millis(300);
+            assert_eq!(
+                lanes_to(&a, &b, 3, settle),
+                vec![0, 1],
+                "{name}: host memory"
+            );
+
+            // Striped (32 KiB threshold), but less than a 64 KiB chunk for each of 4 lanes.
+            let small = 192 << 10;
+            let src = buffer(&a, Kind::Gpu, &random_bytes(small, 24));
+            let dst = buffer(&b, Kind::Gpu, &vec![0u8; small]);
+            let s = a.write(src.desc(), 0, dst.desc(), 0, small, 4);
+            assert_ok(&s, "small GPU write");
+            assert_bytes_eq(&dst.to_vec(), &src.to_vec(), "small GPU write");
+            assert_eq!(
+                lanes_to(&a, &b, 3, settle),
+                vec![0, 1],
+                "{name}: small staged"
+            );
 
             let src = buffer(&a, Kind::Gpu, &random_bytes(n, 22));
             let dst = buffer(&b, Kind::Gpu, &vec![0u8; n]);
@@ -641,7 +660,8 @@ fn staged_gpu_transfers_stripe_over_gpu_data_conns_lanes() {
             let s = a.read(src.desc(), 0, dst.desc(), 0, n, 3);
             assert_ok(&s, "GPU read");
             assert_bytes_eq(&src.to_vec(), &dst.to_vec(), "GPU read");
-            assert_eq!(lanes_to(&a, &b, want.len()), want, "{name}: {gpu_conns}");
+            let got = lanes_to(&a, &b, want.len(), Duration::from_secs(5));
+            assert_eq!(got, want, "{name}: {gpu_conns}");
         }
     }
 }

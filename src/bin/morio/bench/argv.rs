@@ -150,6 +150,9 @@ impl Args {
         };
         opt("--gpu-device", dev.to_string());
         opt("--gpu-runtime", name(self.gpu_runtime));
+        if let Some(n) = self.gpu_data_conns {
+            opt("--gpu-data-conns", n.to_string());
+        }
         if let Some(b) = self.gpu_staging_bytes {
             opt("--gpu-staging-bytes", b.to_string());
         }
