@@ -63,14 +63,15 @@ pub struct TcpBackendConfig {
     pub enable_ctrl_nodelay: bool,
     /// Lanes (data connections) per peer, 1..=16 (MORI default 8).
     pub num_data_conns: usize,
-    /// Lanes a transfer staged through GPU memory over TCP stripes over, 1..=16 (default 16;
-    /// never fewer than `num_data_conns`: [`Self::gpu_lanes`]). A lane's staged chunk waits
-    /// for its copy between device memory and a pinned slot before its first byte leaves
-    /// and after its last lands, and a second lane on the same shard sends meanwhile: GPU
-    /// batches +8–12 % with 16 lanes on the H100 (`docs/perf/s41-runs.md`), where striping
-    /// every transfer over 16 costs a 4 KiB × 256 host batch 29 %, so only staged GPU
-    /// transfers use the lanes past `num_data_conns` (dialed on a peer's first such
-    /// transfer).
+    /// Lanes a transfer staged through GPU memory over TCP stripes over where that gives each
+    /// a whole `gpu_chunk_bytes` chunk, 1..=16 (default 8; never fewer than `num_data_conns`:
+    /// [`Self::gpu_lanes`]). A lane's staged chunk waits for its copy between device memory
+    /// and a pinned slot before its first byte leaves and after its last lands, and a second
+    /// lane on the same shard sends meanwhile: 16 lanes moved GPU batches 8–12 % faster on an
+    /// H100 (`docs/perf/s41-runs.md`), where striping every transfer over 16 costs a 4 KiB ×
+    /// 256 batch 29 %; with this only large staged transfers use the lanes past
+    /// `num_data_conns` (dialed on a peer's first one). Not the default: on a noisy H100,
+    /// CPU → GPU writes lost 5–19 % with 16 (`docs/perf/s42-runs.md`).
     pub gpu_data_conns: usize,
     /// Transfers of at least this many bytes are striped over all lanes (MORI default 64 KiB).
     pub striping_threshold_bytes: usize,
@@ -361,7 +362,7 @@ impl Default for TcpBackendConfig {
             keepalive_cnt: 3,
             enable_ctrl_nodelay: true,
             num_data_conns: 8,
-            gpu_data_conns: MAX_LANES as usize,
+            gpu_data_conns: 8,
             striping_threshold_bytes: 64 << 10,
             num_shards: None,
             cpus: None,

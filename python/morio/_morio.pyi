@@ -74,6 +74,7 @@ class TcpBackendConfig:
     chunk_bytes: int
     same_host_chunk_bytes: int
     gpu_chunk_bytes: int
+    gpu_data_conns: int
     share_stripes: bool
     inline_write_bytes: int
     spin_us: int
@@ -112,6 +113,7 @@ class TcpBackendConfig:
         chunk_bytes: Optional[int] = None,
         same_host_chunk_bytes: Optional[int] = None,
         gpu_chunk_bytes: Optional[int] = None,
+        gpu_data_conns: Optional[int] = None,
         share_stripes: Optional[bool] = None,
         inline_write_bytes: Optional[int] = None,
         spin_us: int = 0,

@@ -129,6 +129,7 @@ impl PyTcpBackendConfig {
         chunk_bytes = None,
         same_host_chunk_bytes = None,
         gpu_chunk_bytes = None,
+        gpu_data_conns = None,
         share_stripes = None,
         inline_write_bytes = None,
         spin_us = 0,
@@ -167,6 +168,7 @@ impl PyTcpBackendConfig {
         chunk_bytes: Option<usize>,
         same_host_chunk_bytes: Option<usize>,
         gpu_chunk_bytes: Option<usize>,
+        gpu_data_conns: Option<i64>,
         share_stripes: Option<bool>,
         inline_write_bytes: Option<usize>,
         spin_us: u64,
@@ -213,6 +215,9 @@ impl PyTcpBackendConfig {
         }
         if let Some(c) = same_host_chunk_bytes {
             me.cfg.same_host_chunk_bytes = c;
+        }
+        if let Some(n) = gpu_data_conns {
+            me.set_gpu_data_conns(n)?;
         }
         if let Some(c) = gpu_chunk_bytes {
             me.cfg.gpu_chunk_bytes = c;
@@ -576,6 +581,24 @@ impl PyTcpBackendConfig {
     #[setter]
     fn set_gpu_chunk_bytes(&mut self, v: usize) {
         self.cfg.gpu_chunk_bytes = v;
+    }
+    /// morio: lanes a transfer staged through GPU memory over TCP stripes over where each
+    /// gets a whole `gpu_chunk_bytes` chunk, 1..=16 (default 8; never fewer than
+    /// `num_data_conns`). 16 on GPU-heavy nodes: more staged pipelines per shard, while small
+    /// batches keep `num_data_conns` lanes.
+    #[getter]
+    fn gpu_data_conns(&self) -> usize {
+        self.cfg.gpu_data_conns
+    }
+    #[setter]
+    fn set_gpu_data_conns(&mut self, v: i64) -> PyResult<()> {
+        if !(1..=16).contains(&v) {
+            return Err(PyValueError::new_err(format!(
+                "TCP gpu_data_conns must be in [1, 16], got {v}"
+            )));
+        }
+        self.cfg.gpu_data_conns = v as usize;
+        Ok(())
     }
     /// morio: large striped writes share their stripes between lanes.
     #[getter]

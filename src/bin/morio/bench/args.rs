@@ -141,8 +141,8 @@ pub struct Args {
     /// Data connections (lanes) per peer, 1..=16.
     #[arg(long, visible_alias = "tcp-num-data-conns", default_value_t = 8)]
     pub num_data_conns: usize,
-    /// Lanes a transfer staged through GPU memory over TCP stripes over, 1..=16 (default 16;
-    /// never fewer than --num-data-conns).
+    /// Lanes a transfer staged through GPU memory over TCP stripes over where each gets a
+    /// whole GPU chunk, 1..=16 (default 8; never fewer than --num-data-conns).
     #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=16))]
     pub gpu_data_conns: Option<usize>,
     /// Transfers of at least this many bytes are striped over every lane.

@@ -35,6 +35,9 @@ chunk_bytes = "1MiB"
 same_host_chunk_bytes = "8MiB"
 # Largest chunk one frame carries over TCP with GPU memory on either side.
 gpu_chunk_bytes = "2MiB"
+# Lanes a large transfer staged through GPU memory over TCP stripes over, 1..=16 (at least
+# num_data_conns; 16 on GPU-heavy nodes).
+gpu_data_conns = 8
 # Shard count; leave out for one per allowed CPU (at most num_data_conns).
 # shards = 8
 # Explicit shard CPUs, e.g. from `morio topology` (overrides shards).
@@ -163,6 +166,7 @@ pub struct TcpSection {
     pub chunk_bytes: Size,
     pub same_host_chunk_bytes: Size,
     pub gpu_chunk_bytes: Size,
+    pub gpu_data_conns: usize,
     pub shards: Option<usize>,
     pub cpus: Option<Vec<usize>>,
     pub pin_shards: bool,
@@ -191,6 +195,7 @@ impl Default for TcpSection {
             chunk_bytes: Size(d.chunk_bytes),
             same_host_chunk_bytes: Size(d.same_host_chunk_bytes),
             gpu_chunk_bytes: Size(d.gpu_chunk_bytes),
+            gpu_data_conns: d.gpu_data_conns,
             shards: None,
             cpus: None,
             pin_shards: true,
@@ -433,6 +438,7 @@ impl ServeConfig {
             chunk_bytes: t.chunk_bytes.0,
             same_host_chunk_bytes: t.same_host_chunk_bytes.0,
             gpu_chunk_bytes: t.gpu_chunk_bytes.0,
+            gpu_data_conns: t.gpu_data_conns,
             // Unpinned, `cpus` only counts shards (the engine would pin to explicit CPUs).
             num_shards: t
                 .shards
