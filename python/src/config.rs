@@ -506,12 +506,7 @@ impl PyTcpBackendConfig {
     }
     #[setter]
     fn set_num_data_conns(&mut self, v: i64) -> PyResult<()> {
-        if !(1..=16).contains(&v) {
-            return Err(PyValueError::new_err(format!(
-                "TCP num_data_conns must be in [1, 16], got {v}"
-            )));
-        }
-        self.cfg.num_data_conns = v as usize;
+        self.cfg.num_data_conns = lanes("num_data_conns", v)?;
         Ok(())
     }
     /// Transfers of at least this many bytes are striped over all lanes (default 64 KiB).
@@ -592,12 +587,7 @@ impl PyTcpBackendConfig {
     }
     #[setter]
     fn set_gpu_data_conns(&mut self, v: i64) -> PyResult<()> {
-        if !(1..=16).contains(&v) {
-            return Err(PyValueError::new_err(format!(
-                "TCP gpu_data_conns must be in [1, 16], got {v}"
-            )));
-        }
-        self.cfg.gpu_data_conns = v as usize;
+        self.cfg.gpu_data_conns = lanes("gpu_data_conns", v)?;
         Ok(())
     }
     /// morio: large striped writes share their stripes between lanes.
@@ -694,6 +684,16 @@ impl PyTcpBackendConfig {
             py_bool(c.auth_secret.is_some()),
         )
     }
+}
+
+/// A lane count from Python, 1..=16 (MORI's range), or a `ValueError` naming `what`.
+fn lanes(what: &str, v: i64) -> PyResult<usize> {
+    if !(1..=16).contains(&v) {
+        return Err(PyValueError::new_err(format!(
+            "TCP {what} must be in [1, 16], got {v}"
+        )));
+    }
+    Ok(v as usize)
 }
 
 fn py_bool(b: bool) -> &'static str {

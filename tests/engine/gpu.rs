@@ -626,30 +626,17 @@ fn staged_gpu_transfers_stripe_over_gpu_data_conns_lanes() {
             };
             let (a, b) = gpu_pair(&format!("gpu_lanes_{name}_{gpu_conns}"), cfg, &rt);
             let n = 1 << 20;
-            let host_src = buffer(&a, Kind::Cpu, &random_bytes(n, 21));
-            let host_dst = buffer(&b, Kind::Cpu, &vec![0u8; n]);
-            let s = a.write(host_src.desc(), 0, host_dst.desc(), 0, n, 1);
-            assert_ok(&s, "host write");
-            assert_bytes_eq(&host_dst.to_vec(), &host_src.to_vec(), "host write");
             let settle = Duration::from_millis(300);
-            assert_eq!(
-                lanes_to(&a, &b, 3, settle),
-                vec![0, 1],
-                "{name}: host memory"
-            );
-
-            // Striped (32 KiB threshold), but less than a 64 KiB chunk for each of 4 lanes.
-            let small = 192 << 10;
-            let src = buffer(&a, Kind::Gpu, &random_bytes(small, 24));
-            let dst = buffer(&b, Kind::Gpu, &vec![0u8; small]);
-            let s = a.write(src.desc(), 0, dst.desc(), 0, small, 4);
-            assert_ok(&s, "small GPU write");
-            assert_bytes_eq(&dst.to_vec(), &src.to_vec(), "small GPU write");
-            assert_eq!(
-                lanes_to(&a, &b, 3, settle),
-                vec![0, 1],
-                "{name}: small staged"
-            );
+            // Host memory, striped; then staged and striped (32 KiB threshold), but less than a
+            // 64 KiB chunk for each of 4 lanes: both on lanes 0-1.
+            for (kind, len, uid) in [(Kind::Cpu, n, 1), (Kind::Gpu, 192 << 10, 4)] {
+                let what = format!("{name}: {kind:?} write of {len} bytes");
+                let src = buffer(&a, kind, &random_bytes(len, uid));
+                let dst = buffer(&b, kind, &vec![0u8; len]);
+                assert_ok(&a.write(src.desc(), 0, dst.desc(), 0, len, uid), &what);
+                assert_bytes_eq(&dst.to_vec(), &src.to_vec(), &what);
+                assert_eq!(lanes_to(&a, &b, 3, settle), vec![0, 1], "{what}");
+            }
 
             let src = buffer(&a, Kind::Gpu, &random_bytes(n, 22));
             let dst = buffer(&b, Kind::Gpu, &vec![0u8; n]);
