@@ -64,15 +64,15 @@ pub struct TcpBackendConfig {
     /// Lanes (data connections) per peer, 1..=16 (MORI default 8).
     pub num_data_conns: usize,
     /// Lanes a transfer staged through GPU memory over TCP stripes over where that gives each
-    /// a whole `gpu_chunk_bytes` chunk, 1..=16 (default 8; never fewer than `num_data_conns`:
-    /// [`Self::gpu_lanes`]). A lane's staged chunk waits for its copy between device memory
+    /// a whole `gpu_chunk_bytes` chunk, 1..=16; `None` (the default): `num_data_conns`, and
+    /// never fewer ([`Self::gpu_lanes`]), so nobody gets more connections than asked for. A lane's staged chunk waits for its copy between device memory
     /// and a pinned slot before its first byte leaves and after its last lands, and a second
     /// lane on the same shard sends meanwhile: 16 lanes moved GPU batches 8–12 % faster on an
     /// H100 (`docs/perf/s41-runs.md`), where striping every transfer over 16 costs a 4 KiB ×
     /// 256 batch 29 %; with this only large staged transfers use the lanes past
     /// `num_data_conns` (dialed on a peer's first one). Not the default: on a noisy H100,
     /// CPU → GPU writes lost 5–19 % with 16 (`docs/perf/s42-runs.md`).
-    pub gpu_data_conns: usize,
+    pub gpu_data_conns: Option<usize>,
     /// Transfers of at least this many bytes are striped over all lanes (MORI default 64 KiB).
     pub striping_threshold_bytes: usize,
 
@@ -362,7 +362,7 @@ impl Default for TcpBackendConfig {
             keepalive_cnt: 3,
             enable_ctrl_nodelay: true,
             num_data_conns: 8,
-            gpu_data_conns: 8,
+            gpu_data_conns: None,
             striping_threshold_bytes: 64 << 10,
             num_shards: None,
             cpus: None,
@@ -481,8 +481,11 @@ impl TcpBackendConfig {
         if !(1..=MAX_LANES as usize).contains(&self.num_data_conns) {
             return Err(ConfigError::DataConns(self.num_data_conns));
         }
-        if !(1..=MAX_LANES as usize).contains(&self.gpu_data_conns) {
-            return Err(ConfigError::GpuDataConns(self.gpu_data_conns));
+        if let Some(n) = self
+            .gpu_data_conns
+            .filter(|n| !(1..=MAX_LANES as usize).contains(n))
+        {
+            return Err(ConfigError::GpuDataConns(n));
         }
         if self.op_timeout.is_zero() {
             return Err(ConfigError::ZeroTimeout("op_timeout"));
@@ -574,9 +577,9 @@ impl TcpBackendConfig {
     }
 
     /// Lanes a staged GPU transfer stripes over, and every lane a peer may have: the larger
-    /// of `gpu_data_conns` and `num_data_conns`.
+    /// of `gpu_data_conns` (when set) and `num_data_conns`.
     pub fn gpu_lanes(&self) -> usize {
-        self.gpu_data_conns.max(self.num_data_conns)
+        self.gpu_data_conns.unwrap_or(0).max(self.num_data_conns)
     }
 
     /// The staging slot size each of `n_shards` shards uses: `gpu_slot_bytes`, or less (a
@@ -647,6 +650,20 @@ mod tests {
     }
 
     #[test]
+    fn gpu_lanes_are_num_data_conns_unless_more_are_asked_for() {
+        let c = |num, gpu| TcpBackendConfig {
+            num_data_conns: num,
+            gpu_data_conns: gpu,
+            ..TcpBackendConfig::default()
+        };
+        assert_eq!(c(8, None).gpu_lanes(), 8);
+        assert_eq!(c(2, None).gpu_lanes(), 2);
+        assert_eq!(c(2, Some(16)).gpu_lanes(), 16);
+        assert_eq!(c(8, Some(4)).gpu_lanes(), 8);
+        assert!(c(2, Some(16)).validate().is_ok());
+    }
+
+    #[test]
     fn bad_values_are_typed_errors() {
         let d = TcpBackendConfig::default;
         let cases = [
@@ -663,6 +680,20 @@ mod tests {
                     ..d()
                 },
                 ConfigError::DataConns(17),
+            ),
+            (
+                TcpBackendConfig {
+                    gpu_data_conns: Some(0),
+                    ..d()
+                },
+                ConfigError::GpuDataConns(0),
+            ),
+            (
+                TcpBackendConfig {
+                    gpu_data_conns: Some(17),
+                    ..d()
+                },
+                ConfigError::GpuDataConns(17),
             ),
             (
                 TcpBackendConfig {

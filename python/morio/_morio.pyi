@@ -74,7 +74,7 @@ class TcpBackendConfig:
     chunk_bytes: int
     same_host_chunk_bytes: int
     gpu_chunk_bytes: int
-    gpu_data_conns: int
+    gpu_data_conns: Optional[int]
     share_stripes: bool
     inline_write_bytes: int
     spin_us: int

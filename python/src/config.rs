@@ -216,9 +216,7 @@ impl PyTcpBackendConfig {
         if let Some(c) = same_host_chunk_bytes {
             me.cfg.same_host_chunk_bytes = c;
         }
-        if let Some(n) = gpu_data_conns {
-            me.set_gpu_data_conns(n)?;
-        }
+        me.set_gpu_data_conns(gpu_data_conns)?;
         if let Some(c) = gpu_chunk_bytes {
             me.cfg.gpu_chunk_bytes = c;
         }
@@ -578,16 +576,16 @@ impl PyTcpBackendConfig {
         self.cfg.gpu_chunk_bytes = v;
     }
     /// morio: lanes a transfer staged through GPU memory over TCP stripes over where each
-    /// gets a whole `gpu_chunk_bytes` chunk, 1..=16 (default 8; never fewer than
-    /// `num_data_conns`). 16 on GPU-heavy nodes: more staged pipelines per shard, while small
+    /// gets a whole `gpu_chunk_bytes` chunk, 1..=16; None (the default): `num_data_conns`,
+    /// and never fewer. 16 on GPU-heavy nodes: more staged pipelines per shard, while small
     /// batches keep `num_data_conns` lanes.
     #[getter]
-    fn gpu_data_conns(&self) -> usize {
+    fn gpu_data_conns(&self) -> Option<usize> {
         self.cfg.gpu_data_conns
     }
     #[setter]
-    fn set_gpu_data_conns(&mut self, v: i64) -> PyResult<()> {
-        self.cfg.gpu_data_conns = lanes("gpu_data_conns", v)?;
+    fn set_gpu_data_conns(&mut self, v: Option<i64>) -> PyResult<()> {
+        self.cfg.gpu_data_conns = v.map(|v| lanes("gpu_data_conns", v)).transpose()?;
         Ok(())
     }
     /// morio: large striped writes share their stripes between lanes.

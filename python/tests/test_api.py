@@ -68,14 +68,18 @@ def test_gpu_staging_keywords_default_and_round_trip():
     assert (c.gpu_chunk_bytes, c.gpu_slot_bytes) == (4 << 20, 1 << 20)
     c.gpu_chunk_bytes = 1 << 20
     assert c.gpu_chunk_bytes == 1 << 20
-    assert TcpBackendConfig().gpu_data_conns == 8
+    assert TcpBackendConfig().gpu_data_conns is None
     assert TcpBackendConfig(gpu_data_conns=16).gpu_data_conns == 16
     for bad in (0, 17):
         with pytest.raises(ValueError, match="gpu_data_conns"):
             TcpBackendConfig(gpu_data_conns=bad)
     with pytest.raises(ValueError, match="gpu_data_conns"):
         c.gpu_data_conns = 17
-    assert c.gpu_data_conns == 8
+    assert c.gpu_data_conns is None
+    c.gpu_data_conns = 12
+    assert c.gpu_data_conns == 12
+    c.gpu_data_conns = None
+    assert c.gpu_data_conns is None
 
 
 def test_transfer_uids_are_unique_across_threads_and_start_at_zero(engines):

@@ -621,7 +621,7 @@ fn staged_gpu_transfers_stripe_over_gpu_data_conns_lanes() {
             let cfg = TcpBackendConfig {
                 same_host: Some(morio::SameHost::Off),
                 num_data_conns: 2,
-                gpu_data_conns: gpu_conns,
+                gpu_data_conns: Some(gpu_conns),
                 ..small_slots()
             };
             let (a, b) = gpu_pair(&format!("gpu_lanes_{name}_{gpu_conns}"), cfg, &rt);

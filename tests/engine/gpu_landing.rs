@@ -19,7 +19,6 @@ fn one_lane() -> TcpBackendConfig {
         c.same_host = Some(morio::SameHost::Off);
         c.num_shards = Some(1);
         c.num_data_conns = 1;
-        c.gpu_data_conns = 1;
         c.gpu_chunk_bytes = 64 << 10;
         c.gpu_slot_bytes = 16 << 10;
         c.gpu_staging_bytes = 2 * 2 * (16 << 10);

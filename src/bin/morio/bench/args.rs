@@ -142,7 +142,7 @@ pub struct Args {
     #[arg(long, visible_alias = "tcp-num-data-conns", default_value_t = 8)]
     pub num_data_conns: usize,
     /// Lanes a transfer staged through GPU memory over TCP stripes over where each gets a
-    /// whole GPU chunk, 1..=16 (default 8; never fewer than --num-data-conns).
+    /// whole GPU chunk, 1..=16 (default and at least: --num-data-conns).
     #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=16))]
     pub gpu_data_conns: Option<usize>,
     /// Transfers of at least this many bytes are striped over every lane.
@@ -431,7 +431,7 @@ impl Args {
         let d = TcpBackendConfig::default();
         TcpBackendConfig {
             num_data_conns: self.num_data_conns,
-            gpu_data_conns: self.gpu_data_conns.unwrap_or(d.gpu_data_conns),
+            gpu_data_conns: self.gpu_data_conns,
             striping_threshold_bytes: self.striping_threshold_bytes,
             num_shards: self.shards,
             cpus: self.cpus.as_ref().map(|c| c.0.clone()),

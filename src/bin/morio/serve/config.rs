@@ -35,9 +35,9 @@ chunk_bytes = "1MiB"
 same_host_chunk_bytes = "8MiB"
 # Largest chunk one frame carries over TCP with GPU memory on either side.
 gpu_chunk_bytes = "2MiB"
-# Lanes a large transfer staged through GPU memory over TCP stripes over, 1..=16 (at least
-# num_data_conns; 16 on GPU-heavy nodes).
-gpu_data_conns = 8
+# Lanes a large transfer staged through GPU memory over TCP stripes over, 1..=16; leave out
+# for num_data_conns (and never fewer).
+# gpu_data_conns = 16
 # Shard count; leave out for one per allowed CPU (at most num_data_conns).
 # shards = 8
 # Explicit shard CPUs, e.g. from `morio topology` (overrides shards).
@@ -166,7 +166,7 @@ pub struct TcpSection {
     pub chunk_bytes: Size,
     pub same_host_chunk_bytes: Size,
     pub gpu_chunk_bytes: Size,
-    pub gpu_data_conns: usize,
+    pub gpu_data_conns: Option<usize>,
     pub shards: Option<usize>,
     pub cpus: Option<Vec<usize>>,
     pub pin_shards: bool,
