@@ -592,6 +592,12 @@ mod tests {
         let base = DEFAULT_TOML.replace("num_data_conns = 8", "num_data_conns = 17");
         let e = ServeConfig::parse(&base).unwrap_err();
         assert!(format!("{e:#}").contains("num_data_conns"), "{e:#}");
+        let gpu = DEFAULT_TOML.replace("# gpu_data_conns = 16", "gpu_data_conns = 16");
+        let c = ServeConfig::parse(&gpu).unwrap().tcp_config();
+        assert_eq!((c.gpu_data_conns, c.gpu_lanes()), (Some(16), 16));
+        let e = ServeConfig::parse(&gpu.replace("gpu_data_conns = 16", "gpu_data_conns = 17"))
+            .unwrap_err();
+        assert!(format!("{e:#}").contains("gpu_data_conns"), "{e:#}");
         let e = ServeConfig::parse("[engine]\nkey='k'\nhost='x'\n[control]\nlisten='a'\n[oops]\n")
             .unwrap_err();
         assert!(format!("{e:#}").contains("oops"), "{e:#}");
