@@ -78,6 +78,11 @@ pub mod stage {
     /// Initiator, lane shard: the busy poller saw the answer in the ring and woke the
     /// reader (spinning shards only; between T_SENT and RESP).
     pub const NOTICED: u8 = 25;
+    /// Sending side of a chunk staged from GPU memory (initiator WRITE, target READ_DATA):
+    /// the copy of its first staging slot out of device memory is done and its bytes may
+    /// leave (between ENCODE and PUSHED, or T_RECV and T_PLACED: waiting for the GPU,
+    /// against sending).
+    pub const G_STAGED: u8 = 26;
 
     /// The stages a one-chunk write passes, in order (sub-stages in their places; FINISH,
     /// T_FINISH and COMPLETED belong to multi-chunk transfers only).

@@ -121,6 +121,11 @@ async fn stage_from_device(
     if let Some((first, _)) = inflight.front_mut() {
         first.settle(c.limit).await.map_err(early)?;
     }
+    if let Frame::Write { chunk, .. } = frame {
+        crate::trace::mark(chunk.uid, crate::trace::stage::G_STAGED);
+    } else if let Frame::ReadData { reply, .. } = frame {
+        crate::trace::mark(reply.uid, crate::trace::stage::G_STAGED);
+    }
     if !header_sent {
         writer.push_header(frame, total);
     }

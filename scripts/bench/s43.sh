@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Session 43's device calls (docs/perf/s43-runs.md).
+#   PART=trace  where a staged GPU sender's time goes: MORIO_TRACE runs of GPU -> GPU single
+#               64 MiB write and read and 1 MiB x 256 write (default lanes, then 16), each
+#               summarised by gpu-send-trace.py (copy wait / send / gap per chunk)
+#   PART=ab     VARIANTS (s40-landing.sh's format) interleaved ROUNDS times over ROWS
+#   OUT=$OUT PART=trace bash scripts/bench/s43.sh       (carry .dev: morio, engine-tests)
+set -u
+O=${OUT:-/tmp/s43}
+P=${PART:-trace}
+M=${MORIO:-.dev/morio}
+mkdir -p "$O"
+nvidia-smi --query-gpu=name --format=csv,noheader
+T=(--loopback --no-ceiling --no-floor --same-host off --mem-type gpu)
+B=(--iters 8 --buffer-size 1048576 --transfer-batch-size 256 --enable-batch-transfer --enable-sess --batch-contiguous)
+S=(--iters 16 --buffer-size 67108864 --transfer-batch-size 1)
+trace() {
+	local n=$1
+	shift
+	rm -rf "$O/tr/$n" && mkdir -p "$O/tr/$n"
+	MORIO_TRACE=$O/tr/$n timeout 60 "$M" bench "${T[@]}" "$@" --json "$O/tr/$n/bench.json" >/dev/null 2>&1 || echo "fail $n"
+	python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['rows'][0]; print(f\"$n: {r['avg_bw_gbps']:.2f} GB/s\")" "$O/tr/$n/bench.json" 2>/dev/null
+	python3 scripts/bench/gpu-send-trace.py "$O/tr/$n" "$n"
+}
+case $P in
+trace)
+	for l in "" 16; do
+		x=()
+		[[ -n $l ]] && x=(--gpu-data-conns "$l")
+		trace "g64w$l" --op-type write "${S[@]}" "${x[@]}"
+		trace "g64r$l" --op-type read "${S[@]}" "${x[@]}"
+		trace "gw$l" --op-type write "${B[@]}" "${x[@]}"
+	done
+	(cd "$O" && tar czf s43-trace.tgz tr && rm -rf tr) ;;
+ab)
+	OUT=$O ROUNDS=${ROUNDS:-3} VARIANTS="$VARIANTS" ROWS="${ROWS:-hw gw gr g64w g64r cgw gcw g4w}" \
+		timeout "${ABLIMIT:-420}" bash scripts/bench/s40-landing.sh >"$O/ab.txt" 2>&1
+	tail -30 "$O/ab.txt" ;;
+*) echo "PART must be trace or ab" >&2; exit 2 ;;
+esac
