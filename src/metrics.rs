@@ -311,6 +311,15 @@ impl Collector for Snapshot {
         family(
             e,
             shards,
+            "gpu_copies_ahead",
+            "Chunks sent from GPU memory whose first staging copy overlapped sending the frame before",
+            None,
+            c,
+            |s, m| counter(m, s.gpu_copies_ahead),
+        )?;
+        family(
+            e,
+            shards,
             "busy_poll_wakes",
             "Socket reads woken by the shard's busy poller (spinning shards only)",
             None,
@@ -479,6 +488,7 @@ mod tests {
         b.gpu_ipc_bytes = 6 << 20;
         b.gpu_ipc_declined = 4;
         a.gpu_overlapped_landings = 7;
+        b.gpu_copies_ahead = 3;
         b.busy_poll_wakes = 9;
         b.busy_poll_backoffs = 4;
         a.busy_poll_handoffs = 8;
@@ -517,6 +527,7 @@ mod tests {
         assert_eq!(at("morio_gpu_ipc_bytes_total", "1"), (6 << 20) as f64);
         assert_eq!(at("morio_gpu_ipc_declined_total", "1"), 4.0);
         assert_eq!(at("morio_gpu_overlapped_landings_total", "0"), 7.0);
+        assert_eq!(at("morio_gpu_copies_ahead_total", "1"), 3.0);
         assert_eq!(at("morio_busy_poll_wakes_total", "1"), 9.0);
         assert_eq!(at("morio_busy_poll_backoffs_total", "1"), 4.0);
         assert_eq!(at("morio_busy_poll_handoffs_total", "0"), 8.0);

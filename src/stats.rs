@@ -81,6 +81,9 @@ pub struct ShardStats {
     /// Chunks received into GPU memory through staging whose last copies into device memory
     /// ran while the connection read the next frame (answered after it, not waited for).
     pub gpu_overlapped_landings: u64,
+    /// Chunks sent from GPU memory through staging whose first copy out of device memory
+    /// was issued while the frame before them was sent (copied ahead).
+    pub gpu_copies_ahead: u64,
     /// Socket reads woken by the shard's busy poller (spinning shards only).
     pub busy_poll_wakes: u64,
     /// Times this shard stopped busy polling because it was preempted (its CPU was wanted
@@ -153,6 +156,7 @@ impl ShardStats {
             gpu_ipc_bytes: 0,
             gpu_ipc_declined: 0,
             gpu_overlapped_landings: 0,
+            gpu_copies_ahead: 0,
             busy_poll_wakes: 0,
             busy_poll_backoffs: 0,
             busy_poll_handoffs: 0,
@@ -277,6 +281,7 @@ impl std::fmt::Debug for ShardStats {
             .field("gpu_ipc_bytes", &self.gpu_ipc_bytes)
             .field("gpu_ipc_declined", &self.gpu_ipc_declined)
             .field("gpu_overlapped_landings", &self.gpu_overlapped_landings)
+            .field("gpu_copies_ahead", &self.gpu_copies_ahead)
             .field("busy_poll_wakes", &self.busy_poll_wakes)
             .field("busy_poll_backoffs", &self.busy_poll_backoffs)
             .field("busy_poll_handoffs", &self.busy_poll_handoffs)
@@ -343,6 +348,7 @@ impl EngineStats {
             t.gpu_ipc_bytes += s.gpu_ipc_bytes;
             t.gpu_ipc_declined += s.gpu_ipc_declined;
             t.gpu_overlapped_landings += s.gpu_overlapped_landings;
+            t.gpu_copies_ahead += s.gpu_copies_ahead;
             t.busy_poll_wakes += s.busy_poll_wakes;
             t.busy_poll_backoffs += s.busy_poll_backoffs;
             t.busy_poll_handoffs += s.busy_poll_handoffs;

@@ -22,6 +22,7 @@ fn shard<'py>(py: Python<'py>, s: &ShardStats) -> PyResult<Bound<'py, PyDict>> {
     d.set_item("gpu_ipc_bytes", s.gpu_ipc_bytes)?;
     d.set_item("gpu_ipc_declined", s.gpu_ipc_declined)?;
     d.set_item("gpu_overlapped_landings", s.gpu_overlapped_landings)?;
+    d.set_item("gpu_copies_ahead", s.gpu_copies_ahead)?;
     d.set_item("busy_poll_backoffs", s.busy_poll_backoffs)?;
     d.set_item("busy_poll_handoffs", s.busy_poll_handoffs)?;
     d.set_item("same_host_doorbells", s.same_host_doorbells)?;

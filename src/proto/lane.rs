@@ -182,6 +182,45 @@ impl<L: Clone> LaneBook<L> {
     }
 }
 
+impl<L: Clone> LaneBook<L> {
+    /// The chunk [`LaneBook::pop`] will hand out next, if the next frame is a chunk: a stripe
+    /// of a shared write is taken now and queued first as this lane's own, so the lane may
+    /// prepare its payload (copy it out of GPU memory) while it sends the frame before. It
+    /// stays queued: a cancelled transfer drops it and a dying lane reports it, as any other.
+    pub fn next_chunk(&mut self) -> Option<(TransferRef, &ChunkSpec, &L)> {
+        loop {
+            let item = self.queue.front_mut()?;
+            let (to, taken) = match &item.work {
+                Work::Chunk(..) => break,
+                Work::Finish(_) => return None,
+                Work::Shared(stripes, local) => {
+                    (item.to, stripes.take().map(|s| (s, local.clone())))
+                }
+            };
+            match taken {
+                Some((spec, local)) => {
+                    self.queue.push_front(Item {
+                        to,
+                        work: Work::Chunk(spec, local),
+                    });
+                    break;
+                }
+                // Every stripe is taken: the item is done, as `pop` would find.
+                None => {
+                    self.queue.pop_front();
+                }
+            }
+        }
+        match self.queue.front() {
+            Some(Item {
+                to,
+                work: Work::Chunk(spec, local),
+            }) => Some((*to, spec, local)),
+            _ => None,
+        }
+    }
+}
+
 /// A frame [`LaneBook::pop`] hands out to send.
 #[derive(Debug)]
 pub enum Sendable<L> {
@@ -546,8 +585,8 @@ mod tests {
         assert_eq!(lost.len(), 10);
     }
 
-    #[test]
-    fn shared_stripes_are_taken_while_left_and_death_reports_their_transfer() {
+    /// Two lanes' books holding a write of eight 1 MiB chunks, its stripes shared.
+    fn shared_write(uid: u64) -> (Vec<LaneBook<()>>, u32) {
         let layout = Layout::List(
             (0..8)
                 .map(|i| Piece {
@@ -571,11 +610,17 @@ mod tests {
             chunk_bytes: 1 << 20,
             share_stripes: true,
         };
-        let plan = dispatch(req, params, 0, to(7, 1), &()).unwrap().unwrap();
+        let plan = dispatch(req, params, 0, to(uid, 1), &()).unwrap().unwrap();
         let mut lanes: Vec<LaneBook<()>> = vec![LaneBook::default(), LaneBook::default()];
         for (l, items) in plan.lanes {
             lanes[l as usize].push(items);
         }
+        (lanes, plan.n_chunks)
+    }
+
+    #[test]
+    fn shared_stripes_are_taken_while_left_and_death_reports_their_transfer() {
+        let (mut lanes, n_chunks) = shared_write(7);
         let mut sent = Vec::new();
         // Lane 0 takes chunk 0, then both take stripes in turn until none is left.
         while let Some((_, Sendable::Chunk(c, ()))) = lanes[0].pop() {
@@ -585,8 +630,36 @@ mod tests {
             }
         }
         sent.sort_unstable();
-        assert_eq!(sent, (0..plan.n_chunks).collect::<Vec<_>>());
+        assert_eq!(sent, (0..n_chunks).collect::<Vec<_>>());
         assert!(lanes[1].pop().is_none());
         assert_eq!(lanes[1].die(always), Some(vec![]));
+    }
+
+    #[test]
+    fn the_next_chunk_is_fixed_for_its_lane_and_stays_its_queued_work() {
+        let (mut lanes, n_chunks) = shared_write(7);
+        // Lane 0's next chunk is chunk 0 (its own); once it is popped, the next is a stripe,
+        // taken from the shared list now: lane 1 can no longer get it.
+        assert_eq!(lanes[0].next_chunk().map(|(_, c, _)| c.chunk), Some(0));
+        assert!(matches!(lanes[0].pop(), Some((_, Sendable::Chunk(c, ()))) if c.chunk == 0));
+        let ahead = lanes[0].next_chunk().map(|(_, c, _)| c.chunk).unwrap();
+        assert_eq!(lanes[0].next_chunk().map(|(_, c, _)| c.chunk), Some(ahead));
+        let mut others = Vec::new();
+        while let Some((_, Sendable::Chunk(c, ()))) = lanes[1].pop() {
+            others.push(c.chunk);
+        }
+        assert!(!others.contains(&ahead) && others.len() as u32 == n_chunks - 2);
+        // Still queued: popped next, and reported if the lane dies before sending it.
+        assert!(matches!(lanes[0].pop(), Some((_, Sendable::Chunk(c, ()))) if c.chunk == ahead));
+        let (mut lanes, _) = shared_write(9);
+        lanes[0].pop();
+        lanes[0].next_chunk().unwrap();
+        assert_eq!(lanes[0].die(always), Some(vec![to(9, 1)]));
+        // A cancelled transfer drops it; nothing is left to fix.
+        let (mut lanes, _) = shared_write(11);
+        lanes[0].pop();
+        lanes[0].next_chunk().unwrap();
+        assert_eq!(lanes[0].cancel(11, 1), Fence::None);
+        assert!(lanes[0].next_chunk().is_none() && lanes[0].pop().is_none());
     }
 }

@@ -12,6 +12,7 @@ mod express;
 mod failures;
 mod fence;
 mod gpu;
+mod gpu_ahead;
 mod gpu_landing;
 mod gpu_same_host;
 mod gpu_vmm;

@@ -17,7 +17,7 @@ use crate::region::Region;
 mod recv;
 mod send;
 pub(crate) use recv::{landed, read_into_device, receive_into_device, Landing};
-pub(crate) use send::{push_from_device, SendError};
+pub(crate) use send::{copy_ahead, push_from_device, Ahead, DevicePayload, SendError};
 
 /// Copies a pipeline keeps in flight at most (more only if slots are free).
 const WINDOW: usize = 8;

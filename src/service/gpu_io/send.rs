@@ -41,19 +41,91 @@ fn issue_d2h(c: &Ctx, region: &Region, job: &Job, slot: &mut Slot) -> Result<(),
     Ok(())
 }
 
-/// Queue `frame` with the device bytes of `spans` (region offset, length) as its payload;
-/// `to_device` when the receiver places it into GPU memory (a same-host connection then
-/// offers it as device parts).
+/// The next frame's first staging slot, its copy out of device memory issued while the frame
+/// before it is sent ([`copy_ahead`]): the copy overlaps that send instead of following it.
+/// Kept by the lane for the chunk `key` (uid, generation, chunk); a chunk that does not come
+/// next after all (its transfer was cancelled) has its copy [`Ahead::discard`]ed.
+pub(crate) struct Ahead {
+    key: (u64, u64, u32),
+    slot: Slot,
+    limit: std::time::Duration,
+    /// The region the copy reads, kept registered until the copy is done.
+    _region: crate::region::SharedRegion,
+}
+
+impl Ahead {
+    /// Whether the copy was made for chunk `key`.
+    pub(crate) fn is_for(&self, key: (u64, u64, u32)) -> bool {
+        self.key == key
+    }
+
+    /// The copy's slot, when it was made for chunk `key`.
+    pub(crate) fn take_for(this: &mut Option<Ahead>, key: (u64, u64, u32)) -> Option<Slot> {
+        match this.take() {
+            Some(a) if a.key == key => Some(a.slot),
+            other => {
+                *this = other;
+                None
+            }
+        }
+    }
+
+    /// Let the copy finish without blocking the shard, then give the slot back.
+    pub(crate) async fn discard(mut self) {
+        // A failed copy is the next frame's to report, if it is ever sent.
+        let _ = self.slot.settle(self.limit).await;
+    }
+}
+
+/// Start copying the first staging slot of a chunk from device memory (`region`, `spans`)
+/// ahead of its frame, if a slot is free at once: never waits, and any failure leaves the
+/// copy to the frame's own turn (which reports it).
+pub(crate) fn copy_ahead(
+    shard: &Shard,
+    region: &crate::region::SharedRegion,
+    spans: &[(u64, u64)],
+    key: (u64, u64, u32),
+) -> Option<Ahead> {
+    let c = ctx(shard, region, true).ok()?;
+    let first = jobs(spans, c.staging.slot_bytes()).into_iter().next()?;
+    let mut slot = c.staging.try_acquire().ok()??;
+    issue_d2h(&c, region, &first, &mut slot).ok()?;
+    shard.stats.borrow_mut().gpu_copies_ahead += 1;
+    Some(Ahead {
+        key,
+        slot,
+        limit: c.limit,
+        _region: region.clone(),
+    })
+}
+
+/// A frame's payload in device memory: `spans` (offset, length) of `region`; `to_device`
+/// when the receiver places it into GPU memory (a same-host connection then offers it as
+/// device parts).
+pub(crate) struct DevicePayload<'a> {
+    pub region: &'a Region,
+    pub spans: &'a [(u64, u64)],
+    pub to_device: bool,
+}
+
+/// Queue `frame` with `payload` from device memory.
 /// The first slot is copied before the header is queued, so a GPU that refuses the copy
-/// leaves the connection untouched.
+/// leaves the connection untouched. `ahead`: that copy, already issued by [`copy_ahead`];
+/// `next` runs once this frame's first copies are issued (and before it waits for them): the
+/// sender copies its next frame's first slot ahead there.
 pub(crate) async fn push_from_device(
     shard: &Shard,
     writer: &mut FrameWriter,
     frame: &Frame,
-    region: &Region,
-    spans: &[(u64, u64)],
-    to_device: bool,
+    payload: DevicePayload<'_>,
+    ahead: Option<Slot>,
+    next: &mut dyn FnMut(),
 ) -> Result<(), SendError> {
+    let DevicePayload {
+        region,
+        spans,
+        to_device,
+    } = payload;
     let total: u64 = spans.iter().map(|s| s.1).sum();
     let mut header_sent = false;
     let offer = if to_device {
@@ -75,22 +147,44 @@ pub(crate) async fn push_from_device(
         shard.stats.borrow_mut().gpu_ipc_declined += 1;
         header_sent = true;
     }
-    stage_from_device(shard, writer, frame, region, spans, total, header_sent).await?;
+    let out = Outgoing {
+        frame,
+        region,
+        spans,
+        total,
+        header_sent,
+    };
+    stage_from_device(shard, writer, out, ahead, next).await?;
     shard.stats.borrow_mut().gpu_staged_bytes += total;
     Ok(())
 }
 
-/// [`push_from_device`] through pinned slots; `header_sent` when the frame's header has
-/// left already (device parts were declined), so a GPU failure is mid-frame from the start.
+/// A frame whose payload is staged out of device memory.
+struct Outgoing<'a> {
+    frame: &'a Frame,
+    region: &'a Region,
+    spans: &'a [(u64, u64)],
+    total: u64,
+    /// The frame's header has left already (device parts were declined), so a GPU failure
+    /// is mid-frame from the start.
+    header_sent: bool,
+}
+
+/// [`push_from_device`] through pinned slots.
 async fn stage_from_device(
     shard: &Shard,
     writer: &mut FrameWriter,
-    frame: &Frame,
-    region: &Region,
-    spans: &[(u64, u64)],
-    total: u64,
-    header_sent: bool,
+    out: Outgoing<'_>,
+    ahead: Option<Slot>,
+    next_frame: &mut dyn FnMut(),
 ) -> Result<(), SendError> {
+    let Outgoing {
+        frame,
+        region,
+        spans,
+        total,
+        header_sent,
+    } = out;
     let mid = |e: GpuError| {
         SendError::Conn(ConnError::Violation(format!(
             "GPU copy failed mid-frame: {e}"
@@ -107,6 +201,11 @@ async fn stage_from_device(
     let jobs = jobs(spans, c.staging.slot_bytes());
     let mut next = 0;
     let mut inflight: VecDeque<(Slot, usize)> = VecDeque::new();
+    if let Some(slot) = ahead {
+        // Its copy of job 0 was issued ahead (the same spans, cut to the same slot size).
+        inflight.push_back((slot, 0));
+        next = 1;
+    }
     while next < jobs.len() && inflight.len() < WINDOW {
         let slot = if inflight.is_empty() {
             Some(c.staging.acquire().await.map_err(early)?)
@@ -118,6 +217,8 @@ async fn stage_from_device(
         inflight.push_back((slot, next));
         next += 1;
     }
+    // This frame's copies are queued first: the next frame's copy runs after them.
+    next_frame();
     if let Some((first, _)) = inflight.front_mut() {
         first.settle(c.limit).await.map_err(early)?;
     }

@@ -18,7 +18,7 @@ use crate::proto::codes;
 use crate::proto::dispatch::TransferRef;
 use crate::proto::frame::{Frame, Hello};
 use crate::proto::handshake;
-use crate::proto::lane::{Fence, LaneBook, Report};
+use crate::proto::lane::{Fence, LaneBook, Report, Sendable};
 use crate::proto::limits::{NONCE_BYTES, VERSION};
 use crate::region::SharedRegion;
 use crate::stats::PeerSlot;
@@ -420,8 +420,22 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
     }
     let mut busy = false;
     let mut last_uid = None;
+    // The next chunk's first slot, copied out of GPU memory while this frame is sent.
+    let mut ahead: Option<super::gpu_io::Ahead> = None;
     loop {
         let next = lane.book.borrow_mut().pop();
+        if let Some(a) = ahead.take() {
+            // Made for the chunk then first in the queue: kept when that is this one.
+            let key = match &next {
+                Some((to, Sendable::Chunk(spec, _))) => Some((to.uid, to.gen, spec.chunk)),
+                _ => None,
+            };
+            match key.filter(|k| a.is_for(*k)) {
+                Some(_) => ahead = Some(a),
+                // Its transfer was cancelled: the copy is waited for, the slot returned.
+                None => a.discard().await,
+            }
+        }
         if !busy && (next.is_some() || express.as_ref().is_some_and(|p| p.has_spill())) {
             // A run starts: no express write goes in until it ends. The rest of an express
             // frame a full socket took only in part leaves first.
@@ -459,7 +473,7 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
         trace::mark(to.uid, trace::stage::ENCODE);
         trace::set_current(Some(to.uid));
         last_uid = Some(to.uid);
-        let sent = write_item(&shard, &lane, &mut writer, to, item).await;
+        let sent = write_item(&shard, &lane, &mut writer, (to, item), &mut ahead).await;
         trace::set_current(None);
         if let Err(e) = sent {
             return die(&shard, &lane, &format!("send failed: {e}"));

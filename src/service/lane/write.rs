@@ -4,6 +4,7 @@
 use std::rc::Rc;
 
 use super::{report, Lane};
+use crate::gpu::staging::Slot;
 use crate::proto::codes;
 use crate::proto::dispatch::{ChunkSpec, FinishSpec, TransferRef};
 use crate::proto::frame::{Chunk, Finish, Frame, Op};
@@ -11,7 +12,7 @@ use crate::proto::lane::{ReadWait, Report, Sendable};
 use crate::proto::layout::{remote_seg, Layout};
 use crate::proto::plan::total_bytes;
 use crate::region::SharedRegion;
-use crate::service::gpu_io::{self, SendError};
+use crate::service::gpu_io::{self, Ahead, SendError};
 use crate::service::Shard;
 use crate::transport::framed::FrameWriter;
 
@@ -90,17 +91,27 @@ struct Outgoing<'a> {
 }
 
 /// Send one queued item: a chunk (WRITE with its payload, or a READ request) or a FINISH.
+/// `ahead`: the lane's copy of a GPU chunk's first slot issued while the frame before was
+/// sent ([`gpu_io::copy_ahead`]); the item takes it when it is that chunk, and a WRITE
+/// from GPU memory over TCP leaves the next chunk's there in turn.
 pub(super) async fn write_item(
     shard: &Rc<Shard>,
     lane: &Lane,
     writer: &mut FrameWriter,
-    to: TransferRef,
-    item: Sendable<SharedRegion>,
+    (to, item): (TransferRef, Sendable<SharedRegion>),
+    ahead: &mut Option<Ahead>,
 ) -> std::io::Result<()> {
     let tag = lane.book.borrow_mut().next_tag();
     match item {
         Sendable::Chunk(spec, local) => {
-            write_chunk(shard, lane, writer, to, tag, spec, local).await
+            let mine = Ahead::take_for(ahead, (to.uid, to.gen, spec.chunk));
+            let mut next = || {
+                if lane.connected.get() == Some(super::TCP) {
+                    *ahead = copy_next(shard, lane);
+                }
+            };
+            let chunk = (to, tag, spec, local);
+            write_chunk(shard, lane, writer, chunk, mine, &mut next).await
         }
         Sendable::Finish(f) => {
             lane.book.borrow_mut().sending_finish(tag, to);
@@ -125,14 +136,28 @@ pub(super) async fn write_item(
     }
 }
 
+/// Copy the first staging slot of the lane's next chunk out of GPU memory, if that chunk is
+/// a WRITE from GPU memory (a stripe of a shared write is taken for this lane now).
+fn copy_next(shard: &Shard, lane: &Lane) -> Option<Ahead> {
+    let mut book = lane.book.borrow_mut();
+    let (to, spec, local) = book.next_chunk()?;
+    if spec.op != Op::Write || local.device().is_none() {
+        return None;
+    }
+    let spans: Vec<(u64, u64)> = spec.pieces.iter().map(|p| (p.local, p.len)).collect();
+    let key = (to.uid, to.gen, spec.chunk);
+    let local = local.clone();
+    drop(book);
+    gpu_io::copy_ahead(shard, &local, &spans, key)
+}
+
 async fn write_chunk(
     shard: &Rc<Shard>,
     lane: &Lane,
     writer: &mut FrameWriter,
-    to: TransferRef,
-    tag: u64,
-    spec: ChunkSpec,
-    local: SharedRegion,
+    (to, tag, spec, local): (TransferRef, u64, ChunkSpec, SharedRegion),
+    ahead: Option<Slot>,
+    next: &mut dyn FnMut(),
 ) -> std::io::Result<()> {
     let head = spec.head(tag, to.uid);
     let final_ = spec.final_;
@@ -148,7 +173,13 @@ async fn write_chunk(
                 .borrow_mut()
                 .sending_write(tag, to, final_, |t| shard.shared.may_run(t.owner, t.gen));
             let frame = Frame::Write { chunk: c, final_ };
-            match gpu_io::push_from_device(shard, writer, &frame, &local, &spans, to_device).await {
+            let payload = gpu_io::DevicePayload {
+                region: &local,
+                spans: &spans,
+                to_device,
+            };
+            let pushed = gpu_io::push_from_device(shard, writer, &frame, payload, ahead, next);
+            match pushed.await {
                 Ok(()) => {
                     shard.stats.borrow_mut().count_sent(lane.counters, bytes);
                     Ok(())

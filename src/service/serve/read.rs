@@ -125,7 +125,13 @@ async fn read_from_device(
         record(shard, conn, &rec, false);
     }
     let spans: Vec<(u64, u64)> = chunk.segs.iter().map(|s| (s.off, s.len)).collect();
-    match gpu_io::push_from_device(shard, writer, &frame, region, &spans, to_device).await {
+    let payload = gpu_io::DevicePayload {
+        region,
+        spans: &spans,
+        to_device,
+    };
+    let pushed = gpu_io::push_from_device(shard, writer, &frame, payload, None, &mut || {}).await;
+    match pushed {
         Ok(()) => Ok((codes::SUCCESS, String::new())),
         Err(SendError::Gpu(e)) => {
             // Nothing left yet: answer with the error instead (it replaces the SUCCESS

@@ -87,6 +87,9 @@ pub struct Counters {
     /// `gpu_overlapped_landings`.
     #[serde(default)]
     pub gpu_overlapped_landings: u64,
+    /// `gpu_copies_ahead`.
+    #[serde(default)]
+    pub gpu_copies_ahead: u64,
 }
 
 impl Counters {
@@ -104,6 +107,7 @@ impl Counters {
                 lane_failures: t.lane_failures,
                 gpu_staged_bytes: t.gpu_staged_bytes,
                 gpu_overlapped_landings: t.gpu_overlapped_landings,
+                gpu_copies_ahead: t.gpu_copies_ahead,
             }
         })
     }
@@ -130,6 +134,9 @@ impl Counters {
             gpu_overlapped_landings: self
                 .gpu_overlapped_landings
                 .saturating_sub(before.gpu_overlapped_landings),
+            gpu_copies_ahead: self
+                .gpu_copies_ahead
+                .saturating_sub(before.gpu_copies_ahead),
         }
     }
 }

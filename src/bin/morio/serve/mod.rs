@@ -279,6 +279,7 @@ fn stats_json(e: &IoEngine) -> serde_json::Value {
             "gpu_ipc_bytes": st.gpu_ipc_bytes,
             "gpu_ipc_declined": st.gpu_ipc_declined,
             "gpu_overlapped_landings": st.gpu_overlapped_landings,
+            "gpu_copies_ahead": st.gpu_copies_ahead,
             "busy_poll_backoffs": st.busy_poll_backoffs,
             "busy_poll_handoffs": st.busy_poll_handoffs,
             "same_host_doorbells": st.same_host_doorbells,
