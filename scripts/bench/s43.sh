@@ -4,7 +4,10 @@
 #               64 MiB write and read and 1 MiB x 256 write (default lanes, then 16), each
 #               summarised by gpu-send-trace.py (copy wait / send / gap per chunk)
 #   PART=ab     VARIANTS (s40-landing.sh's format) interleaved ROUNDS times over ROWS
-#   OUT=$OUT PART=trace bash scripts/bench/s43.sh       (carry .dev: morio, engine-tests)
+#   PART=ahead  copy-ahead (.dev/morio) against the build before it (.dev/morio-old): the GPU
+#               suite on CUDA, traced single 64 MiB and 1 MiB x 256 GPU writes of both, then
+#               old / new / new with 16 GPU lanes interleaved ROUNDS times
+#   OUT=$OUT PART=trace bash scripts/bench/s43.sh       (carry .dev: morio, morio-old, engine-tests)
 set -u
 O=${OUT:-/tmp/s43}
 P=${PART:-trace}
@@ -32,9 +35,22 @@ trace)
 		trace "gw$l" --op-type write "${B[@]}" "${x[@]}"
 	done
 	(cd "$O" && tar czf s43-trace.tgz tr && rm -rf tr) ;;
+ahead)
+	echo "=== GPU suite on CUDA"
+	MORIO_TEST_GPU=1 timeout 120 .dev/engine-tests gpu --test-threads 2 2>&1 | grep -E "test result|panicked|FAILED" | head
+	for b in old new; do
+		M=.dev/morio
+		[[ $b == old ]] && M=.dev/morio-old
+		trace "g64w-$b" --op-type write "${S[@]}"
+		trace "gw-$b" --op-type write "${B[@]}"
+	done
+	(cd "$O" && tar czf s43-trace.tgz tr && rm -rf tr)
+	OUT=$O ROUNDS=${ROUNDS:-3} VARIANTS="old .dev/morio-old; new .dev/morio; n16 .dev/morio --gpu-data-conns 16" \
+		ROWS="${ROWS:-hw gw gr g64w g64r cgw gcw g4w}" timeout "${ABLIMIT:-420}" bash scripts/bench/s40-landing.sh >"$O/ab.txt" 2>&1
+	tail -30 "$O/ab.txt" ;;
 ab)
 	OUT=$O ROUNDS=${ROUNDS:-3} VARIANTS="$VARIANTS" ROWS="${ROWS:-hw gw gr g64w g64r cgw gcw g4w}" \
 		timeout "${ABLIMIT:-420}" bash scripts/bench/s40-landing.sh >"$O/ab.txt" 2>&1
 	tail -30 "$O/ab.txt" ;;
-*) echo "PART must be trace or ab" >&2; exit 2 ;;
+*) echo "PART must be trace, ahead or ab" >&2; exit 2 ;;
 esac
