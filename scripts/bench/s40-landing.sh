@@ -27,7 +27,13 @@ T=(--loopback --no-ceiling --no-floor --same-host off ${EXTRA:-})
 M=(--iters 48 --buffer-size 1048576 --transfer-batch-size 256 --enable-batch-transfer --enable-sess --batch-contiguous)
 S=(--iters 16 --buffer-size 67108864 --transfer-batch-size 1)
 for ((r = 1; r <= R; r++)); do
-	for b in "${NAMES[@]}"; do
+	# Even rounds run the builds in reverse order, so no build always runs first.
+	ORDER=("${NAMES[@]}")
+	if ((r % 2 == 0)); then
+		ORDER=()
+		for ((i = ${#NAMES[@]} - 1; i >= 0; i--)); do ORDER+=("${NAMES[i]}"); done
+	fi
+	for b in "${ORDER[@]}"; do
 		run() {
 			local n=$1
 			shift

@@ -432,6 +432,13 @@ async fn on_frame(
     let violation = |v: target::Violation| ConnError::Violation(v.0);
     let joins = &shard.shared.joins;
     let inbound = target::classify(frame).map_err(violation)?;
+    if let Some(a) = turn.ahead.take() {
+        // Made for the READ then buffered next: kept when that is this one.
+        match &inbound {
+            Inbound::Read(c, ..) if a.is_for(read::ahead_key(c)) => turn.ahead = Some(a),
+            _ => a.discard().await,
+        }
+    }
     match inbound {
         Inbound::Write(chunk, final_) => {
             on_write(
@@ -446,14 +453,25 @@ async fn on_frame(
         }
         Inbound::Read(chunk, final_, to_device) => {
             answer_landed(shard, conn, writer, turn).await?;
-            let (region, checked) = check(shard, conn, &chunk, final_)?;
+            let checked = check(shard, conn, &chunk, final_)?;
+            let key = read::ahead_key(&chunk);
+            let slot = gpu_io::Ahead::take_for(&mut turn.ahead, key);
+            let (reader, staged) = (&*reader, read::stages_device(writer));
+            let mut next = || {
+                if staged {
+                    turn.ahead = read::copy_next(shard, reader);
+                }
+            };
             let (code, msg) = read(
                 shard,
                 conn,
                 writer,
                 (&chunk, final_, to_device),
-                checked,
-                region,
+                (checked.1, checked.0),
+                read::CopyAhead {
+                    slot,
+                    next: &mut next,
+                },
             )
             .await?;
             if code == codes::SUCCESS {

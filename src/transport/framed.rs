@@ -177,6 +177,19 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
+    /// The next frame, when it is buffered whole and the frame before has no payload left to
+    /// read, decoded without taking it; `None` otherwise (a frame that does not decode is
+    /// left for `next_frame` to report).
+    pub(crate) fn peek_frame(&self) -> Option<Frame> {
+        if self.payload_left > 0 {
+            return None;
+        }
+        decode_frame(&self.buf[self.start..self.end])
+            .ok()
+            .flatten()
+            .map(|(f, _, _)| f)
+    }
+
     /// Whether a whole header and body are already buffered (the next `next_frame` will not
     /// wait for the socket).
     pub(crate) fn frame_ready(&self) -> bool {

@@ -1,6 +1,7 @@
 //! GPU memory sent through staging: a lane copies its next chunk's first slot out of device
 //! memory while it sends the frame before ("copy-ahead"), for the chunks of one transfer and
-//! for the next transfer's; a copy failing there fails its transfer, never hangs it.
+//! for the next transfer's, and a target does the same for the next READ it has buffered; a
+//! copy failing there fails its transfer, never hangs it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,9 +27,9 @@ fn one_lane() -> TcpBackendConfig {
 }
 
 /// With slow copies (the fake's delay), the chunks of a write from GPU memory, into GPU and
-/// into host memory, have their copies out of device memory issued while the chunk before is
-/// sent (counted), and so do the first chunks of writes queued behind another; every byte
-/// lands where it should.
+/// into host memory, and of a read from the target's GPU memory have their copies out of
+/// device memory issued while the chunk before is sent (counted), and so do the first chunks
+/// of writes queued behind another; every byte lands where it should.
 #[test]
 fn chunks_are_copied_out_of_gpu_memory_while_the_chunk_before_is_sent() {
     let fake = Arc::new(FakeGpu::new(1));
@@ -47,6 +48,21 @@ fn chunks_are_copied_out_of_gpu_memory_while_the_chunk_before_is_sent() {
         assert_bytes_eq(&dst.to_vec(), &data, &what);
         let ahead = a.stats().unwrap().total().gpu_copies_ahead - before;
         // Sixteen chunks: all but the first may be copied ahead; with 1 ms copies most are.
+        assert!((8..=15).contains(&ahead), "{what}: {ahead} copied ahead");
+    }
+
+    // Reads of the target's GPU memory: the target copies the next READ chunk's slot while it
+    // sends the READ_DATA before.
+    for (i, into) in [Kind::Gpu, Kind::Cpu].into_iter().enumerate() {
+        let what = format!("{into:?} <- GPU read");
+        let data = random_big(n, 60 + i as u64);
+        let src = buffer(&b, Kind::Gpu, &data);
+        let dst = buffer(&a, into, &vec![0u8; n]);
+        let before = b.stats().unwrap().total().gpu_copies_ahead;
+        let uid = a.allocate_transfer_uid();
+        assert_ok(&a.read(dst.desc(), 0, src.desc(), 0, n, uid), &what);
+        assert_bytes_eq(&dst.to_vec(), &data, &what);
+        let ahead = b.stats().unwrap().total().gpu_copies_ahead - before;
         assert!((8..=15).contains(&ahead), "{what}: {ahead} copied ahead");
     }
 

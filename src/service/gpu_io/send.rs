@@ -111,8 +111,8 @@ pub(crate) struct DevicePayload<'a> {
 /// Queue `frame` with `payload` from device memory.
 /// The first slot is copied before the header is queued, so a GPU that refuses the copy
 /// leaves the connection untouched. `ahead`: that copy, already issued by [`copy_ahead`];
-/// `next` runs once this frame's first copies are issued (and before it waits for them): the
-/// sender copies its next frame's first slot ahead there.
+/// `next` runs once this frame's first slot is copied, before its bytes are sent: the sender
+/// copies its next frame's first slot ahead there.
 pub(crate) async fn push_from_device(
     shard: &Shard,
     writer: &mut FrameWriter,
@@ -217,11 +217,14 @@ async fn stage_from_device(
         inflight.push_back((slot, next));
         next += 1;
     }
-    // This frame's copies are queued first: the next frame's copy runs after them.
-    next_frame();
     if let Some((first, _)) = inflight.front_mut() {
         first.settle(c.limit).await.map_err(early)?;
     }
+    // The next frame's copy is issued once this frame's first is done, not beside it: at the
+    // start of a transfer every lane's first copy then has the GPU's copy engines to itself
+    // (queued together, the first and the next copies of all lanes shared them and every
+    // lane's first send waited for both, s43-runs.md). It still overlaps this frame's send.
+    next_frame();
     if let Frame::Write { chunk, .. } = frame {
         crate::trace::mark(chunk.uid, crate::trace::stage::G_STAGED);
     } else if let Frame::ReadData { reply, .. } = frame {

@@ -5,12 +5,57 @@ use std::rc::Rc;
 
 use super::gpu_io::{self, SendError};
 use super::{record, status_of, Link, Shard};
+use crate::gpu::staging::Slot;
 use crate::proto::codes;
-use crate::proto::frame::{Chunk, Run, Segs};
+use crate::proto::frame::{Chunk, Frame, Run, Segs};
 use crate::proto::inbound::Refusal;
 use crate::proto::target;
 use crate::region::SharedRegion;
-use crate::transport::framed::{ConnError, FrameWriter};
+use crate::transport::framed::{ConnError, FrameReader, FrameWriter};
+use crate::transport::local::DeviceRecords;
+use crate::transport::Rx;
+
+/// A READ_DATA's copy-ahead: the slot copied out of GPU memory for this chunk while the
+/// READ_DATA before it was sent, if any, and what copies the next chunk's ([`copy_next`]).
+pub(super) struct CopyAhead<'a> {
+    pub(super) slot: Option<Slot>,
+    pub(super) next: &'a mut dyn FnMut(),
+}
+
+/// Whether READ_DATA on this connection is staged whenever it comes from GPU memory (it
+/// offers no device parts): only then does [`copy_next`] copy ahead.
+pub(super) fn stages_device(writer: &FrameWriter) -> bool {
+    writer.offers_device() == DeviceRecords::None
+}
+
+/// Copy the first staging slot of the connection's next frame out of GPU memory: when it is a
+/// READ already buffered whole, of a region of device memory this shard serves, with its
+/// access key and in range. The frame is still checked as usual when its turn comes; this
+/// only reads into a slot of ours.
+pub(super) fn copy_next(shard: &Shard, reader: &FrameReader<Rx>) -> Option<gpu_io::Ahead> {
+    let Some(Frame::Read { chunk, .. }) = reader.peek_frame() else {
+        return None;
+    };
+    let region = shard.regions.borrow().get(&chunk.mem_id).cloned()?;
+    region.device()?;
+    if region.access_key() != chunk.access_key {
+        return None;
+    }
+    let len = region.len() as u64;
+    let spans: Vec<(u64, u64)> = chunk.segs.iter().map(|s| (s.off, s.len)).collect();
+    if spans
+        .iter()
+        .any(|&(o, l)| o.checked_add(l).is_none_or(|e| e > len))
+    {
+        return None;
+    }
+    gpu_io::copy_ahead(shard, &region, &spans, ahead_key(&chunk))
+}
+
+/// What a READ chunk's copy-ahead is kept for: its uid, tag and index.
+pub(super) fn ahead_key(chunk: &Chunk) -> (u64, u64, u32) {
+    (chunk.uid, chunk.tag, chunk.chunk)
+}
 
 /// Answer a READ chunk (`req`: the chunk, whether it is final, whether the initiator places
 /// it into GPU memory) with READ_DATA (its bytes, or its refusal); a FINAL one records the
@@ -20,8 +65,8 @@ pub(super) async fn read(
     conn: &Link,
     writer: &mut FrameWriter,
     req: (&Chunk, bool, bool),
-    checked: Result<(), Refusal>,
-    region: Option<SharedRegion>,
+    (checked, region): (Result<(), Refusal>, Option<SharedRegion>),
+    ahead: CopyAhead<'_>,
 ) -> Result<(u32, String), ConnError> {
     let (chunk, final_, _) = req;
     let region = match (checked, region) {
@@ -38,7 +83,7 @@ pub(super) async fn read(
         }
     };
     if region.device().is_some() {
-        return read_from_device(shard, conn, writer, &region, req).await;
+        return read_from_device(shard, conn, writer, (&region, req), ahead).await;
     }
     if let Some(r) = inline_run(&chunk.segs, writer.inline_bytes()) {
         return read_run(shard, conn, writer, req, &region, r).await;
@@ -113,8 +158,8 @@ async fn read_from_device(
     shard: &Rc<Shard>,
     conn: &Link,
     writer: &mut FrameWriter,
-    region: &crate::region::Region,
-    req: (&Chunk, bool, bool),
+    (region, req): (&crate::region::Region, (&Chunk, bool, bool)),
+    ahead: CopyAhead<'_>,
 ) -> Result<(u32, String), ConnError> {
     let (chunk, final_, to_device) = req;
     // As for host memory: recorded before the bytes leave.
@@ -130,7 +175,8 @@ async fn read_from_device(
         spans: &spans,
         to_device,
     };
-    let pushed = gpu_io::push_from_device(shard, writer, &frame, payload, None, &mut || {}).await;
+    let pushed = gpu_io::push_from_device(shard, writer, &frame, payload, ahead.slot, ahead.next);
+    let pushed = pushed.await;
     match pushed {
         Ok(()) => Ok((codes::SUCCESS, String::new())),
         Err(SendError::Gpu(e)) => {

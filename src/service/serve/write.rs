@@ -24,6 +24,9 @@ pub(super) struct Turn {
     /// memory run while the connection reads the next frame (which had begun to arrive), and
     /// it is answered before anything that frame brings.
     landing: Option<Landing>,
+    /// The next READ chunk's first staging slot, copied out of GPU memory while the READ_DATA
+    /// before it was sent (`read::copy_next`).
+    pub(super) ahead: Option<crate::service::gpu_io::Ahead>,
 }
 
 impl Turn {
