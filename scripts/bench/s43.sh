@@ -42,11 +42,12 @@ ahead)
 		M=.dev/morio
 		[[ $b == old ]] && M=.dev/morio-old
 		trace "g64w-$b" --op-type write "${S[@]}"
+		trace "g64r-$b" --op-type read "${S[@]}"
 		trace "gw-$b" --op-type write "${B[@]}"
 	done
 	(cd "$O" && tar czf s43-trace.tgz tr && rm -rf tr)
-	OUT=$O ROUNDS=${ROUNDS:-3} VARIANTS="old .dev/morio-old; new .dev/morio; n16 .dev/morio --gpu-data-conns 16" \
-		ROWS="${ROWS:-hw gw gr g64w g64r cgw gcw g4w}" timeout "${ABLIMIT:-420}" bash scripts/bench/s40-landing.sh >"$O/ab.txt" 2>&1
+	OUT=$O ROUNDS=${ROUNDS:-6} VARIANTS="old .dev/morio-old; new .dev/morio; n16 .dev/morio --gpu-data-conns 16" \
+		ROWS="${ROWS:-hw h64w gw gr g64w g64r cgw gcw g4w}" timeout "${ABLIMIT:-420}" bash scripts/bench/s40-landing.sh >"$O/ab.txt" 2>&1
 	tail -30 "$O/ab.txt" ;;
 ab)
 	OUT=$O ROUNDS=${ROUNDS:-3} VARIANTS="$VARIANTS" ROWS="${ROWS:-hw gw gr g64w g64r cgw gcw g4w}" \
