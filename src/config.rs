@@ -64,14 +64,15 @@ pub struct TcpBackendConfig {
     /// Lanes (data connections) per peer, 1..=16 (MORI default 8).
     pub num_data_conns: usize,
     /// Lanes a transfer staged through GPU memory over TCP stripes over where that gives each
-    /// a whole `gpu_chunk_bytes` chunk, 1..=16; `None` (the default): `num_data_conns`, and
-    /// never fewer ([`Self::gpu_lanes`]), so nobody gets more connections than asked for. A lane's staged chunk waits for its copy between device memory
-    /// and a pinned slot before its first byte leaves and after its last lands, and a second
-    /// lane on the same shard sends meanwhile: 16 lanes moved GPU batches 8–12 % faster on an
-    /// H100 (`docs/perf/s41-runs.md`), where striping every transfer over 16 costs a 4 KiB ×
-    /// 256 batch 29 %; with this only large staged transfers use the lanes past
-    /// `num_data_conns` (dialed on a peer's first one). Not the default: on a noisy H100,
-    /// CPU → GPU writes lost 5–19 % with 16 (`docs/perf/s42-runs.md`).
+    /// a whole `gpu_chunk_bytes` chunk, 1..=16, never fewer than `num_data_conns`; `None`
+    /// (the default): twice `num_data_conns`, at most 16 ([`Self::gpu_lanes`]). A lane's
+    /// staged chunk waits for its copy between device memory and a pinned slot before its
+    /// first byte leaves and after its last lands, and a second lane on the same shard sends
+    /// meanwhile: with copy-ahead, 16 lanes against 8 moved GPU → GPU writes 4–8 % and
+    /// GPU → CPU writes 10 % faster on an H100, reads within noise (`docs/perf/s43-runs.md`),
+    /// where striping every transfer over 16 costs a 4 KiB × 256 batch 29 % (s41); so only
+    /// large staged transfers use the lanes past `num_data_conns` (dialed on a peer's first
+    /// one).
     pub gpu_data_conns: Option<usize>,
     /// Transfers of at least this many bytes are striped over all lanes (MORI default 64 KiB).
     pub striping_threshold_bytes: usize,
@@ -577,9 +578,13 @@ impl TcpBackendConfig {
     }
 
     /// Lanes a staged GPU transfer stripes over, and every lane a peer may have: the larger
-    /// of `gpu_data_conns` (when set) and `num_data_conns`.
+    /// of `gpu_data_conns` and `num_data_conns`; unset, twice `num_data_conns` (at most 16).
     pub fn gpu_lanes(&self) -> usize {
-        self.gpu_data_conns.unwrap_or(0).max(self.num_data_conns)
+        let n = self.num_data_conns;
+        match self.gpu_data_conns {
+            Some(g) => g.max(n),
+            None => (2 * n).min(MAX_LANES as usize).max(n),
+        }
     }
 
     /// The staging slot size each of `n_shards` shards uses: `gpu_slot_bytes`, or less (a
@@ -650,14 +655,18 @@ mod tests {
     }
 
     #[test]
-    fn gpu_lanes_are_num_data_conns_unless_more_are_asked_for() {
+    fn gpu_lanes_are_twice_num_data_conns_unless_set() {
         let c = |num, gpu| TcpBackendConfig {
             num_data_conns: num,
             gpu_data_conns: gpu,
             ..TcpBackendConfig::default()
         };
-        assert_eq!(c(8, None).gpu_lanes(), 8);
-        assert_eq!(c(2, None).gpu_lanes(), 2);
+        assert_eq!(TcpBackendConfig::default().gpu_lanes(), 16);
+        assert_eq!(c(8, None).gpu_lanes(), 16);
+        assert_eq!(c(2, None).gpu_lanes(), 4);
+        assert_eq!(c(12, None).gpu_lanes(), 16);
+        assert_eq!(c(16, None).gpu_lanes(), 16);
+        assert_eq!(c(8, Some(8)).gpu_lanes(), 8);
         assert_eq!(c(2, Some(16)).gpu_lanes(), 16);
         assert_eq!(c(8, Some(4)).gpu_lanes(), 8);
         assert!(c(2, Some(16)).validate().is_ok());

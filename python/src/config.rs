@@ -576,9 +576,9 @@ impl PyTcpBackendConfig {
         self.cfg.gpu_chunk_bytes = v;
     }
     /// morio: lanes a transfer staged through GPU memory over TCP stripes over where each
-    /// gets a whole `gpu_chunk_bytes` chunk, 1..=16; None (the default): `num_data_conns`,
-    /// and never fewer. 16 on GPU-heavy nodes: more staged pipelines per shard, while small
-    /// batches keep `num_data_conns` lanes.
+    /// gets a whole `gpu_chunk_bytes` chunk, 1..=16, never fewer than `num_data_conns`; None
+    /// (the default): twice `num_data_conns`, at most 16. Small batches keep
+    /// `num_data_conns` lanes.
     #[getter]
     fn gpu_data_conns(&self) -> Option<usize> {
         self.cfg.gpu_data_conns

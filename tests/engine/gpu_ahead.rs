@@ -13,13 +13,14 @@ use morio::{StatusCode, TcpBackendConfig};
 use crate::common::*;
 use crate::gpu::{buffer, gpu_pair, Kind};
 
-/// One shard and one lane over TCP, 64 KiB chunks in one 64 KiB slot each, two slots per
-/// pool: the chunk being sent holds one, the next chunk's copy the other.
+/// One shard and one lane over TCP (for GPU transfers too), 64 KiB chunks in one 64 KiB slot
+/// each, two slots per pool: the chunk being sent holds one, the next chunk's copy the other.
 fn one_lane() -> TcpBackendConfig {
     cfg_with(|c| {
         c.same_host = Some(morio::SameHost::Off);
         c.num_shards = Some(1);
         c.num_data_conns = 1;
+        c.gpu_data_conns = Some(1);
         c.gpu_chunk_bytes = 64 << 10;
         c.gpu_slot_bytes = 64 << 10;
         c.gpu_staging_bytes = 2 * 2 * (64 << 10);

@@ -142,7 +142,7 @@ pub struct Args {
     #[arg(long, visible_alias = "tcp-num-data-conns", default_value_t = 8)]
     pub num_data_conns: usize,
     /// Lanes a transfer staged through GPU memory over TCP stripes over where each gets a
-    /// whole GPU chunk, 1..=16 (default and at least: --num-data-conns).
+    /// whole GPU chunk, 1..=16 (at least --num-data-conns; default twice that, at most 16).
     #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=16))]
     pub gpu_data_conns: Option<usize>,
     /// Transfers of at least this many bytes are striped over every lane.

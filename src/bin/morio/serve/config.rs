@@ -35,9 +35,9 @@ chunk_bytes = "1MiB"
 same_host_chunk_bytes = "8MiB"
 # Largest chunk one frame carries over TCP with GPU memory on either side.
 gpu_chunk_bytes = "2MiB"
-# Lanes a large transfer staged through GPU memory over TCP stripes over, 1..=16; leave out
-# for num_data_conns (and never fewer).
-# gpu_data_conns = 16
+# Lanes a large transfer staged through GPU memory over TCP stripes over, 1..=16 (never
+# fewer than num_data_conns); leave out for twice num_data_conns, at most 16.
+# gpu_data_conns = 12
 # Shard count; leave out for one per allowed CPU (at most num_data_conns).
 # shards = 8
 # Explicit shard CPUs, e.g. from `morio topology` (overrides shards).
@@ -592,10 +592,12 @@ mod tests {
         let base = DEFAULT_TOML.replace("num_data_conns = 8", "num_data_conns = 17");
         let e = ServeConfig::parse(&base).unwrap_err();
         assert!(format!("{e:#}").contains("num_data_conns"), "{e:#}");
-        let gpu = DEFAULT_TOML.replace("# gpu_data_conns = 16", "gpu_data_conns = 16");
+        let d = ServeConfig::parse(DEFAULT_TOML).unwrap().tcp_config();
+        assert_eq!((d.gpu_data_conns, d.gpu_lanes()), (None, 16));
+        let gpu = DEFAULT_TOML.replace("# gpu_data_conns = 12", "gpu_data_conns = 12");
         let c = ServeConfig::parse(&gpu).unwrap().tcp_config();
-        assert_eq!((c.gpu_data_conns, c.gpu_lanes()), (Some(16), 16));
-        let e = ServeConfig::parse(&gpu.replace("gpu_data_conns = 16", "gpu_data_conns = 17"))
+        assert_eq!((c.gpu_data_conns, c.gpu_lanes()), (Some(12), 12));
+        let e = ServeConfig::parse(&gpu.replace("gpu_data_conns = 12", "gpu_data_conns = 17"))
             .unwrap_err();
         assert!(format!("{e:#}").contains("gpu_data_conns"), "{e:#}");
         let e = ServeConfig::parse("[engine]\nkey='k'\nhost='x'\n[control]\nlisten='a'\n[oops]\n")
