@@ -38,32 +38,31 @@ fn chunks_are_copied_out_of_gpu_memory_while_the_chunk_before_is_sent() {
     let rt: Arc<dyn GpuRuntime> = fake.clone();
     let (a, b) = gpu_pair("gpu_ahead", one_lane(), &rt);
     let n = 1 << 20;
-    for (i, into) in [Kind::Gpu, Kind::Cpu].into_iter().enumerate() {
-        let what = format!("GPU -> {into:?} write");
+    // Writes from a's GPU memory (a copies ahead), then reads of b's (b, the target, copies
+    // the next READ chunk's slot while it sends the READ_DATA before); into GPU and host.
+    let cases = [
+        (false, Kind::Gpu),
+        (false, Kind::Cpu),
+        (true, Kind::Gpu),
+        (true, Kind::Cpu),
+    ];
+    for (i, (read, into)) in cases.into_iter().enumerate() {
+        let what = format!("{} into {into:?}", if read { "read" } else { "write" });
+        let (sender, receiver) = if read { (&b, &a) } else { (&a, &b) };
         let data = random_big(n, 50 + i as u64);
-        let src = buffer(&a, Kind::Gpu, &data);
-        let dst = buffer(&b, into, &vec![0u8; n]);
-        let before = a.stats().unwrap().total().gpu_copies_ahead;
+        let src = buffer(sender, Kind::Gpu, &data);
+        let dst = buffer(receiver, into, &vec![0u8; n]);
+        let before = sender.stats().unwrap().total().gpu_copies_ahead;
         let uid = a.allocate_transfer_uid();
-        assert_ok(&a.write(src.desc(), 0, dst.desc(), 0, n, uid), &what);
+        let st = if read {
+            a.read(dst.desc(), 0, src.desc(), 0, n, uid)
+        } else {
+            a.write(src.desc(), 0, dst.desc(), 0, n, uid)
+        };
+        assert_ok(&st, &what);
         assert_bytes_eq(&dst.to_vec(), &data, &what);
-        let ahead = a.stats().unwrap().total().gpu_copies_ahead - before;
+        let ahead = sender.stats().unwrap().total().gpu_copies_ahead - before;
         // Sixteen chunks: all but the first may be copied ahead; with 1 ms copies most are.
-        assert!((8..=15).contains(&ahead), "{what}: {ahead} copied ahead");
-    }
-
-    // Reads of the target's GPU memory: the target copies the next READ chunk's slot while it
-    // sends the READ_DATA before.
-    for (i, into) in [Kind::Gpu, Kind::Cpu].into_iter().enumerate() {
-        let what = format!("{into:?} <- GPU read");
-        let data = random_big(n, 60 + i as u64);
-        let src = buffer(&b, Kind::Gpu, &data);
-        let dst = buffer(&a, into, &vec![0u8; n]);
-        let before = b.stats().unwrap().total().gpu_copies_ahead;
-        let uid = a.allocate_transfer_uid();
-        assert_ok(&a.read(dst.desc(), 0, src.desc(), 0, n, uid), &what);
-        assert_bytes_eq(&dst.to_vec(), &data, &what);
-        let ahead = b.stats().unwrap().total().gpu_copies_ahead - before;
         assert!((8..=15).contains(&ahead), "{what}: {ahead} copied ahead");
     }
 
