@@ -4,7 +4,8 @@ thread of the processes whose command line contains PATTERN (name, allowed CPUs,
 time spent runnable but waiting for a CPU, context switches, from /proc); `threads.py diff
 A.json B.json` prints what each thread did between two snapshots: CPU ms, run-queue wait
 ms (preempted or waiting to be scheduled), voluntary and involuntary switches, the CPUs it
-may run on, and which other threads of those processes share them. A shard thread with
+may run on; then every other thread of the machine that ran for over a millisecond
+between the snapshots (kernel threads such as ksoftirqd included). A shard thread with
 milliseconds of run-queue wait shares its CPU with a thread that took it.
 """
 import json
@@ -27,8 +28,9 @@ def snap(pattern, out):
         if not pid.isdigit() or int(pid) == me:
             continue
         cmd = read(f"/proc/{pid}/cmdline").replace("\0", " ").strip()
-        if pattern not in cmd or "threads.py" in cmd:
+        if "threads.py" in cmd:
             continue
+        mine = pattern in cmd
         tasks = {}
         for tid in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else []:
             base = f"/proc/{pid}/task/{tid}"
@@ -49,15 +51,23 @@ def snap(pattern, out):
                 "nvcsw": int(status.get("nonvoluntary_ctxt_switches", "0")),
                 "last_cpu": int(fields[36]),
             }
-        procs[pid] = {"cmd": cmd[:160], "tasks": tasks}
+        procs[pid] = {"cmd": cmd[:160] or read(f"/proc/{pid}/comm").strip(), "mine": mine, "tasks": tasks}
     with open(out, "w") as f:
         json.dump(procs, f)
 
 
 def diff(a_path, b_path):
     a, b = json.load(open(a_path)), json.load(open(b_path))
+    others = []
     for pid, p in b.items():
         before = a.get(pid, {}).get("tasks", {})
+        if not p.get("mine", True):
+            for tid, t in p["tasks"].items():
+                o = before.get(tid, {"run_ns": t["run_ns"], "wait_ns": t["wait_ns"]})
+                run = (t["run_ns"] - o["run_ns"]) / 1e6
+                if run > 1.0:
+                    others.append((run, (t["wait_ns"] - o["wait_ns"]) / 1e6, t["cpus"], t["last_cpu"], t["comm"], p["cmd"][:40]))
+            continue
         print(f"== pid {pid}: {p['cmd']}")
         rows = []
         for tid, t in p["tasks"].items():
@@ -80,6 +90,9 @@ def diff(a_path, b_path):
             if run < 0.05 and wait < 0.05 and v == 0 and nv == 0:
                 continue
             print(f"  {comm[:18]:18} {tid:>7} {cpus:>10} {last:>4} {run:9.1f} {wait:8.2f} {v:7} {nv:6}")
+    print("== other threads that ran over 1 ms")
+    for run, wait, cpus, last, comm, cmd in sorted(others, reverse=True)[:40]:
+        print(f"  {comm[:18]:18} {cpus:>10} {last:>4} {run:9.1f} {wait:8.2f}  {cmd}")
 
 
 if __name__ == "__main__":
