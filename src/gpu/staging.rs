@@ -1,5 +1,6 @@
-//! A shard's pinned staging pool: fixed-size slots, allocated on first use up to a byte cap and
-//! then reused, so staging memory is bounded by the config and never grows with a transfer.
+//! A shard's pinned staging pool: fixed-size slots, all pinned when the pool is first used (up
+//! to a byte cap) and then reused, so staging memory is bounded by the config, never grows
+//! with a transfer, and no transfer after the first waits for memory to be pinned.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -46,6 +47,30 @@ impl Staging {
             peak_in_use: Cell::new(0),
             waiters: RefCell::new(Vec::new()),
         })
+    }
+
+    /// Pin every slot the cap allows now, so that no later transfer stalls its shard on a
+    /// pinning call (`cuMemHostAlloc` takes milliseconds, blocks the shard's thread and
+    /// serialises with the driver's other work). Stops at the first failure: the slots
+    /// pinned so far serve, and a pool that could pin none reports the error when a slot is
+    /// asked for, as a lazily filled one would.
+    pub(crate) fn fill(&self) {
+        let mut fresh = Vec::new();
+        while self.allocated.get() + fresh.len() < self.cap_slots {
+            match self.gpu.alloc_pinned(self.slot_bytes) {
+                Ok(b) => fresh.push(b),
+                Err(e) => {
+                    log::debug!(
+                        "staging pool pinned {} of {} slots: {e}",
+                        fresh.len(),
+                        self.cap_slots
+                    );
+                    break;
+                }
+            }
+        }
+        self.allocated.set(self.allocated.get() + fresh.len());
+        self.free.borrow_mut().extend(fresh);
     }
 
     /// Bytes per slot.

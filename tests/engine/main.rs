@@ -14,6 +14,7 @@ mod fence;
 mod gpu;
 mod gpu_ahead;
 mod gpu_landing;
+mod gpu_pool;
 mod gpu_same_host;
 mod gpu_vmm;
 mod host;

@@ -89,7 +89,11 @@ fn ctx(shard: &Shard, region: &Region, outgoing: bool) -> Result<Ctx, GpuError> 
     let slot = cfg.staging_slot_bytes(n_shards);
     let pool = if outgoing { &mut g.send } else { &mut g.recv };
     let staging = pool
-        .get_or_insert_with(|| Staging::new(dm.gpu.clone(), slot, per_pool))
+        .get_or_insert_with(|| {
+            let s = Staging::new(dm.gpu.clone(), slot, per_pool);
+            s.fill();
+            s
+        })
         .clone();
     Ok(Ctx {
         staging,
