@@ -134,7 +134,9 @@ pub struct TcpBackendConfig {
     /// How long an accepted connection may take to send its HELLO.
     pub handshake_timeout: Duration,
     /// Pinned host memory for GPU staging, for the whole engine (split evenly over shards;
-    /// allocated on first GPU transfer, never more). Bounds staging whatever the transfer size.
+    /// pinned whole once device memory is registered, so no transfer waits for it; never
+    /// more). Bounds staging whatever the transfer size; lower it where transfers of GPU
+    /// memory never stage (same-host peers only).
     pub gpu_staging_bytes: usize,
     /// Size of one staging slot (default 2 MiB): the unit of the copy/network pipeline (the
     /// D2H of slot i+1 overlaps the send of slot i; the receive of slot i+1 overlaps the H2D

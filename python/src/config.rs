@@ -637,7 +637,8 @@ impl PyTcpBackendConfig {
     fn set_handshake_timeout_ms(&mut self, v: u64) {
         self.cfg.handshake_timeout = Duration::from_millis(v);
     }
-    /// morio: pinned host memory for GPU staging, for the whole engine (default 64 MiB).
+    /// morio: pinned host memory for GPU staging, for the whole engine (default 64 MiB),
+    /// pinned once GPU memory is registered.
     #[getter]
     fn gpu_staging_bytes(&self) -> usize {
         self.cfg.gpu_staging_bytes

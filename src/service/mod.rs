@@ -248,8 +248,10 @@ impl Shard {
             }
             ShardMsg::Fenced { peer, uid, gen } => owner::fenced(self, &peer, uid, gen),
             ShardMsg::AddRegion(r, ack) => {
-                self.regions.borrow_mut().insert(r.id, r);
+                self.regions.borrow_mut().insert(r.id, r.clone());
                 let _ = ack.send(());
+                // After the ack: registration does not wait for it.
+                gpu_io::prewarm(self, &r);
             }
             ShardMsg::RemoveRegion(id, ack) => {
                 self.regions.borrow_mut().remove(&id);

@@ -76,6 +76,22 @@ fn stream(shard: &Shard, region: &Region) -> Result<Rc<dyn GpuStream>, GpuError>
     shard.gpu.borrow_mut().stream(dm)
 }
 
+/// Device memory was registered: create this shard's stream on its device and pin both
+/// staging pools now, once per shard, so that the first transfer that stages does not wait
+/// for them (pinning takes milliseconds per slot and blocks the shard's thread). A failure
+/// here is only logged: the transfer that needs the pool reports it.
+pub(crate) fn prewarm(shard: &Shard, region: &Region) {
+    if region.device().is_none() {
+        return;
+    }
+    for outgoing in [true, false] {
+        if let Err(e) = ctx(shard, region, outgoing) {
+            log::debug!("shard {}: GPU staging not prepared: {e}", shard.id);
+            return;
+        }
+    }
+}
+
 fn ctx(shard: &Shard, region: &Region, outgoing: bool) -> Result<Ctx, GpuError> {
     let stream = stream(shard, region)?;
     let dm = region.device().ok_or_else(|| GpuError::Call {
