@@ -5,15 +5,18 @@
 #               late, silences over 1 ms), then long untraced runs (GPU and host memory) with
 #               every thread's CPU time and run-queue wait sampled from /proc (threads.py),
 #               and, where perf works, `perf sched` over one second of a GPU run
+#   PART=first  the first transfers of a fresh engine pair, GPU -> GPU 2 MiB and 64 MiB writes
+#               (no warm-up): .dev/morio-nf (pools pinned as transfers need them) against
+#               .dev/morio (pinned when GPU memory is registered), ROUNDS alternating rounds
 #   PART=ab     VARIANTS (s40-landing.sh's format) interleaved ROUNDS times over ROWS
-#   OUT=$OUT PART=stall bash scripts/bench/s44.sh        (carry .dev: morio, morio-old)
+#   OUT=$OUT PART=stall bash scripts/bench/s44.sh        (carry .dev: morio, morio-nf)
 set -u
 O=${OUT:-/tmp/s44}
 P=${PART:-stall}
 M=${MORIO:-.dev/morio}
 mkdir -p "$O"
 nvidia-smi --query-gpu=name --format=csv,noheader
-T=(--loopback --no-ceiling --no-floor --same-host off)
+T=(--loopback --no-ceiling --no-floor --same-host off ${EXTRA:-})
 B=(--buffer-size 1048576 --transfer-batch-size 256 --enable-batch-transfer --enable-sess --batch-contiguous)
 S=(--buffer-size 67108864 --transfer-batch-size 1)
 traced() { # NAME ARGS...
@@ -60,9 +63,36 @@ stall)
 			rm -f "$O/sched.data"
 		fi
 	fi ;;
+first)
+	for ((r = 1; r <= ${ROUNDS:-5}; r++)); do
+		for b in nf new; do
+			bin=.dev/morio
+			[[ $b == nf ]] && bin=.dev/morio-nf
+			for sz in 2097152 67108864; do
+				j=$O/first-$b-$sz-$r.json
+				timeout 60 "$bin" bench "${T[@]}" --mem-type gpu --op-type write --buffer-size $sz \
+					--transfer-batch-size 1 --iters 4 --warmup 0 --json "$j" >/dev/null 2>&1 || echo "fail $b $sz $r"
+			done
+		done
+	done
+	python3 - "$O" <<'PY'
+import glob, json, statistics, sys
+rows = {}
+for f in glob.glob(sys.argv[1] + "/first-*.json"):
+    _, b, sz, _ = f.rsplit("/", 1)[1][:-5].split("-")
+    d = json.load(open(f))["rows"][0]["durations_us"]
+    rows.setdefault((b, int(sz)), []).append(d)
+print("build size  first transfer us per round (median)  | later ones median")
+for (b, sz), ds in sorted(rows.items()):
+    first = [d[0] for d in ds]
+    later = [x for d in ds for x in d[1:]]
+    print(f"{b:5} {sz >> 20:3} MiB " + " ".join(f"{x:8.0f}" for x in first)
+          + f"  ({statistics.median(first):.0f}) | {statistics.median(later):.0f}")
+PY
+	;;
 ab)
 	OUT=$O ROUNDS=${ROUNDS:-3} VARIANTS="$VARIANTS" ROWS="${ROWS:-hw gw gr g64w g64r cgw gcw g4w}" \
 		timeout "${ABLIMIT:-420}" bash scripts/bench/s40-landing.sh >"$O/ab.txt" 2>&1
 	tail -30 "$O/ab.txt" ;;
-*) echo "PART must be stall or ab" >&2; exit 2 ;;
+*) echo "PART must be stall, first or ab" >&2; exit 2 ;;
 esac
