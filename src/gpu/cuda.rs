@@ -11,7 +11,7 @@ use cudarc::driver::sys;
 
 use super::ipc::IpcCache;
 use super::{
-    BatchCopy, CopyDir, DeviceBuf, DeviceInfo, GpuError, GpuFence, GpuRuntime, GpuStream,
+    BatchCopy, Copy2d, CopyDir, DeviceBuf, DeviceInfo, GpuError, GpuFence, GpuRuntime, GpuStream,
     IpcExport, IpcExports, IpcKind, IpcLease, PinnedBuf,
 };
 
@@ -430,6 +430,43 @@ impl GpuStream for CudaStream {
             // SAFETY: forwarded from the caller.
             None => unsafe { super::one_by_one(self, dir, copies) },
         }
+    }
+
+    unsafe fn copy_2d(&self, dir: CopyDir, run: &Copy2d) -> Result<(), GpuError> {
+        use sys::CUmemorytype::{CU_MEMORYTYPE_DEVICE as DEV, CU_MEMORYTYPE_HOST as HOST};
+        let (src_type, dst_type) = match dir {
+            CopyDir::D2h => (DEV, HOST),
+            CopyDir::H2d => (HOST, DEV),
+            CopyDir::D2d => {
+                let rows: Vec<BatchCopy> = run.row_copies().collect();
+                // SAFETY: forwarded from the caller.
+                return unsafe { self.copy_batch(dir, &rows) };
+            }
+        };
+        let p = sys::CUDA_MEMCPY2D {
+            srcXInBytes: 0,
+            srcY: 0,
+            srcMemoryType: src_type,
+            srcHost: run.src as *const c_void,
+            srcDevice: run.src,
+            srcArray: std::ptr::null_mut(),
+            srcPitch: run.src_pitch as usize,
+            dstXInBytes: 0,
+            dstY: 0,
+            dstMemoryType: dst_type,
+            dstHost: run.dst as *mut c_void,
+            dstDevice: run.dst,
+            dstArray: std::ptr::null_mut(),
+            dstPitch: run.dst_pitch as usize,
+            WidthInBytes: run.width,
+            Height: run.rows,
+        };
+        bind(self.ctx)?;
+        // SAFETY: forwarded from the caller (every row is live memory of the kind named, left
+        // alone until a later fence); the stream is live until drop.
+        unsafe { sys::cuMemcpy2DAsync_v2(&p, self.stream as sys::CUstream) }
+            .result()
+            .map_err(err("cuMemcpy2DAsync"))
     }
 
     fn fence(&self) -> Result<Box<dyn GpuFence>, GpuError> {

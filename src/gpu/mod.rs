@@ -8,9 +8,11 @@ use std::sync::Arc;
 mod export;
 pub mod fake;
 pub mod ipc;
+mod strided;
 
 pub(crate) use export::export_fd_allowed;
 pub use export::{IpcExport, IpcExports, IpcKind};
+pub use strided::{runs_2d, Copy2d};
 
 pub use ipc::IpcLease;
 pub(crate) mod pack;
@@ -172,6 +174,17 @@ pub trait GpuStream: fmt::Debug {
         // SAFETY: forwarded from the caller.
         unsafe { one_by_one(self, dir, copies) }
     }
+    /// Enqueue the rows of `run`, all in direction `dir`, where the runtime can as one 2D copy
+    /// (CUDA's `cuMemcpy2DAsync`: the copy engine walks the rows itself). The default
+    /// enqueues them as a batch.
+    ///
+    /// # Safety
+    /// Every row as [`Self::copy_batch`] requires of a copy.
+    unsafe fn copy_2d(&self, dir: CopyDir, run: &Copy2d) -> Result<(), GpuError> {
+        let rows: Vec<BatchCopy> = run.row_copies().collect();
+        // SAFETY: forwarded from the caller.
+        unsafe { self.copy_batch(dir, &rows) }
+    }
     /// A fence that completes once every copy enqueued so far has.
     fn fence(&self) -> Result<Box<dyn GpuFence>, GpuError>;
 }
@@ -242,11 +255,12 @@ fn batch_max(dir: CopyDir) -> usize {
     }
 }
 
-/// Enqueue `copies` on `stream`: those of at most [`BATCH_MAX_COPY`] bytes (device to
-/// device: `MORIO_GPU_D2D_BATCH_MAX`) as one batch, larger ones one call each. A
-/// batch's copies may run in any order, so copies whose destinations overlap (a batch that
-/// writes one place twice: the later segment wins) go one by one in their order, as do all of
-/// them when batching is off.
+/// Enqueue `copies` on `stream`: runs of small copies at constant pitches (between host and
+/// device) as one 2D copy each ([`runs_2d`]; `MORIO_GPU_COPY_2D=off`: not), the other copies
+/// of at most [`BATCH_MAX_COPY`] bytes (device to device: `MORIO_GPU_D2D_BATCH_MAX`) as one
+/// batch, larger ones one call each. A batch's copies may run in any order, so copies whose
+/// destinations overlap (a batch that writes one place twice: the later segment wins) go one
+/// by one in their order, as do all of them when batching is off.
 ///
 /// # Safety
 /// As [`GpuStream::copy_batch`].
@@ -256,13 +270,28 @@ pub(crate) unsafe fn enqueue_copies(
     copies: &[BatchCopy],
 ) -> Result<(), GpuError> {
     let max = batch_max(dir);
-    let small = copies.iter().filter(|c| c.len <= max).count();
-    if small < 2 || !batch_copies() || destinations_overlap(copies) {
+    if copies.len() < 2 || !batch_copies() || destinations_overlap(copies) {
         // SAFETY: forwarded from the caller.
         return unsafe { one_by_one(stream, dir, copies) };
     }
-    let (batch, large): (Vec<BatchCopy>, Vec<BatchCopy>) =
-        copies.iter().partition(|c| c.len <= max);
+    let rest = if dir != CopyDir::D2d && copies.len() >= strided::MIN_ROWS && strided::copies_2d() {
+        // Rows at constant pitches (not between devices: a device-to-device copy's engine
+        // is the runtime's choice, measured for batches only).
+        let (runs, rest) = runs_2d(copies, max);
+        for r in &runs {
+            // SAFETY: forwarded from the caller; the rows are copies given.
+            unsafe { stream.copy_2d(dir, r)? };
+        }
+        rest
+    } else {
+        copies.to_vec()
+    };
+    let small = rest.iter().filter(|c| c.len <= max).count();
+    if small < 2 {
+        // SAFETY: forwarded from the caller.
+        return unsafe { one_by_one(stream, dir, &rest) };
+    }
+    let (batch, large): (Vec<BatchCopy>, Vec<BatchCopy>) = rest.iter().partition(|c| c.len <= max);
     // SAFETY: forwarded from the caller.
     unsafe {
         one_by_one(stream, dir, &large)?;
@@ -574,9 +603,10 @@ mod tests {
         }
         let h = host.as_slice().as_ptr() as u64;
         let d = dev.ptr();
-        // 16 small disjoint copies and one of 256 KiB.
-        let mut copies: Vec<BatchCopy> =
-            (0..16).map(|i| copy(d + i * 64, h + i * 32, 32)).collect();
+        // 16 small disjoint copies at irregular places and one of 256 KiB.
+        let mut copies: Vec<BatchCopy> = (0..16)
+            .map(|i| copy(d + i * 64, h + i * 32 + (i % 3) * 7, 32))
+            .collect();
         copies.push(copy(d + (512 << 10), h + (512 << 10), 256 << 10));
         let (b0, c0) = (gpu.batches(), gpu.copies());
         // SAFETY: both ranges are live allocations of this test, left alone until the fence.
@@ -587,10 +617,8 @@ mod tests {
         // SAFETY: the device buffer is live.
         unsafe { gpu.copy_from_device(0, &mut back, d) }.unwrap();
         for i in 0..16usize {
-            assert_eq!(
-                &back[i * 64..i * 64 + 32],
-                &host.as_slice()[i * 32..i * 32 + 32]
-            );
+            let at = i * 32 + (i % 3) * 7;
+            assert_eq!(&back[i * 64..i * 64 + 32], &host.as_slice()[at..at + 32]);
         }
         assert_eq!(
             &back[512 << 10..768 << 10],
@@ -609,5 +637,58 @@ mod tests {
         let s = host.as_slice();
         assert_eq!(&back[..4], &s[100..104]);
         assert_eq!(&back[4..12], &s[200..208]);
+    }
+
+    /// Small copies at constant pitches go as one 2D copy, both ways, a shorter run and the
+    /// copies around it as a batch; every byte lands where its copy says.
+    #[test]
+    fn copies_at_constant_pitches_go_as_one_2d_copy() {
+        let gpu = Arc::new(FakeGpu::new(1));
+        let dev = gpu.clone().alloc_device(0, 1 << 20).unwrap();
+        let stream = gpu.create_stream(0).unwrap();
+        let mut host = gpu.alloc_pinned(1 << 20).unwrap();
+        for (i, b) in host.as_mut_slice().iter_mut().enumerate() {
+            *b = (i % 253) as u8;
+        }
+        let h = host.as_slice().as_ptr() as u64;
+        let d = dev.ptr();
+        // MORI's layout (stride 4097) packed at 4096, then three copies too few for a run.
+        let mut copies: Vec<BatchCopy> = (0..32)
+            .map(|i| copy(d + i * 4097, h + i * 4096, 4096))
+            .collect();
+        copies
+            .extend((0..3).map(|i| copy(d + (512 << 10) + i * 100, h + (512 << 10) + i * 50, 50)));
+        let (b0, t0, c0) = (gpu.batches(), gpu.copies_2d(), gpu.copies());
+        // SAFETY: both ranges are live allocations of this test, left alone until the fence.
+        unsafe { enqueue_copies(&*stream, CopyDir::H2d, &copies) }.unwrap();
+        stream.fence().unwrap().wait_blocking().unwrap();
+        assert_eq!(
+            (gpu.batches() - b0, gpu.copies_2d() - t0, gpu.copies() - c0),
+            (1, 1, 35)
+        );
+        let mut back = vec![0u8; 1 << 20];
+        // SAFETY: the device buffer is live.
+        unsafe { gpu.copy_from_device(0, &mut back, d) }.unwrap();
+        for c in &copies {
+            let (at, from) = ((c.dst - d) as usize, (c.src - h) as usize);
+            assert_eq!(&back[at..at + c.len], &host.as_slice()[from..from + c.len]);
+        }
+        // And back out: device rows at 4097 into a packed slot, as one 2D copy.
+        let mut slot = gpu.alloc_pinned(32 * 4096).unwrap();
+        let s = slot.as_mut_slice().as_mut_ptr() as u64;
+        let out: Vec<BatchCopy> = (0..32)
+            .map(|i| copy(s + i * 4096, d + i * 4097, 4096))
+            .collect();
+        let t0 = gpu.copies_2d();
+        // SAFETY: as above.
+        unsafe { enqueue_copies(&*stream, CopyDir::D2h, &out) }.unwrap();
+        stream.fence().unwrap().wait_blocking().unwrap();
+        assert_eq!(gpu.copies_2d() - t0, 1);
+        for i in 0..32usize {
+            assert_eq!(
+                &slot.as_slice()[i * 4096..(i + 1) * 4096],
+                &host.as_slice()[i * 4096..(i + 1) * 4096]
+            );
+        }
     }
 }

@@ -15,7 +15,7 @@ use morio::{
 use crate::common::*;
 
 /// The runtimes to test: a fresh fake, and the machine's own when it has one.
-fn runtimes() -> Vec<(&'static str, Arc<dyn GpuRuntime>)> {
+pub(crate) fn runtimes() -> Vec<(&'static str, Arc<dyn GpuRuntime>)> {
     let mut v: Vec<(&'static str, Arc<dyn GpuRuntime>)> = vec![("fake", Arc::new(FakeGpu::new(2)))];
     match morio::gpu::detect() {
         Ok(rt) => v.push((rt.name(), rt)),

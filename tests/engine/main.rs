@@ -16,6 +16,7 @@ mod gpu_ahead;
 mod gpu_landing;
 mod gpu_pool;
 mod gpu_same_host;
+mod gpu_strided;
 mod gpu_vmm;
 mod host;
 mod in_process;

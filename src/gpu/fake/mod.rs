@@ -62,6 +62,7 @@ struct State {
     ipc_opens: AtomicU64,
     d2d_copies: AtomicU64,
     batches: AtomicU64,
+    copies_2d: AtomicU64,
     opened: Arc<IpcCache>,
     ipc_closes: Arc<AtomicU64>,
 }
@@ -102,6 +103,7 @@ impl FakeGpu {
                 ipc_opens: AtomicU64::new(0),
                 d2d_copies: AtomicU64::new(0),
                 batches: AtomicU64::new(0),
+                copies_2d: AtomicU64::new(0),
                 opened,
                 ipc_closes,
             }),
@@ -170,6 +172,12 @@ impl FakeGpu {
     /// [`Self::copies`] one by one).
     pub fn batches(&self) -> u64 {
         self.st.batches.load(Ordering::Relaxed)
+    }
+
+    /// 2D copies submitted so far ([`GpuStream::copy_2d`]; their rows count in
+    /// [`Self::copies`] one by one).
+    pub fn copies_2d(&self) -> u64 {
+        self.st.copies_2d.load(Ordering::Relaxed)
     }
 
     /// The allocation holding `ptr..ptr+len` and where it starts in this runtime's space
@@ -616,6 +624,13 @@ impl GpuStream for FakeStream {
         self.gpu.st.batches.fetch_add(1, Ordering::Relaxed);
         // SAFETY: forwarded from the caller.
         unsafe { super::one_by_one(self, dir, copies) }
+    }
+
+    unsafe fn copy_2d(&self, dir: CopyDir, run: &super::Copy2d) -> Result<(), GpuError> {
+        self.gpu.st.copies_2d.fetch_add(1, Ordering::Relaxed);
+        let rows: Vec<BatchCopy> = run.row_copies().collect();
+        // SAFETY: forwarded from the caller.
+        unsafe { super::one_by_one(self, dir, &rows) }
     }
 
     fn fence(&self) -> Result<Box<dyn GpuFence>, GpuError> {
