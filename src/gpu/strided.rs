@@ -39,6 +39,10 @@ pub const MIN_ROWS: usize = 4;
 /// Pitches beyond this never form a run (CUDA bounds a copy's pitch; 1 GiB is well inside).
 pub const MAX_PITCH: u64 = 1 << 30;
 
+/// Rows of one 2D copy at most; a longer run becomes several (2 MiB of 8-byte rows is 262,144;
+/// CUDA takes a million, HIP's 2D copies fail past about that, and 65,536 is safe for both).
+pub const MAX_ROWS: usize = 1 << 16;
+
 /// Whether runs of small copies go to the runtime as 2D copies: `MORIO_GPU_COPY_2D=off` keeps
 /// them as batches (an A/B knob, read once).
 pub(crate) fn copies_2d() -> bool {
@@ -51,9 +55,10 @@ pub(crate) fn copies_2d() -> bool {
     })
 }
 
-/// Split `copies` into runs (at least [`MIN_ROWS`] consecutive copies of one length of at
-/// most `max_width` bytes, whose sources and destinations rise by constant pitches of at
-/// least that length and at most [`MAX_PITCH`]) and the copies left, in their order.
+/// Split `copies` into runs (at least [`MIN_ROWS`] and at most [`MAX_ROWS`] consecutive copies
+/// of one length of at most `max_width` bytes, whose sources and destinations rise by
+/// constant pitches of at least that length and at most [`MAX_PITCH`]) and the copies left,
+/// in their order.
 pub fn runs_2d(copies: &[BatchCopy], max_width: usize) -> (Vec<Copy2d>, Vec<BatchCopy>) {
     let mut runs = Vec::new();
     let mut rest = Vec::new();
@@ -96,7 +101,7 @@ fn run_end(copies: &[BatchCopy], i: usize, max_width: usize) -> usize {
         return i + 1;
     }
     let mut end = i + 2;
-    while let Some(c) = copies.get(end) {
+    while let Some(c) = copies.get(end).filter(|_| end - i < MAX_ROWS) {
         let p = copies[end - 1];
         if c.len != a.len
             || c.dst.checked_sub(p.dst) != Some(dp)
@@ -162,6 +167,19 @@ mod tests {
         assert!(
             runs_2d(&wide, 128 << 10).0.is_empty(),
             "rows wider than a batch takes"
+        );
+        let long: Vec<BatchCopy> = (0..(MAX_ROWS as u64 * 2 + 5))
+            .map(|i| c(i * 8, i * 9, 8))
+            .collect();
+        let (runs, rest) = runs_2d(&long, 128 << 10);
+        assert_eq!(
+            runs.iter().map(|r| r.rows).collect::<Vec<_>>(),
+            vec![MAX_ROWS, MAX_ROWS, 5]
+        );
+        assert!(rest.is_empty());
+        assert_eq!(
+            (runs[1].dst, runs[1].src),
+            (MAX_ROWS as u64 * 8, MAX_ROWS as u64 * 9)
         );
         let far: Vec<BatchCopy> = (0..8).map(|i| c(i * 16, i * (MAX_PITCH + 1), 8)).collect();
         assert!(
