@@ -12,7 +12,8 @@ mod strided;
 
 pub(crate) use export::export_fd_allowed;
 pub use export::{IpcExport, IpcExports, IpcKind};
-pub use strided::{runs_2d, Copy2d};
+pub(crate) use strided::runs_2d;
+pub use strided::Copy2d;
 
 pub use ipc::IpcLease;
 pub(crate) mod pack;

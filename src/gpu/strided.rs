@@ -59,7 +59,7 @@ pub(crate) fn copies_2d() -> bool {
 /// of one length of at most `max_width` bytes, whose sources and destinations rise by
 /// constant pitches of at least that length and at most [`MAX_PITCH`]) and the copies left,
 /// in their order.
-pub fn runs_2d(copies: &[BatchCopy], max_width: usize) -> (Vec<Copy2d>, Vec<BatchCopy>) {
+pub(crate) fn runs_2d(copies: &[BatchCopy], max_width: usize) -> (Vec<Copy2d>, Vec<BatchCopy>) {
     let mut runs = Vec::new();
     let mut rest = Vec::new();
     let mut i = 0;
