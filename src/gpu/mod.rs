@@ -591,19 +591,25 @@ mod tests {
         ]));
     }
 
-    /// Small copies go as one batch and large ones alone; copies into one place twice keep
-    /// their order (the later wins), never batched.
-    #[test]
-    fn small_copies_are_batched_and_overlapping_ones_keep_their_order() {
+    /// A fake GPU, 1 MiB of its memory, a stream, and 1 MiB of pinned memory holding
+    /// `i % modulus` at byte `i`.
+    fn fake_setup(modulus: usize) -> (Arc<FakeGpu>, DeviceBuf, Box<dyn GpuStream>, PinnedBuf) {
         let gpu = Arc::new(FakeGpu::new(1));
         let dev = gpu.clone().alloc_device(0, 1 << 20).unwrap();
         let stream = gpu.create_stream(0).unwrap();
         let mut host = gpu.alloc_pinned(1 << 20).unwrap();
         for (i, b) in host.as_mut_slice().iter_mut().enumerate() {
-            *b = (i % 251) as u8;
+            *b = (i % modulus) as u8;
         }
-        let h = host.as_slice().as_ptr() as u64;
-        let d = dev.ptr();
+        (gpu, dev, stream, host)
+    }
+
+    /// Small copies go as one batch and large ones alone; copies into one place twice keep
+    /// their order (the later wins), never batched.
+    #[test]
+    fn small_copies_are_batched_and_overlapping_ones_keep_their_order() {
+        let (gpu, dev, stream, host) = fake_setup(251);
+        let (h, d) = (host.as_slice().as_ptr() as u64, dev.ptr());
         // 16 small disjoint copies at irregular places and one of 256 KiB.
         let mut copies: Vec<BatchCopy> = (0..16)
             .map(|i| copy(d + i * 64, h + i * 32 + (i % 3) * 7, 32))
@@ -644,15 +650,8 @@ mod tests {
     /// copies around it as a batch; every byte lands where its copy says.
     #[test]
     fn copies_at_constant_pitches_go_as_one_2d_copy() {
-        let gpu = Arc::new(FakeGpu::new(1));
-        let dev = gpu.clone().alloc_device(0, 1 << 20).unwrap();
-        let stream = gpu.create_stream(0).unwrap();
-        let mut host = gpu.alloc_pinned(1 << 20).unwrap();
-        for (i, b) in host.as_mut_slice().iter_mut().enumerate() {
-            *b = (i % 253) as u8;
-        }
-        let h = host.as_slice().as_ptr() as u64;
-        let d = dev.ptr();
+        let (gpu, dev, stream, host) = fake_setup(253);
+        let (h, d) = (host.as_slice().as_ptr() as u64, dev.ptr());
         // MORI's layout (stride 4097) packed at 4096, then three copies too few for a run.
         let mut copies: Vec<BatchCopy> = (0..32)
             .map(|i| copy(d + i * 4097, h + i * 4096, 4096))

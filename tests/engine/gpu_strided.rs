@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use morio::gpu::fake::FakeGpu;
 use morio::gpu::GpuRuntime;
-use morio::IoEngine;
+use morio::{IoEngine, RegisteredBuffer};
 
 use crate::common::*;
 use crate::gpu::{buffer, gpu_pair, runtimes, Kind};
@@ -25,29 +25,32 @@ fn strided_round_trip(a: &IoEngine, b: &IoEngine, size: usize, count: usize, wha
     for &o in &offs {
         want[o..o + size].copy_from_slice(&data[o..o + size]);
     }
-    let uid = a.allocate_transfer_uid();
-    let st = a.batch_write(
-        &[src.desc().clone()],
-        std::slice::from_ref(&offs),
-        &[dst.desc().clone()],
-        std::slice::from_ref(&offs),
-        std::slice::from_ref(&sizes),
-        &[uid],
-    );
-    assert_ok(&st[0], what);
+    batch(a, true, &src, &dst, &offs, &sizes, what);
     assert_bytes_eq(&dst.to_vec(), &want, what);
     let back = buffer(a, Kind::Gpu, &vec![0u8; n]);
-    let uid = a.allocate_transfer_uid();
-    let st = a.batch_read(
-        &[back.desc().clone()],
-        std::slice::from_ref(&offs),
-        &[dst.desc().clone()],
-        std::slice::from_ref(&offs),
-        std::slice::from_ref(&sizes),
-        &[uid],
-    );
-    assert_ok(&st[0], what);
+    batch(a, false, &back, &dst, &offs, &sizes, what);
     assert_bytes_eq(&back.to_vec(), &want, what);
+}
+
+/// One batch write (or read) of `sizes` at `offs` on both sides between `local` and `remote`.
+fn batch(
+    a: &IoEngine,
+    write: bool,
+    local: &RegisteredBuffer,
+    remote: &RegisteredBuffer,
+    offs: &[usize],
+    sizes: &[usize],
+    what: &str,
+) {
+    let uid = a.allocate_transfer_uid();
+    let (l, r) = ([local.desc().clone()], [remote.desc().clone()]);
+    let (o, z) = ([offs.to_vec()], [sizes.to_vec()]);
+    let st = if write {
+        a.batch_write(&l, &o, &r, &o, &z, &[uid])
+    } else {
+        a.batch_read(&l, &o, &r, &o, &z, &[uid])
+    };
+    assert_ok(&st[0], what);
 }
 
 /// 4 KiB × 256 and 8 B × 1024 in MORI's layout, GPU to GPU over TCP: on the fake, the slots'
