@@ -132,6 +132,10 @@ pub struct Args {
     /// Contiguous offsets (i*size) instead of strided ones (i*(size+1)).
     #[arg(long)]
     pub batch_contiguous: bool,
+    /// The row's offsets in a seeded shuffled order: consecutive segments at irregular
+    /// places, as a paged KV cache's blocks (no 2D copies, no merging).
+    #[arg(long)]
+    pub batch_scattered: bool,
     /// Use the session API.
     #[arg(long)]
     pub enable_sess: bool,
@@ -419,6 +423,14 @@ impl Args {
         };
         per.and_then(|p| p.checked_mul(batch))
             .ok_or_else(|| anyhow::anyhow!("buffer size {size} × batch {batch} overflows"))
+    }
+
+    /// Where the rows' transfers lie.
+    pub fn layout(&self) -> super::data::Layout {
+        super::data::Layout {
+            contiguous: self.batch_contiguous,
+            scattered: self.batch_scattered,
+        }
     }
 
     /// Untimed iterations before each row.

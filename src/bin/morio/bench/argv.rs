@@ -203,6 +203,7 @@ impl Args {
             (self.all_batch, "--all-batch"),
             (self.enable_batch_transfer, "--enable-batch-transfer"),
             (self.batch_contiguous, "--batch-contiguous"),
+            (self.batch_scattered, "--batch-scattered"),
             (self.enable_sess, "--enable-sess"),
             (self.no_ceiling, "--no-ceiling"),
             (self.no_floor, "--no-floor"),

@@ -1,5 +1,6 @@
 //! Buffer contents for the benchmark: segment layouts (contiguous or MORI's stride of
-//! size+1), allocation without aborting, seeded scrambling, and xxh3 over a list of segments.
+//! size+1, in order or scattered), allocation without aborting, seeded scrambling, and xxh3
+//! over a list of segments.
 
 use std::sync::Arc;
 
@@ -12,25 +13,58 @@ use xxhash_rust::xxh3::Xxh3;
 /// Bytes copied per step when scrambling or hashing.
 const STEP: usize = 1 << 20;
 
+/// Where a row's transfers lie in the buffers (the same offsets on both sides).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Layout {
+    /// Slots of `size` bytes back to back (`--batch-contiguous`) instead of MORI's stride of
+    /// `size + 1`.
+    pub contiguous: bool,
+    /// The slots in a seeded shuffled order (`--batch-scattered`): no two consecutive
+    /// transfers a constant pitch apart, as a paged KV cache's block table.
+    pub scattered: bool,
+}
+
 /// Offset of transfer `i` of a row, for every `i < batch`.
-pub fn offsets(size: usize, batch: usize, contiguous: bool) -> Vec<usize> {
-    let stride = if contiguous { size } else { size + 1 };
-    (0..batch).map(|i| i * stride).collect()
+pub fn offsets(size: usize, batch: usize, layout: Layout) -> Vec<usize> {
+    let stride = if layout.contiguous { size } else { size + 1 };
+    let mut v: Vec<usize> = (0..batch).map(|i| i * stride).collect();
+    if layout.scattered {
+        shuffle(&mut v, 0x5EED ^ batch as u64);
+    }
+    v
+}
+
+/// Fisher–Yates with a splitmix64 stream: the same order for the same seed on every run and
+/// on both sides, without a generator crate's version deciding it.
+fn shuffle(v: &mut [usize], seed: u64) {
+    let mut x = seed;
+    let mut next = || {
+        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    for i in (1..v.len()).rev() {
+        let j = (next() % (i as u64 + 1)) as usize;
+        v.swap(i, j);
+    }
 }
 
 /// The row's segments as (offset, length) pairs, the same on both sides.
-pub fn segments(size: usize, batch: usize, contiguous: bool) -> Vec<(u64, u64)> {
-    offsets(size, batch, contiguous)
+pub fn segments(size: usize, batch: usize, layout: Layout) -> Vec<(u64, u64)> {
+    offsets(size, batch, layout)
         .into_iter()
         .map(|o| (o as u64, size as u64))
         .collect()
 }
 
-/// Bytes from 0 to the end of the row's last segment.
-pub fn extent(size: usize, batch: usize, contiguous: bool) -> usize {
-    offsets(size, batch, contiguous)
-        .last()
-        .map_or(0, |&o| o + size)
+/// Bytes from 0 to the end of the row's furthest segment.
+pub fn extent(size: usize, batch: usize, layout: Layout) -> usize {
+    offsets(size, batch, layout)
+        .into_iter()
+        .max()
+        .map_or(0, |o| o + size)
 }
 
 /// A zeroed buffer of `len` bytes, or an error (never an abort) if it cannot be had.
@@ -125,12 +159,41 @@ pub fn hash_segments(buf: &RegisteredBuffer, segs: &[(u64, u64)]) -> anyhow::Res
 mod tests {
     use super::*;
 
+    const STRIDED: Layout = Layout {
+        contiguous: false,
+        scattered: false,
+    };
+    const CONTIG: Layout = Layout {
+        contiguous: true,
+        scattered: false,
+    };
+
     #[test]
     fn layouts() {
-        assert_eq!(offsets(8, 3, false), [0, 9, 18]);
-        assert_eq!(offsets(8, 3, true), [0, 8, 16]);
-        assert_eq!(extent(8, 3, false), 26);
-        assert_eq!(extent(8, 3, true), 24);
-        assert_eq!(segments(4, 2, false), [(0, 4), (5, 4)]);
+        assert_eq!(offsets(8, 3, STRIDED), [0, 9, 18]);
+        assert_eq!(offsets(8, 3, CONTIG), [0, 8, 16]);
+        assert_eq!(extent(8, 3, STRIDED), 26);
+        assert_eq!(extent(8, 3, CONTIG), 24);
+        assert_eq!(segments(4, 2, STRIDED), [(0, 4), (5, 4)]);
+    }
+
+    #[test]
+    fn scattered_layouts_are_the_same_slots_in_an_irregular_repeatable_order() {
+        let scat = Layout {
+            scattered: true,
+            ..STRIDED
+        };
+        let o = offsets(8, 256, scat);
+        assert_eq!(o, offsets(8, 256, scat), "the same order every time");
+        let mut sorted = o.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, offsets(8, 256, STRIDED), "the strided layout's slots");
+        assert_eq!(extent(8, 256, scat), extent(8, 256, STRIDED));
+        // Irregular: no run of four transfers at one pitch, which a 2D copy would take.
+        let pitched = o.windows(4).filter(|w| {
+            let d = |a: usize, b: usize| b as i64 - a as i64;
+            d(w[0], w[1]) == d(w[1], w[2]) && d(w[1], w[2]) == d(w[2], w[3])
+        });
+        assert_eq!(pitched.count(), 0);
     }
 }

@@ -114,7 +114,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         remote: &tmem,
         op: a.op_type,
         batch_mode: a.enable_batch_transfer,
-        contiguous: a.batch_contiguous,
+        layout: a.layout(),
     };
     let mut done = Vec::new();
     let (res, scrapes) = super::scrape::while_running(&engine, a.scrape_ms, || {
@@ -220,7 +220,7 @@ fn run_rows(
     for (i, &(size, batch)) in rows.iter().enumerate() {
         let name = format!("{} {size} B × {batch}", a.op_type.name());
         pb.set_message(name.clone());
-        let extent = data::extent(size, batch, a.batch_contiguous);
+        let extent = data::extent(size, batch, a.layout());
         let seed = row_seed(i);
         if !a.no_validate {
             match a.op_type {
@@ -302,7 +302,7 @@ fn validate(
     size: usize,
     batch: usize,
 ) -> anyhow::Result<()> {
-    let segs = data::segments(size, batch, a.batch_contiguous);
+    let segs = data::segments(size, batch, a.layout());
     let ours = data::hash_segments(buf, &segs)?;
     let theirs = match ch.call(&Request::Hash { segs })? {
         Reply::Hash { xxh3 } => xxh3,

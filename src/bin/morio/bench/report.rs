@@ -162,6 +162,7 @@ pub fn print_config(a: &Args, sides: &[Side; 2], n_rows: usize, buffer_bytes: us
         ),
         ("enable_sess", py_bool(a.enable_sess).into()),
         ("batch_contiguous", py_bool(a.batch_contiguous).into()),
+        ("batch_scattered", py_bool(a.batch_scattered).into()),
         ("sweep", format!("{sweep} ({n_rows} rows)")),
         (
             "iters",
@@ -396,10 +397,11 @@ pub fn summarize(files: &[PathBuf]) -> anyhow::Result<()> {
                 "single"
             },
             if flag("enable_sess") { "+sess" } else { "" },
-            if flag("batch_contiguous") {
-                "contig"
-            } else {
-                "strided"
+            match (flag("batch_contiguous"), flag("batch_scattered")) {
+                (true, false) => "contig",
+                (true, true) => "contig scattered",
+                (false, false) => "strided",
+                (false, true) => "scattered",
             },
         );
         let num = |x: &Value| x.as_f64().map_or("-".into(), f2);

@@ -1,6 +1,6 @@
 //! The timed loop of one row, as MORI's `run_single_once` / `run_batch_once`: a fresh uid per
-//! transfer; non-batch mode issues `batch` single calls (at the row's strided or contiguous
-//! offsets, unlike MORI's bug #611) and waits on each; batch mode issues one batch call
+//! transfer; non-batch mode issues `batch` single calls (at the row's strided, contiguous or
+//! scattered offsets, unlike MORI's bug #611) and waits on each; batch mode issues one batch call
 //! (session form, or the engine form with one-element outer lists) and waits on it.
 
 use std::sync::Arc;
@@ -27,8 +27,8 @@ pub struct Runner<'a> {
     pub op: OpType,
     /// One batch call per iteration.
     pub batch_mode: bool,
-    /// Contiguous offsets.
-    pub contiguous: bool,
+    /// Where the transfers lie.
+    pub layout: data::Layout,
 }
 
 /// One row's argument lists, built before the clock starts.
@@ -52,7 +52,7 @@ impl Runner<'_> {
         iters: usize,
         tick: &dyn Fn(),
     ) -> anyhow::Result<Vec<Duration>> {
-        let offs = data::offsets(size, batch, self.contiguous);
+        let offs = data::offsets(size, batch, self.layout);
         let sizes = vec![size; batch];
         let l = Lists {
             outer_offs: vec![offs.clone()],
