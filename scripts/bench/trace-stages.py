@@ -17,9 +17,9 @@ NAMES = {1: "call", 2: "submit", 3: "owner", 4: "encode", 5: "pushed", 6: "sent"
 # Sub-stages (`morio::trace::stage`), printed in their places when a run recorded them.
 SUBS = {13: "resolved", 14: "normalized", 15: "planned", 16: "t_checked", 17: "finish",
         18: "joined", 19: "completed", 20: "t_answered", 21: "handed", 22: "head_sent",
-        23: "t_readable", 24: "t_noticed", 25: "noticed"}
+        23: "t_readable", 24: "t_noticed", 25: "noticed", 26: "g_staged"}
 # The order a write passes every stage (`morio::trace::stage::ORDER`).
-ORDER = [1, 13, 14, 2, 3, 15, 21, 4, 22, 5, 6, 24, 23, 7, 16, 8, 9, 25, 10, 11, 12]
+ORDER = [1, 13, 14, 2, 3, 15, 21, 4, 26, 22, 5, 6, 24, 23, 7, 16, 8, 9, 25, 10, 11, 12]
 
 
 def pct(xs, q):
