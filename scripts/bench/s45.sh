@@ -7,6 +7,8 @@
 #               for SIZES x 256
 #   PART=ab     VARIANTS ("name binary [opts]; ..."), interleaved ROUNDS times over the
 #               scattered and strided GPU rows of SIZES
+#   LOAD=SECONDS  (with ab) the GPU kept busy meanwhile by back-to-back bf16 matmuls from
+#               torch (an application's compute, against which an SM kernel must find room)
 #   OUT=$OUT PART=probe bash scripts/bench/s45.sh        (carry .dev/morio)
 set -u
 O=${OUT:-/tmp/s45}
@@ -70,6 +72,21 @@ probe)
 	done
 	summary | tee "$O/summary.txt" ;;
 ab)
+	if [[ -n ${LOAD:-} ]]; then
+		python3 - "$LOAD" <<'PY' &
+import sys, time, torch
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+end, n = time.time() + float(sys.argv[1]), 0
+while time.time() < end:
+    for _ in range(20):
+        c = a @ b
+    torch.cuda.synchronize()
+    n += 20
+print(f"load: {n} matmuls 8192^3 bf16", flush=True)
+PY
+		sleep 5
+	fi
 	IFS=';' read -ra V <<<"${VARIANTS:?VARIANTS=\"name bin [opts]; ...\"}"
 	for ((r = 1; r <= ${ROUNDS:-3}; r++)); do
 		for sz in ${SIZES:-8 4096 32768}; do
@@ -85,5 +102,6 @@ ab)
 			done
 		done
 	done
-	summary | tee "$O/summary.txt" ;;
+	summary | tee "$O/summary.txt"
+	wait ;;
 esac

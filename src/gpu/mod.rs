@@ -329,8 +329,7 @@ pub(crate) unsafe fn enqueue_copies(
     // SAFETY: forwarded from the caller.
     unsafe {
         one_by_one(stream, dir, &large)?;
-        if dir != CopyDir::D2d && batch.len() >= GATHER_MIN && stream.gather(dir, &batch)?
-        {
+        if dir != CopyDir::D2d && batch.len() >= GATHER_MIN && stream.gather(dir, &batch)? {
             return Ok(());
         }
         stream.copy_batch(dir, &batch)

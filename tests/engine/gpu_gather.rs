@@ -47,11 +47,25 @@ fn round_trip(a: &IoEngine, b: &IoEngine, [lo, ro, sz]: &[Vec<usize>; 3], n: usi
     }
     let (o, p, z) = ([lo.clone()], [ro.clone()], [sz.clone()]);
     let uid = a.allocate_transfer_uid();
-    let st = a.batch_write(&[src.desc().clone()], &o, &[dst.desc().clone()], &p, &z, &[uid]);
+    let st = a.batch_write(
+        &[src.desc().clone()],
+        &o,
+        &[dst.desc().clone()],
+        &p,
+        &z,
+        &[uid],
+    );
     assert_ok(&st[0], what);
     assert_bytes_eq(&dst.to_vec(), &want_dst, &format!("{what}: written"));
     let uid = a.allocate_transfer_uid();
-    let st = a.batch_read(&[back.desc().clone()], &o, &[dst.desc().clone()], &p, &z, &[uid]);
+    let st = a.batch_read(
+        &[back.desc().clone()],
+        &o,
+        &[dst.desc().clone()],
+        &p,
+        &z,
+        &[uid],
+    );
     assert_ok(&st[0], what);
     assert_bytes_eq(&back.to_vec(), &want_back, &format!("{what}: read back"));
 }
@@ -63,9 +77,21 @@ fn cases(a: &IoEngine, b: &IoEngine, name: &str) {
     let kv = layout(300, 4096, 0, |_| 4096, 1);
     round_trip(a, b, &kv, 600 * 4096, &format!("{name}: 4 KiB blocks"));
     let tiny = layout(3000, 16, 3, |_| 8, 2);
-    round_trip(a, b, &tiny, 6000 * 16, &format!("{name}: 8 B at odd places"));
+    round_trip(
+        a,
+        b,
+        &tiny,
+        6000 * 16,
+        &format!("{name}: 8 B at odd places"),
+    );
     let words = layout(500, 32, 4, |_| 12, 3);
-    round_trip(a, b, &words, 1000 * 32, &format!("{name}: 12 B at 4-byte places"));
+    round_trip(
+        a,
+        b,
+        &words,
+        1000 * 32,
+        &format!("{name}: 12 B at 4-byte places"),
+    );
     let mixed = layout(400, 8192, 0, |r| r.gen_range(1..=8192), 4);
     round_trip(a, b, &mixed, 800 * 8192, &format!("{name}: mixed lengths"));
 }

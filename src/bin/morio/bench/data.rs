@@ -187,7 +187,11 @@ mod tests {
         assert_eq!(o, offsets(8, 256, scat), "the same order every time");
         let mut sorted = o.clone();
         sorted.sort_unstable();
-        assert_eq!(sorted, offsets(8, 256, STRIDED), "the strided layout's slots");
+        assert_eq!(
+            sorted,
+            offsets(8, 256, STRIDED),
+            "the strided layout's slots"
+        );
         assert_eq!(extent(8, 256, scat), extent(8, 256, STRIDED));
         // Irregular: no run of four transfers at one pitch, which a 2D copy would take.
         let pitched = o.windows(4).filter(|w| {
