@@ -125,7 +125,7 @@ pub(super) fn kernel(ctx: usize) -> Option<usize> {
         // context, never unloaded).
         let r = unsafe {
             cu::module::load_data(image.as_ptr() as *const c_void).and_then(|m| {
-                cu::module::get_function(m, std::ffi::CString::new("morio_gather").unwrap())
+                cu::module::get_function(m, c"morio_gather".to_owned())
             })
         };
         match r {
