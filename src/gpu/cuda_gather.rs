@@ -25,9 +25,12 @@ const MAX_BLOCKS: u32 = 256;
 const THREADS: u32 = 256;
 
 /// `morio_gather(table, n)`: block b copies segments b, b + gridDim.x, … of `table`
-/// (`{src, dst, len}` as three u64) with its threads side by side: 16 bytes a thread where
-/// source, destination and length are 16-byte aligned, 4 where 4-byte aligned, else 1.
-/// Host memory is reached at its own address (unified addressing, pinned memory).
+/// (`{src, dst, len}` as three u64) with its threads side by side: 16 bytes a thread (two
+/// loads in flight) where source, destination and length are 16-byte aligned, 4 where 4-byte
+/// aligned, else 1 (four loads in flight: host memory answers a load in about a microsecond).
+/// Thread 0 reads each entry (one trip over PCIe, not one per warp) and hands it to the
+/// block through shared memory. Host memory is reached at its own address (unified
+/// addressing, pinned memory).
 const PTX: &str = r#"
 .version 6.4
 .target sm_50
@@ -38,9 +41,10 @@ const PTX: &str = r#"
 	.param .u32 p_n
 )
 {
-	.reg .pred %p<4>;
-	.reg .b32 %r<12>;
-	.reg .b64 %rd<16>;
+	.reg .pred %p<8>;
+	.reg .b32 %r<16>;
+	.reg .b64 %rd<32>;
+	.shared .align 8 .b64 s_seg[3];
 
 	ld.param.u64 %rd1, [p_table];
 	cvta.to.global.u64 %rd1, %rd1;
@@ -54,11 +58,22 @@ const PTX: &str = r#"
 SEG:
 	setp.ge.u32 %p1, %r2, %r1;
 	@%p1 bra DONE;
+	setp.ne.u32 %p7, %r4, 0;
+	@%p7 bra ENTRY;
 	mul.wide.u32 %rd4, %r2, 24;
 	add.s64 %rd5, %rd1, %rd4;
 	ld.global.u64 %rd6, [%rd5];
 	ld.global.u64 %rd7, [%rd5+8];
 	ld.global.u64 %rd8, [%rd5+16];
+	st.shared.u64 [s_seg], %rd6;
+	st.shared.u64 [s_seg+8], %rd7;
+	st.shared.u64 [s_seg+16], %rd8;
+ENTRY:
+	bar.sync 0;
+	ld.shared.u64 %rd6, [s_seg];
+	ld.shared.u64 %rd7, [s_seg+8];
+	ld.shared.u64 %rd8, [s_seg+16];
+	bar.sync 0;
 	cvta.to.global.u64 %rd6, %rd6;
 	cvta.to.global.u64 %rd7, %rd7;
 	or.b64 %rd9, %rd6, %rd7;
@@ -68,14 +83,21 @@ SEG:
 	@%p2 bra W4;
 	shl.b64 %rd11, %rd2, 4;
 	shl.b64 %rd12, %rd3, 4;
+	shl.b64 %rd25, %rd12, 1;
 L16:
 	setp.ge.u64 %p3, %rd11, %rd8;
 	@%p3 bra NEXT;
+	add.s64 %rd16, %rd11, %rd12;
+	setp.lt.u64 %p4, %rd16, %rd8;
 	add.s64 %rd13, %rd6, %rd11;
-	add.s64 %rd14, %rd7, %rd11;
+	add.s64 %rd19, %rd6, %rd16;
 	ld.global.v4.u32 {%r6, %r7, %r8, %r9}, [%rd13];
+	@%p4 ld.global.v4.u32 {%r10, %r11, %r12, %r13}, [%rd19];
+	add.s64 %rd14, %rd7, %rd11;
+	add.s64 %rd22, %rd7, %rd16;
 	st.global.v4.u32 [%rd14], {%r6, %r7, %r8, %r9};
-	add.s64 %rd11, %rd11, %rd12;
+	@%p4 st.global.v4.u32 [%rd22], {%r10, %r11, %r12, %r13};
+	add.s64 %rd11, %rd11, %rd25;
 	bra.uni L16;
 W4:
 	and.b64 %rd10, %rd9, 3;
@@ -94,14 +116,33 @@ L4:
 	bra.uni L4;
 W1:
 	mov.u64 %rd11, %rd2;
+	shl.b64 %rd12, %rd3, 2;
 L1:
 	setp.ge.u64 %p3, %rd11, %rd8;
 	@%p3 bra NEXT;
+	add.s64 %rd16, %rd11, %rd3;
+	add.s64 %rd17, %rd16, %rd3;
+	add.s64 %rd18, %rd17, %rd3;
+	setp.lt.u64 %p4, %rd16, %rd8;
+	setp.lt.u64 %p5, %rd17, %rd8;
+	setp.lt.u64 %p6, %rd18, %rd8;
 	add.s64 %rd13, %rd6, %rd11;
-	add.s64 %rd14, %rd7, %rd11;
+	add.s64 %rd19, %rd6, %rd16;
+	add.s64 %rd20, %rd6, %rd17;
+	add.s64 %rd21, %rd6, %rd18;
 	ld.global.u8 %r6, [%rd13];
+	@%p4 ld.global.u8 %r7, [%rd19];
+	@%p5 ld.global.u8 %r8, [%rd20];
+	@%p6 ld.global.u8 %r9, [%rd21];
+	add.s64 %rd14, %rd7, %rd11;
+	add.s64 %rd22, %rd7, %rd16;
+	add.s64 %rd23, %rd7, %rd17;
+	add.s64 %rd24, %rd7, %rd18;
 	st.global.u8 [%rd14], %r6;
-	add.s64 %rd11, %rd11, %rd3;
+	@%p4 st.global.u8 [%rd22], %r7;
+	@%p5 st.global.u8 [%rd23], %r8;
+	@%p6 st.global.u8 [%rd24], %r9;
+	add.s64 %rd11, %rd11, %rd12;
 	bra.uni L1;
 NEXT:
 	add.s32 %r2, %r2, %r3;
