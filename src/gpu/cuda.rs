@@ -47,8 +47,6 @@ pub struct CudaRuntime {
     count: usize,
     /// Primary context per device (as `usize`: `CUcontext` is a raw pointer), retained once.
     ctxs: Vec<OnceLock<Result<usize, GpuError>>>,
-    /// Streams load the gather kernel ([`GpuStream::gather`]).
-    gather: bool,
 }
 
 fn err(call: &'static str) -> impl Fn(DriverError) -> GpuError {
@@ -95,25 +93,7 @@ impl CudaRuntime {
         Ok(Self {
             count: count as usize,
             ctxs: (0..count).map(|_| OnceLock::new()).collect(),
-            gather: super::gather_from_env(),
         })
-    }
-
-    /// Whether this runtime's streams gather small copies at irregular places with a kernel
-    /// (default: `MORIO_GPU_GATHER`, [`super::gather_from_env`]).
-    pub fn with_gather(mut self, on: bool) -> Self {
-        self.gather = on;
-        self
-    }
-
-    /// Whether device `dev`'s streams would gather: gathering is on and the driver took the
-    /// kernel (JIT-compiled here on the first call per device).
-    pub fn gather_ready(&self, dev: i32) -> bool {
-        self.gather
-            && self
-                .ctx(dev)
-                .and_then(bind)
-                .is_ok_and(|()| super::cuda_gather::kernel(self.ctx(dev).unwrap_or(0)).is_some())
     }
 
     fn ctx(&self, dev: i32) -> Result<usize, GpuError> {
@@ -246,21 +226,10 @@ impl GpuRuntime for CudaRuntime {
         bind(ctx)?;
         let s = cu::stream::create(cu::stream::StreamKind::NonBlocking)
             .map_err(err("cuStreamCreate"))?;
-        // The gather kernel and its tables, where enabled and the driver takes the kernel.
-        let gather = if self.gather {
-            super::cuda_gather::kernel(ctx).and_then(|f| {
-                let arena = self.alloc_pinned(super::cuda_gather::Gather::ARENA_BYTES);
-                bind(ctx).ok()?;
-                Some(super::cuda_gather::Gather::new(f, arena.ok()?))
-            })
-        } else {
-            None
-        };
         Ok(Box::new(CudaStream {
             ctx,
             stream: s as usize,
             events: Rc::new(RefCell::new(Vec::new())),
-            gather,
         }))
     }
 
@@ -415,14 +384,12 @@ impl GpuRuntime for CudaRuntime {
 }
 
 /// A non-blocking stream in a device's primary context, with its spare events (a fence per
-/// staging slot would otherwise create and destroy an event each time) and, where enabled,
-/// the gather kernel's tables.
+/// staging slot would otherwise create and destroy an event each time).
 #[derive(Debug)]
 struct CudaStream {
     ctx: usize,
     stream: usize,
     events: Rc<RefCell<Vec<usize>>>,
-    gather: Option<Rc<super::cuda_gather::Gather>>,
 }
 
 impl GpuStream for CudaStream {
@@ -502,19 +469,6 @@ impl GpuStream for CudaStream {
             .map_err(err("cuMemcpy2DAsync"))
     }
 
-    unsafe fn gather(&self, _dir: CopyDir, copies: &[BatchCopy]) -> Result<bool, GpuError> {
-        let Some(g) = &self.gather else {
-            return Ok(false);
-        };
-        bind(self.ctx)?;
-        // SAFETY: forwarded from the caller; the stream is live until drop.
-        match unsafe { g.launch(self.stream as sys::CUstream, copies) } {
-            None => Ok(false),
-            Some(Ok(())) => Ok(true),
-            Some(Err(e)) => Err(err("cuLaunchKernel")(DriverError(e))),
-        }
-    }
-
     fn fence(&self) -> Result<Box<dyn GpuFence>, GpuError> {
         bind(self.ctx)?;
         let spare = self.events.borrow_mut().pop();
@@ -527,11 +481,6 @@ impl GpuStream for CudaStream {
             ctx: self.ctx,
             ev: ev as usize,
             spares: self.events.clone(),
-            tables: self
-                .gather
-                .as_ref()
-                .map(|g| (g.clone(), g.take_pending()))
-                .filter(|(_, t)| !t.is_empty()),
         };
         // SAFETY: a fresh event and this live stream.
         unsafe { cu::event::record(ev, self.stream as sys::CUstream) }
@@ -543,12 +492,6 @@ impl GpuStream for CudaStream {
 impl Drop for CudaStream {
     fn drop(&mut self) {
         if bind(self.ctx).is_ok() {
-            if self.gather.is_some() {
-                // Launches no fence covers may still read their tables, freed with the
-                // last reference to them.
-                // SAFETY: this live stream.
-                let _ = unsafe { cu::stream::synchronize(self.stream as sys::CUstream) };
-            }
             for e in self.events.borrow_mut().drain(..) {
                 // SAFETY: spare events have no pending work.
                 let _ = unsafe { cu::event::destroy(e as sys::CUevent) };
@@ -564,8 +507,6 @@ struct CudaFence {
     ctx: usize,
     ev: usize,
     spares: Rc<RefCell<Vec<usize>>>,
-    /// Gather tables of the launches before this fence: free again once it completes.
-    tables: Option<(Rc<super::cuda_gather::Gather>, Vec<usize>)>,
 }
 
 impl GpuFence for CudaFence {
@@ -589,12 +530,6 @@ impl GpuFence for CudaFence {
 
 impl Drop for CudaFence {
     fn drop(&mut self) {
-        if let Some((g, t)) = self.tables.take() {
-            // A kernel may still read its table: only error paths drop a fence early.
-            if matches!(self.poll(), Ok(true)) || self.wait_blocking().is_ok() {
-                g.give_back(t);
-            }
-        }
         // A completed event goes back to its stream for the next fence.
         if matches!(self.poll(), Ok(true)) && Rc::strong_count(&self.spares) > 1 {
             self.spares.borrow_mut().push(self.ev);

@@ -24,8 +24,6 @@ pub mod cuda;
 #[cfg(feature = "cuda")]
 mod cuda_batch;
 #[cfg(feature = "cuda")]
-mod cuda_gather;
-#[cfg(feature = "cuda")]
 mod cuda_vmm;
 #[cfg(feature = "hip")]
 pub mod hip;
@@ -188,18 +186,6 @@ pub trait GpuStream: fmt::Debug {
         // SAFETY: forwarded from the caller.
         unsafe { self.copy_batch(dir, &rows) }
     }
-    /// Enqueue `copies`, all between host and device in direction `dir`, as one kernel
-    /// launch where the runtime has one (CUDA: the SMs walk the list, one launch instead of a
-    /// copy-engine operation per segment). `Ok(false)`: nothing was enqueued (no kernel, or
-    /// its tables are all in flight), the caller copies them another way. The default has no
-    /// kernel.
-    ///
-    /// # Safety
-    /// Every copy as [`Self::copy_batch`] requires of a copy.
-    unsafe fn gather(&self, dir: CopyDir, copies: &[BatchCopy]) -> Result<bool, GpuError> {
-        let _ = (dir, copies);
-        Ok(false)
-    }
     /// A fence that completes once every copy enqueued so far has.
     fn fence(&self) -> Result<Box<dyn GpuFence>, GpuError>;
 }
@@ -239,24 +225,6 @@ pub(crate) fn batch_copies() -> bool {
     })
 }
 
-/// Whether CUDA runtimes made from now on load the gather kernel ([`GpuStream::gather`]) for
-/// small copies at irregular places between host and device: `MORIO_GPU_GATHER=on` (read
-/// once; off by default: the kernel takes SM time an application's own kernels may be
-/// holding, where the copy engines take none). `CudaRuntime::with_gather` sets it
-/// per runtime.
-pub fn gather_from_env() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        matches!(
-            std::env::var("MORIO_GPU_GATHER").as_deref(),
-            Ok("on" | "1" | "true")
-        )
-    })
-}
-
-/// Fewest copies a gather is worth a kernel launch for.
-pub const GATHER_MIN: usize = 8;
-
 /// Copies larger than this go to the runtime one call each, never in a batch: their call
 /// costs little against their bytes, and CUDA may move a batch on its copy engines where a
 /// single device-to-device copy runs on the SMs at several times the speed (NVIDIA/nccl
@@ -291,8 +259,7 @@ fn batch_max(dir: CopyDir) -> usize {
 /// Enqueue `copies` on `stream`: runs of small copies at constant pitches (between host and
 /// device) as one 2D copy each ([`runs_2d`]; `MORIO_GPU_COPY_2D=off`: not), the other copies
 /// of at most [`BATCH_MAX_COPY`] bytes (device to device: `MORIO_GPU_D2D_BATCH_MAX`) as one
-/// gather where the stream takes it (at least [`GATHER_MIN`], between host and device) or
-/// else one batch, larger ones one call each. A batch's copies may run in any order, so copies whose
+/// batch, larger ones one call each. A batch's copies may run in any order, so copies whose
 /// destinations overlap (a batch that writes one place twice: the later segment wins) go one
 /// by one in their order, as do all of them when batching is off.
 ///
@@ -329,9 +296,6 @@ pub(crate) unsafe fn enqueue_copies(
     // SAFETY: forwarded from the caller.
     unsafe {
         one_by_one(stream, dir, &large)?;
-        if dir != CopyDir::D2d && batch.len() >= GATHER_MIN && stream.gather(dir, &batch)? {
-            return Ok(());
-        }
         stream.copy_batch(dir, &batch)
     }
 }

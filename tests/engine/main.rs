@@ -13,7 +13,6 @@ mod failures;
 mod fence;
 mod gpu;
 mod gpu_ahead;
-mod gpu_gather;
 mod gpu_landing;
 mod gpu_pool;
 mod gpu_same_host;

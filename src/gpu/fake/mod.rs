@@ -63,8 +63,6 @@ struct State {
     d2d_copies: AtomicU64,
     batches: AtomicU64,
     copies_2d: AtomicU64,
-    gather: AtomicBool,
-    gathers: AtomicU64,
     opened: Arc<IpcCache>,
     ipc_closes: Arc<AtomicU64>,
 }
@@ -106,8 +104,6 @@ impl FakeGpu {
                 d2d_copies: AtomicU64::new(0),
                 batches: AtomicU64::new(0),
                 copies_2d: AtomicU64::new(0),
-                gather: AtomicBool::new(false),
-                gathers: AtomicU64::new(0),
                 opened,
                 ipc_closes,
             }),
@@ -182,17 +178,6 @@ impl FakeGpu {
     /// [`Self::copies`] one by one).
     pub fn copies_2d(&self) -> u64 {
         self.st.copies_2d.load(Ordering::Relaxed)
-    }
-
-    /// Take gathers ([`GpuStream::gather`]) as CUDA does with its gather kernel on, or
-    /// refuse them (the default, as a runtime without one).
-    pub fn set_gather(&self, on: bool) {
-        self.st.gather.store(on, Ordering::Relaxed);
-    }
-
-    /// Gathers taken so far (their copies count in [`Self::copies`] one by one).
-    pub fn gathers(&self) -> u64 {
-        self.st.gathers.load(Ordering::Relaxed)
     }
 
     /// The allocation holding `ptr..ptr+len` and where it starts in this runtime's space
@@ -646,15 +631,6 @@ impl GpuStream for FakeStream {
         let rows: Vec<BatchCopy> = run.row_copies().collect();
         // SAFETY: forwarded from the caller.
         unsafe { super::one_by_one(self, dir, &rows) }
-    }
-
-    unsafe fn gather(&self, dir: CopyDir, copies: &[BatchCopy]) -> Result<bool, GpuError> {
-        if !self.gpu.st.gather.load(Ordering::Relaxed) {
-            return Ok(false);
-        }
-        self.gpu.st.gathers.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: forwarded from the caller.
-        unsafe { super::one_by_one(self, dir, copies) }.map(|()| true)
     }
 
     fn fence(&self) -> Result<Box<dyn GpuFence>, GpuError> {
