@@ -1,7 +1,8 @@
-# Session 45, call 3 (docs/perf/s45-runs.md): the revised gather kernel on CUDA (its test),
+# Session 45, call 2 (docs/perf/s45-runs.md): the revised gather kernel on CUDA (its test),
 # a traced scattered GPU 8 B x 256 write, and copy-engine batches against the gather kernel
 # on block-aligned scattered rows (--batch-contiguous --batch-scattered: a paged KV cache).
-#   OUT=$OUT bash scripts/bench/s45-call3.sh      (carry .dev: morio, morio-gather, engine-tests)
+#   OUT=$OUT bash scripts/bench/s45-call2.sh      (carry .dev: morio, morio-gather, engine-tests
+#   built from 033f328; the gather kernel was removed after this call)
 MORIO_TEST_GPU=1 timeout 120 .dev/engine-tests gpu_gather 2>&1 | grep -E "test result|panicked" | head -5
 d=$OUT/tr
 mkdir -p "$d"
