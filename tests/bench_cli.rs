@@ -51,6 +51,18 @@ fn bench_moves_validated_rows_between_host_and_gpu_memory() {
             ],
         ),
         (
+            "gpu-write-scattered",
+            &[
+                "--op-type",
+                "write",
+                "--mem-type",
+                "gpu",
+                "--gpu-runtime",
+                "fake",
+                "--batch-scattered",
+            ],
+        ),
+        (
             "gpu-read-cpu",
             &[
                 "--op-type",
@@ -94,6 +106,11 @@ fn bench_moves_validated_rows_between_host_and_gpu_memory() {
         assert_eq!(ask, if name.contains("write") { 1 } else { 8 }, "{name}");
         assert!(f["p50_us"].as_f64().unwrap() > 0.0, "{name}: {f}");
         assert!(rows[0]["p50_over_floor"].as_f64().unwrap() > 0.0, "{name}");
+        if name.ends_with("scattered") {
+            let v: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+            assert_eq!(v["config"]["batch_scattered"], true, "{name}: {v}");
+        }
         if name.starts_with("gpu") {
             assert!(
                 stdout.contains("GPU staging (initiator)"),
