@@ -433,15 +433,15 @@ impl GpuStream for CudaStream {
     }
 
     unsafe fn copy_2d(&self, dir: CopyDir, run: &Copy2d) -> Result<(), GpuError> {
-        use sys::CUmemorytype::{CU_MEMORYTYPE_DEVICE as DEV, CU_MEMORYTYPE_HOST as HOST};
+        use sys::CUmemorytype::{
+            CU_MEMORYTYPE_DEVICE as DEV, CU_MEMORYTYPE_HOST as HOST, CU_MEMORYTYPE_UNIFIED as ANY,
+        };
         let (src_type, dst_type) = match dir {
             CopyDir::D2h => (DEV, HOST),
             CopyDir::H2d => (HOST, DEV),
-            CopyDir::D2d => {
-                let rows: Vec<BatchCopy> = run.row_copies().collect();
-                // SAFETY: forwarded from the caller.
-                return unsafe { self.copy_batch(dir, &rows) };
-            }
+            // Unified addressing: the driver finds each side's device itself (the source may
+            // be an opened IPC mapping of memory on another GPU).
+            CopyDir::D2d => (ANY, ANY),
         };
         let p = sys::CUDA_MEMCPY2D {
             srcXInBytes: 0,

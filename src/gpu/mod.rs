@@ -256,8 +256,8 @@ fn batch_max(dir: CopyDir) -> usize {
     }
 }
 
-/// Enqueue `copies` on `stream`: runs of small copies at constant pitches (between host and
-/// device) as one 2D copy each ([`runs_2d`]; `MORIO_GPU_COPY_2D=off`: not), the other copies
+/// Enqueue `copies` on `stream`: runs of small copies at constant pitches as one 2D copy
+/// each ([`runs_2d`]; `MORIO_GPU_COPY_2D=off`: not), the other copies
 /// of at most [`BATCH_MAX_COPY`] bytes (device to device: `MORIO_GPU_D2D_BATCH_MAX`) as one
 /// batch, larger ones one call each. A batch's copies may run in any order, so copies whose
 /// destinations overlap (a batch that writes one place twice: the later segment wins) go one
@@ -275,9 +275,7 @@ pub(crate) unsafe fn enqueue_copies(
         // SAFETY: forwarded from the caller.
         return unsafe { one_by_one(stream, dir, copies) };
     }
-    let rest = if dir != CopyDir::D2d && copies.len() >= strided::MIN_ROWS && strided::copies_2d() {
-        // Rows at constant pitches (not between devices: a device-to-device copy's engine
-        // is the runtime's choice, measured for batches only).
+    let rest = if copies.len() >= strided::MIN_ROWS && strided::copies_2d() {
         let (runs, rest) = runs_2d(copies, max);
         for r in &runs {
             // SAFETY: forwarded from the caller; the rows are copies given.
@@ -297,6 +295,16 @@ pub(crate) unsafe fn enqueue_copies(
     unsafe {
         one_by_one(stream, dir, &large)?;
         stream.copy_batch(dir, &batch)
+    }
+}
+
+/// The copies of `copies` that [`enqueue_copies`] would not take into 2D copies (all of
+/// them where it would not look for runs), in their order.
+pub(crate) fn loose_copies(dir: CopyDir, copies: &[BatchCopy]) -> Vec<BatchCopy> {
+    if copies.len() >= strided::MIN_ROWS && strided::copies_2d() {
+        runs_2d(copies, batch_max(dir)).1
+    } else {
+        copies.to_vec()
     }
 }
 
@@ -690,5 +698,34 @@ mod tests {
                 &host.as_slice()[i * 4096..(i + 1) * 4096]
             );
         }
+        // Device to device (a same-host peer's opened memory into this GPU's): 64 rows of
+        // 8 B at stride 9 into rows at stride 24, as one 2D copy; `loose_copies` leaves none.
+        let other = gpu.clone().alloc_device(0, 1 << 16).unwrap();
+        let o = other.ptr();
+        let d2d: Vec<BatchCopy> = (0..64).map(|i| copy(o + i * 24, d + i * 9, 8)).collect();
+        assert!(loose_copies(CopyDir::D2d, &d2d).is_empty());
+        let (t0, c0) = (gpu.copies_2d(), gpu.d2d_copies());
+        // SAFETY: both device ranges are live allocations of this test.
+        unsafe { enqueue_copies(&*stream, CopyDir::D2d, &d2d) }.unwrap();
+        stream.fence().unwrap().wait_blocking().unwrap();
+        assert_eq!((gpu.copies_2d() - t0, gpu.d2d_copies() - c0), (1, 64));
+        let (mut from, mut to) = (vec![0u8; 1 << 16], vec![0u8; 1 << 16]);
+        // SAFETY: both device buffers are live.
+        unsafe {
+            gpu.copy_from_device(0, &mut from, d).unwrap();
+            gpu.copy_from_device(0, &mut to, o).unwrap();
+        }
+        for i in 0..64usize {
+            assert_eq!(&to[i * 24..i * 24 + 8], &from[i * 9..i * 9 + 8], "row {i}");
+            assert!(
+                to[i * 24 + 8..i * 24 + 24].iter().all(|&b| b == 0),
+                "row {i}"
+            );
+        }
+        // Irregular destinations: every copy stays loose.
+        let mut shuffled = d2d.clone();
+        shuffled.swap(3, 40);
+        shuffled.swap(10, 20);
+        assert!(loose_copies(CopyDir::D2d, &shuffled).len() > 4);
     }
 }

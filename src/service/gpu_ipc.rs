@@ -31,11 +31,8 @@ pub(super) fn device_parts(
     {
         return None;
     }
-    // Many tiny parts are staged: a device-to-device copy between processes costs the
-    // receiver several microseconds each, batched or not, where staged copies batch into one
-    // call per pinned slot on each side.
-    let total: u64 = spans.iter().map(|s| s.1).sum();
-    if total < ipc_min_part() * spans.len() as u64 {
+    // Many tiny parts are staged (the receiver judges its own spans too, `take_device`).
+    if !worth_copying(region, spans) {
         return None;
     }
     // Offer index of each export used, in order of first use.
@@ -78,11 +75,36 @@ pub(super) fn device_parts(
         .then_some((allocs, parts))
 }
 
-/// Payloads whose parts average fewer bytes than this are staged rather than offered as
-/// device parts (`MORIO_GPU_IPC_MIN_PART`, bytes, read once; 0 offers every payload): on
-/// the H100 host 1024 parts of 8 B took 4.8–5.6 ms device to device against 1.8–1.9 ms
-/// staged with batched copies, 256 of 4 KiB 0.8–1.0 ms against 0.47–0.55, while 1024 of
-/// 16 KiB took 1.6–1.9 ms device to device against 2.4 staged (docs/perf/h100-s31.md).
+/// Whether device-to-device copies of `spans` of `region` (one side's view of a payload's
+/// copies) pay against staging them: the payload holds at least [`ipc_min_part`] bytes for
+/// each span that cannot go as part of a 2D copy (runs of equal spans at constant pitches,
+/// MORI's layout, cost one operation a run, whatever their rows). A device-to-device copy
+/// between processes costs the receiver several microseconds each, batched or not, where
+/// staged copies batch into one call per pinned slot on each side. Each side judges its own
+/// spans: the sender before it offers, the receiver before it takes (a payload whose spans
+/// form runs on one side only is staged).
+fn worth_copying(region: &Region, spans: &[(u64, u64)]) -> bool {
+    let copies: Vec<BatchCopy> = spans
+        .iter()
+        .map(|&(off, len)| {
+            let at = region.device_addr(off);
+            BatchCopy {
+                dst: at,
+                src: at,
+                len: len as usize,
+            }
+        })
+        .collect();
+    let loose = crate::gpu::loose_copies(CopyDir::D2d, &copies).len() as u64;
+    let total: u64 = spans.iter().map(|s| s.1).sum();
+    total >= ipc_min_part().saturating_mul(loose)
+}
+
+/// Payloads holding fewer bytes than this for each span outside 2D runs are staged rather
+/// than moved as device parts (`MORIO_GPU_IPC_MIN_PART`, bytes, read once; 0 moves every
+/// payload so): on the H100 host 1024 parts of 8 B took 4.8–5.6 ms device to device against
+/// 1.8–1.9 ms staged with batched copies, 256 of 4 KiB 0.8–1.0 ms against 0.47–0.55, while
+/// 1024 of 16 KiB took 1.6–1.9 ms device to device against 2.4 staged (docs/perf/h100-s31.md).
 fn ipc_min_part() -> u64 {
     static MIN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *MIN.get_or_init(|| {
@@ -123,6 +145,10 @@ pub(super) async fn take_device(
         // The staging path reports the failure (and drains the bytes).
         return decline(reader, Verdict::Declined);
     };
+    if !worth_copying(region, spans) {
+        // The sender's spans form runs where these do not (the two layouts differ).
+        return decline(reader, Verdict::Declined);
+    }
     let mut maps: Vec<IpcLease> = Vec::with_capacity(d.allocs.len());
     for ex in &d.allocs {
         if reader.device_refused(ex.kind) {

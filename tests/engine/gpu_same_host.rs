@@ -348,3 +348,85 @@ fn device_parts_configured_off_on_either_side_stage() {
         assert!(t.gpu_ipc_declined <= most, "{what}: {t:?}");
     }
 }
+
+/// Engine `e`'s (IPC bytes, staged bytes, offers declined) so far.
+fn moved(e: &IoEngine) -> (u64, u64, u64) {
+    let t = e.stats().unwrap().total();
+    (t.gpu_ipc_bytes, t.gpu_staged_bytes, t.gpu_ipc_declined)
+}
+
+/// Tiny GPU segments between same-host engines: 8 B × 256 in MORI's layout (stride 9) on both
+/// sides move as device parts, each run one 2D copy; in descending order on both sides
+/// (no runs, 8 B a copy) they are staged; a strided source into descending destinations is
+/// offered by the sender, declined by the receiver (whose copies form no runs) and staged.
+/// Every byte checked, writes and reads.
+#[test]
+fn tiny_parts_move_device_to_device_only_as_runs() {
+    let (a, b, fake) = gpu_pair("gsh_runs", cfg());
+    let (size, count) = (8usize, 256usize);
+    let n = (size + 1) * count;
+    let bytes = (size * count) as u64;
+    let src = gpu_buf(&a, &random_big(n, 9));
+    let strided: Vec<usize> = (0..count).map(|i| i * (size + 1)).collect();
+    let descending: Vec<usize> = strided.iter().rev().copied().collect();
+    let sizes = vec![vec![size; count]];
+    let one = |e: &IoEngine,
+               write: bool,
+               l: &RegisteredBuffer,
+               lo: &[usize],
+               r: &RegisteredBuffer,
+               ro: &[usize]| {
+        let (ld, rd) = ([l.desc().clone()], [r.desc().clone()]);
+        let (lo, ro) = ([lo.to_vec()], [ro.to_vec()]);
+        let uid = [e.allocate_transfer_uid()];
+        let st = if write {
+            e.batch_write(&ld, &lo, &rd, &ro, &sizes, &uid)
+        } else {
+            e.batch_read(&ld, &lo, &rd, &ro, &sizes, &uid)
+        };
+        assert_ok(&st[0], "batch");
+    };
+    let same =
+        |x: &RegisteredBuffer, xo: &[usize], y: &RegisteredBuffer, yo: &[usize], what: &str| {
+            for (&p, &q) in xo.iter().zip(yo) {
+                assert_bytes_eq(&bytes_at(x, p, size), &bytes_at(y, q, size), what);
+            }
+        };
+    let cases: [(&str, &[usize], &[usize], (u64, u64, u64)); 3] = [
+        ("runs on both sides", &strided, &strided, (bytes, 0, 0)),
+        ("no runs", &descending, &descending, (0, bytes, 0)),
+        (
+            "runs only at the source",
+            &strided,
+            &descending,
+            (0, bytes, 1),
+        ),
+    ];
+    for (what, from, to, want) in cases {
+        let dst = gpu_buf(&b, &vec![0u8; n]);
+        let (a0, t0) = (moved(&a), fake.copies_2d());
+        one(&a, true, &src, from, &dst, to);
+        same(&dst, to, &src, from, &format!("write, {what}"));
+        let a1 = moved(&a);
+        assert_eq!(
+            (a1.0 - a0.0, a1.1 - a0.1, a1.2 - a0.2),
+            want,
+            "write, {what}"
+        );
+        if want.0 > 0 {
+            assert!(fake.copies_2d() > t0, "write, {what}: no 2D copy");
+        }
+        // Read it back (the target sends, from `to`'s layout into `from`'s).
+        let back = gpu_buf(&a, &vec![0u8; n]);
+        let b0 = moved(&b);
+        one(&a, false, &back, from, &dst, to);
+        same(&back, from, &src, from, &format!("read, {what}"));
+        let b1 = moved(&b);
+        let (ipc, staged) = (b1.0 - b0.0, b1.1 - b0.1);
+        match what {
+            "runs on both sides" => assert_eq!((ipc, staged), (bytes, 0), "read, {what}"),
+            // The target's layout has no runs: never offered.
+            _ => assert_eq!((ipc, staged, b1.2 - b0.2), (0, bytes, 0), "read, {what}"),
+        }
+    }
+}
