@@ -392,7 +392,9 @@ fn tiny_parts_move_device_to_device_only_as_runs() {
                 assert_bytes_eq(&bytes_at(x, p, size), &bytes_at(y, q, size), what);
             }
         };
-    let cases: [(&str, &[usize], &[usize], (u64, u64, u64)); 3] = [
+    // (what, source offsets, destination offsets, the writer's (IPC, staged, declined)).
+    type Case<'a> = (&'a str, &'a [usize], &'a [usize], (u64, u64, u64));
+    let cases: [Case; 3] = [
         ("runs on both sides", &strided, &strided, (bytes, 0, 0)),
         ("no runs", &descending, &descending, (0, bytes, 0)),
         (
