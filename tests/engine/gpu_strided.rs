@@ -1,6 +1,7 @@
 //! GPU segments at constant strides (MORI's batch layout: segments of `size` bytes every
 //! `size + 1`) staged over TCP: each slot's rows go to the runtime as one 2D copy on both
-//! sides, and every byte lands where it should, on the fake and on a real GPU runtime.
+//! sides, and every byte lands where it should, on the fake and on a real GPU runtime; and a
+//! device-to-device 2D copy (a same-host receiver's) on each runtime.
 
 use std::sync::Arc;
 
@@ -72,5 +73,41 @@ fn strided_gpu_segments_move_as_2d_copies() {
             let n = fake.copies_2d() - n0;
             assert!(n >= 8, "{n} 2D copies");
         }
+    }
+}
+
+/// A 2D copy device to device (what a same-host receiver enqueues for a run of a peer's
+/// segments): 300 rows of 8 B at pitch 9 into rows at pitch 24, on each runtime; exactly the
+/// rows land, the gaps stay zero.
+#[test]
+fn a_device_to_device_2d_copy_moves_exactly_its_rows() {
+    use morio::gpu::{Copy2d, CopyDir};
+    for (name, rt) in runtimes() {
+        let (rows, width, sp, dp) = (300usize, 8usize, 9u64, 24u64);
+        let data = random_big(rows * sp as usize, 46);
+        let src = rt.clone().alloc_device(0, data.len()).unwrap();
+        src.write_at(0, &data).unwrap();
+        let dst = rt.clone().alloc_device(0, rows * dp as usize).unwrap();
+        dst.write_at(0, &vec![0u8; dst.len()]).unwrap();
+        let stream = rt.create_stream(0).unwrap();
+        let run = Copy2d {
+            dst: dst.ptr(),
+            dst_pitch: dp,
+            src: src.ptr(),
+            src_pitch: sp,
+            width,
+            rows,
+        };
+        // SAFETY: both buffers are live device memory of this runtime, held past the fence.
+        unsafe { stream.copy_2d(CopyDir::D2d, &run) }.unwrap();
+        stream.fence().unwrap().wait_blocking().unwrap();
+        let mut got = vec![0u8; dst.len()];
+        dst.read_at(0, &mut got).unwrap();
+        let mut want = vec![0u8; dst.len()];
+        for i in 0..rows {
+            let (s, d) = (i * sp as usize, i * dp as usize);
+            want[d..d + width].copy_from_slice(&data[s..s + width]);
+        }
+        assert_bytes_eq(&got, &want, &format!("{name}: D2D 2D copy"));
     }
 }
