@@ -4,8 +4,8 @@
 # batches, payloads of parts under 8 KiB staged) against this one (.dev/morio: runs of small
 # device-to-device copies as one 2D copy, such payloads moved device to device), interleaved
 # ROUNDS times; every row validated. Rows: MORI's strided layout and --batch-scattered at
-# SIZES x 256, 8 B x 1024, a single 8 B (also with MORIO_GPU_IPC_MIN_PART=0: device to
-# device), 1 MiB x 256 (throughput check).
+# SIZES x 256, 8 B x 1024, a single 8 B and 8 B x 4 scattered (each also with
+# MORIO_GPU_IPC_MIN_PART=0: device to device), 1 MiB x 256 (throughput check).
 #   OUT=$OUT ROUNDS=2 bash scripts/bench/s46.sh        (carry .dev/morio, .dev/morio-old)
 set -u
 O=${OUT:-/tmp/s46}
@@ -35,6 +35,8 @@ for ((r = 1; r <= ${ROUNDS:-2}; r++)); do
 			one "$b-$op-strided-8x1024-r$r" $M --op-type $op "${Bt[@]}" --transfer-batch-size 1024 --buffer-size 8 --iters 300
 			one "$b-$op-single8-r$r" $M --op-type $op --transfer-batch-size 1 --buffer-size 8 --iters 1000
 			MORIO_GPU_IPC_MIN_PART=0 one "$b-$op-single8ipc-r$r" $M --op-type $op --transfer-batch-size 1 --buffer-size 8 --iters 1000
+			one "$b-$op-scat8x4-r$r" $M --op-type $op "${Bt[@]}" --transfer-batch-size 4 --buffer-size 8 --iters 1000 --batch-scattered
+			MORIO_GPU_IPC_MIN_PART=0 one "$b-$op-scat8x4ipc-r$r" $M --op-type $op "${Bt[@]}" --transfer-batch-size 4 --buffer-size 8 --iters 1000 --batch-scattered
 			one "$b-$op-1m-r$r" $M --op-type $op "${Bt[@]}" --transfer-batch-size 256 --buffer-size 1048576 --iters 20
 		done
 	done
