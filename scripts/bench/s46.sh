@@ -2,8 +2,8 @@
 # Session 46's device call (docs/perf/s46-runs.md): same-host GPU batches between two
 # processes, the build before (.dev/morio-old, 1662ad8: device-to-device copies only as
 # batches, payloads of parts under 8 KiB staged) against this one (.dev/morio: runs of small
-# device-to-device copies as one 2D copy, such payloads moved device to device), interleaved
-# ROUNDS times; every row validated. Rows: MORI's strided layout and --batch-scattered at
+# device-to-device copies as one 2D copy, such payloads moved device to device), each
+# row on both builds in turn, ROUNDS times; every row validated. Rows: MORI's strided layout and --batch-scattered at
 # SIZES x 256, 8 B x 1024, a single 8 B and 8 B x 4 scattered (each also with
 # MORIO_GPU_IPC_MIN_PART=0: device to device), 1 MiB x 256 (throughput check).
 #   OUT=$OUT ROUNDS=2 bash scripts/bench/s46.sh        (carry .dev/morio, .dev/morio-old)
@@ -23,22 +23,24 @@ one() { # NAME BIN ARGS... : one row's avg and p50 latency, bandwidth and transp
 		tail -3 "$O/j/$n.err"
 	fi
 }
+both() { # NAME ARGS... : the row on the build before, then on this one
+	local n=$1
+	shift
+	one "old-$n" .dev/morio-old "$@"
+	one "new-$n" .dev/morio "$@"
+}
 for ((r = 1; r <= ${ROUNDS:-2}; r++)); do
-	for b in old new; do
-		M=.dev/morio
-		[[ $b == old ]] && M=.dev/morio-old
-		for op in write read; do
-			for sz in ${SIZES:-8 4096 32768}; do
-				one "$b-$op-strided-$sz-r$r" $M --op-type $op "${Bt[@]}" --transfer-batch-size 256 --buffer-size $sz --iters 300
-				one "$b-$op-scattered-$sz-r$r" $M --op-type $op "${Bt[@]}" --transfer-batch-size 256 --buffer-size $sz --iters 300 --batch-scattered
-			done
-			one "$b-$op-strided-8x1024-r$r" $M --op-type $op "${Bt[@]}" --transfer-batch-size 1024 --buffer-size 8 --iters 300
-			one "$b-$op-single8-r$r" $M --op-type $op --transfer-batch-size 1 --buffer-size 8 --iters 1000
-			MORIO_GPU_IPC_MIN_PART=0 one "$b-$op-single8ipc-r$r" $M --op-type $op --transfer-batch-size 1 --buffer-size 8 --iters 1000
-			one "$b-$op-scat8x4-r$r" $M --op-type $op "${Bt[@]}" --transfer-batch-size 4 --buffer-size 8 --iters 1000 --batch-scattered
-			MORIO_GPU_IPC_MIN_PART=0 one "$b-$op-scat8x4ipc-r$r" $M --op-type $op "${Bt[@]}" --transfer-batch-size 4 --buffer-size 8 --iters 1000 --batch-scattered
-			one "$b-$op-1m-r$r" $M --op-type $op "${Bt[@]}" --transfer-batch-size 256 --buffer-size 1048576 --iters 20
+	for op in write read; do
+		for sz in ${SIZES:-8 4096 32768}; do
+			both "$op-strided-$sz-r$r" --op-type $op "${Bt[@]}" --transfer-batch-size 256 --buffer-size $sz --iters 300
+			both "$op-scattered-$sz-r$r" --op-type $op "${Bt[@]}" --transfer-batch-size 256 --buffer-size $sz --iters 300 --batch-scattered
 		done
+		both "$op-strided-8x1024-r$r" --op-type $op "${Bt[@]}" --transfer-batch-size 1024 --buffer-size 8 --iters 300
+		both "$op-single8-r$r" --op-type $op --transfer-batch-size 1 --buffer-size 8 --iters 1000
+		MORIO_GPU_IPC_MIN_PART=0 both "$op-single8ipc-r$r" --op-type $op --transfer-batch-size 1 --buffer-size 8 --iters 1000
+		both "$op-scat8x4-r$r" --op-type $op "${Bt[@]}" --transfer-batch-size 4 --buffer-size 8 --iters 1000 --batch-scattered
+		MORIO_GPU_IPC_MIN_PART=0 both "$op-scat8x4ipc-r$r" --op-type $op "${Bt[@]}" --transfer-batch-size 4 --buffer-size 8 --iters 1000 --batch-scattered
+		both "$op-1m-r$r" --op-type $op "${Bt[@]}" --transfer-batch-size 256 --buffer-size 1048576 --iters 20
 	done
 done
 python3 - "$O/rows.txt" <<'PY' | tee "$O/summary.txt"
