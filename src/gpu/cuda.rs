@@ -464,9 +464,24 @@ impl GpuStream for CudaStream {
         bind(self.ctx)?;
         // SAFETY: forwarded from the caller (every row is live memory of the kind named, left
         // alone until a later fence); the stream is live until drop.
-        unsafe { sys::cuMemcpy2DAsync_v2(&p, self.stream as sys::CUstream) }
-            .result()
-            .map_err(err("cuMemcpy2DAsync"))
+        match unsafe { sys::cuMemcpy2DAsync_v2(&p, self.stream as sys::CUstream) }.result() {
+            Ok(()) => Ok(()),
+            // A driver that refuses a 2D copy between these two mappings (checked when the
+            // copy is enqueued, before anything moves) still gets the rows, as a batch.
+            Err(e) if dir == CopyDir::D2d => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    log::warn!(
+                        "cuMemcpy2DAsync refused a device-to-device run ({e}): its rows go as \
+                         a batch"
+                    )
+                });
+                let rows: Vec<BatchCopy> = run.row_copies().collect();
+                // SAFETY: forwarded from the caller.
+                unsafe { self.copy_batch(dir, &rows) }
+            }
+            Err(e) => Err(err("cuMemcpy2DAsync")(e)),
+        }
     }
 
     fn fence(&self) -> Result<Box<dyn GpuFence>, GpuError> {
