@@ -6,7 +6,8 @@
 # row on both builds in turn, ROUNDS times; every row validated. Rows: MORI's strided layout and --batch-scattered at
 # SIZES x 256, 8 B x 1024, a single 8 B and 8 B x 4 scattered (each also with
 # MORIO_GPU_IPC_MIN_PART=0: device to device), 1 MiB x 256 (throughput check).
-#   OUT=$OUT ROUNDS=2 bash scripts/bench/s46.sh        (carry .dev/morio, .dev/morio-old)
+#   OUT=$OUT ROUNDS=2 [OPS="write read"] [SIZES="8 4096 32768"] bash scripts/bench/s46.sh
+#   (carry .dev/morio, .dev/morio-old)
 set -u
 O=${OUT:-/tmp/s46}
 mkdir -p "$O/j"
@@ -30,7 +31,7 @@ both() { # NAME ARGS... : the row on the build before, then on this one
 	one "new-$n" .dev/morio "$@"
 }
 for ((r = 1; r <= ${ROUNDS:-2}; r++)); do
-	for op in write read; do
+	for op in ${OPS:-write read}; do
 		for sz in ${SIZES:-8 4096 32768}; do
 			both "$op-strided-$sz-r$r" --op-type $op "${Bt[@]}" --transfer-batch-size 256 --buffer-size $sz --iters 300
 			both "$op-scattered-$sz-r$r" --op-type $op "${Bt[@]}" --transfer-batch-size 256 --buffer-size $sz --iters 300 --batch-scattered
