@@ -15,8 +15,8 @@ use hip_sys::hiprt::hipError_t;
 
 use super::ipc::IpcCache;
 use super::{
-    DeviceBuf, DeviceInfo, GpuError, GpuFence, GpuRuntime, GpuStream, IpcExport, IpcLease,
-    PinnedBuf, IPC_HANDLE_BYTES,
+    BatchCopy, Copy2d, CopyDir, DeviceBuf, DeviceInfo, GpuError, GpuFence, GpuRuntime, GpuStream,
+    IpcExport, IpcLease, PinnedBuf, IPC_HANDLE_BYTES,
 };
 
 /// The IPC mappings this process opened: one table for the process, since every engine's
@@ -483,6 +483,47 @@ impl GpuStream for HipStream {
                 self.stream as hip::hipStream_t,
             )
         })
+    }
+
+    unsafe fn copy_2d(&self, dir: CopyDir, run: &Copy2d) -> Result<(), GpuError> {
+        let kind = match dir {
+            CopyDir::D2h => hip::hipMemcpyKind::hipMemcpyDeviceToHost,
+            CopyDir::H2d => hip::hipMemcpyKind::hipMemcpyHostToDevice,
+            // Unified addressing: the runtime finds each side's device itself (the source may
+            // be an opened IPC mapping of memory on another GPU).
+            CopyDir::D2d => hip::hipMemcpyKind::hipMemcpyDefault,
+        };
+        set_device(self.dev)?;
+        // SAFETY: forwarded from the caller (every row is live memory of the kind named, left
+        // alone until a later fence); HIP only reads `src`; the stream is live until drop.
+        let r = unsafe {
+            hip::hipMemcpy2DAsync(
+                run.dst as *mut c_void,
+                run.dst_pitch as usize,
+                run.src as *const c_void,
+                run.src_pitch as usize,
+                run.width,
+                run.rows,
+                kind,
+                self.stream as hip::hipStream_t,
+            )
+        };
+        match check("hipMemcpy2DAsync", r) {
+            Ok(()) => Ok(()),
+            // A runtime that refuses a 2D copy (checked when it is enqueued, before anything
+            // moves) still gets the rows, one copy each (HIP has no batched copy here).
+            Err(e) => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    log::warn!(
+                        "hipMemcpy2DAsync refused a {dir:?} run ({e}): its rows go one by one"
+                    )
+                });
+                let rows: Vec<BatchCopy> = run.row_copies().collect();
+                // SAFETY: forwarded from the caller.
+                unsafe { super::one_by_one(self, dir, &rows) }
+            }
+        }
     }
 
     fn fence(&self) -> Result<Box<dyn GpuFence>, GpuError> {
