@@ -97,8 +97,14 @@ fn worth_copying(region: &Region, spans: &[(u64, u64)]) -> bool {
         .collect();
     let loose = crate::gpu::loose_copies(CopyDir::D2d, &copies).len() as u64;
     let total: u64 = spans.iter().map(|s| s.1).sum();
-    total >= ipc_min_part().saturating_mul(loose)
+    loose <= FEW_PARTS || total >= ipc_min_part().saturating_mul(loose)
 }
+
+/// Payloads of at most this many spans outside 2D runs move device to device whatever their
+/// size: staging's two copies and host hop cost more than a few device-to-device copies (H100
+/// host, two processes, scattered 8 B and 2 KiB parts: one or two parts 0.78–1.02× staged's
+/// time, eight 1.13–1.28×, `docs/perf/s48-runs.md`).
+const FEW_PARTS: u64 = 2;
 
 /// Payloads holding fewer bytes than this for each span outside 2D runs are staged rather
 /// than moved as device parts (`MORIO_GPU_IPC_MIN_PART`, bytes, read once; 0 moves every

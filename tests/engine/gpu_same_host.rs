@@ -361,6 +361,37 @@ fn moved(e: &IoEngine) -> (u64, u64, u64) {
 /// offered by the sender, declined by the receiver (whose copies form no runs) and staged.
 /// Every byte checked, writes and reads.
 #[test]
+fn a_few_tiny_parts_move_device_to_device_and_more_are_staged() {
+    let (a, b, _fake) = gpu_pair("gsh_few", cfg());
+    let size = 8usize;
+    let src = gpu_buf(&a, &random_big(64, 10));
+    // Descending 8 B parts: no 2D run. Two go device to device, three are staged.
+    for (count, want) in [(1usize, (8, 0, 0)), (2, (16, 0, 0)), (3, (0, 24, 0))] {
+        let offs: Vec<usize> = (0..count).rev().map(|i| i * 16).collect();
+        let dst = gpu_buf(&b, &[0u8; 64]);
+        let a0 = moved(&a);
+        let uid = [a.allocate_transfer_uid()];
+        let st = a.batch_write(
+            &[src.desc().clone()],
+            &[offs.clone()],
+            &[dst.desc().clone()],
+            &[offs.clone()],
+            &[vec![size; count]],
+            &uid,
+        );
+        assert_ok(&st[0], "batch");
+        for &o in &offs {
+            assert_bytes_eq(&bytes_at(&dst, o, size), &bytes_at(&src, o, size), "write");
+        }
+        let delta = || {
+            let y = moved(&a);
+            (y.0 - a0.0, y.1 - a0.1, y.2 - a0.2)
+        };
+        assert_eq!(settled(delta, &want), want, "{count} parts");
+    }
+}
+
+#[test]
 fn tiny_parts_move_device_to_device_only_as_runs() {
     let (a, b, fake) = gpu_pair("gsh_runs", cfg());
     let (size, count) = (8usize, 256usize);

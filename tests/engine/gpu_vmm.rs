@@ -187,10 +187,10 @@ fn refused_vmm_imports_are_staged_and_ordinary_memory_still_moves_device_to_devi
     drop(bufs);
 }
 
-/// Payloads of tiny parts are staged, not offered as device parts (one device-to-device copy
-/// between processes costs more than staging many small ones in batches): a batch of 8-byte
-/// pieces in descending order (no 2D runs) and a single 4 KiB write are staged, a batch of
-/// 16 KiB pieces moves device to device.
+/// Payloads of many tiny parts are staged, not offered as device parts (one device-to-device
+/// copy between processes costs more than staging many small ones in batches): a batch of
+/// 8-byte pieces in descending order (no 2D runs) and three 1 KiB pieces are staged; a
+/// single 4 KiB write (one part) and a batch of 16 KiB pieces move device to device.
 #[test]
 fn tiny_parts_are_staged_and_larger_ones_offered() {
     let fake = Arc::new(FakeGpu::new(1));
@@ -227,12 +227,13 @@ fn tiny_parts_are_staged_and_larger_ones_offered() {
         settled(f, &want)
     };
     batch(8, 64);
+    batch(1024, 3);
+    let want = (0, 64 * 8 + 3 * 1024);
+    assert_eq!(moved(&a, want), want, "staged");
     let uid = a.allocate_transfer_uid();
     assert_ok(&a.write(src.desc(), 0, dst.desc(), 0, 4096, uid), "4 KiB");
-    let want = (0, 64 * 8 + 4096);
-    assert_eq!(moved(&a, want), want, "staged");
     batch(16 << 10, 16);
-    let want = (16 * (16 << 10), 64 * 8 + 4096);
+    let want = (4096 + 16 * (16 << 10), 64 * 8 + 3 * 1024);
     assert_eq!(moved(&a, want), want, "offered");
     drop((a, b, src, dst));
 }

@@ -19,8 +19,9 @@ pub struct Layout {
     /// Slots of `size` bytes back to back (`--batch-contiguous`) instead of MORI's stride of
     /// `size + 1`.
     pub contiguous: bool,
-    /// The slots in a seeded shuffled order (`--batch-scattered`): no two consecutive
-    /// transfers a constant pitch apart, as a paged KV cache's block table.
+    /// The slots in a seeded shuffled order (`--batch-scattered`), as a paged KV cache's
+    /// block table: never in their own order, and no [`RUN_ROWS`] consecutive transfers
+    /// rising by a constant pitch (which the engine would copy as one 2D copy).
     pub scattered: bool,
 }
 
@@ -29,22 +30,53 @@ pub fn offsets(size: usize, batch: usize, layout: Layout) -> Vec<usize> {
     let stride = if layout.contiguous { size } else { size + 1 };
     let mut v: Vec<usize> = (0..batch).map(|i| i * stride).collect();
     if layout.scattered {
-        shuffle(&mut v, 0x5EED ^ batch as u64);
+        scatter(&mut v, 0x5EED ^ batch as u64);
     }
     v
 }
 
-/// Fisher–Yates with a splitmix64 stream: the same order for the same seed on every run and
-/// on both sides, without a generator crate's version deciding it.
-fn shuffle(v: &mut [usize], seed: u64) {
+/// Consecutive segments at one rising pitch that GPU copies take as one 2D copy (the
+/// engine's `gpu::strided::MIN_ROWS`): a scattered layout holds no such run.
+pub const RUN_ROWS: usize = 4;
+
+/// Shuffle `v` (ascending) until it is neither in its own order nor holds a run of
+/// [`RUN_ROWS`]; the first shuffle is kept where it qualifies, so layouts of larger batches
+/// are those of earlier sessions. Gives up after 64 shuffles (never needed from 2 slots on).
+fn scatter(v: &mut [usize], seed: u64) {
+    let sorted = v.to_vec();
+    let mut next = splitmix(seed);
+    for _ in 0..64 {
+        shuffle(v, &mut next);
+        if v.len() < 2 || (v != sorted.as_slice() && !has_run(v)) {
+            return;
+        }
+    }
+}
+
+/// Whether `v` holds [`RUN_ROWS`] consecutive values rising by one pitch.
+fn has_run(v: &[usize]) -> bool {
+    v.windows(RUN_ROWS).any(|w| {
+        w[1] > w[0]
+            && w.windows(2)
+                .all(|p| p[1] > p[0] && p[1] - p[0] == w[1] - w[0])
+    })
+}
+
+/// A splitmix64 stream from `seed`.
+fn splitmix(seed: u64) -> impl FnMut() -> u64 {
     let mut x = seed;
-    let mut next = || {
+    move || {
         x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = x;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
-    };
+    }
+}
+
+/// Fisher–Yates with a splitmix64 stream: the same order for the same seed on every run and
+/// on both sides, without a generator crate's version deciding it.
+fn shuffle(v: &mut [usize], next: &mut impl FnMut() -> u64) {
     for i in (1..v.len()).rev() {
         let j = (next() % (i as u64 + 1)) as usize;
         v.swap(i, j);
@@ -199,5 +231,28 @@ mod tests {
             d(w[0], w[1]) == d(w[1], w[2]) && d(w[1], w[2]) == d(w[2], w[3])
         });
         assert_eq!(pitched.count(), 0);
+        // The order of sessions before small batches were reshuffled (their rows compare).
+        assert_eq!(o[..4], [216 * 9, 178 * 9, 71 * 9, 169 * 9]);
+    }
+
+    #[test]
+    fn small_scattered_batches_are_scattered_too() {
+        let scat = Layout {
+            scattered: true,
+            ..STRIDED
+        };
+        // One shuffle alone left 2 and 4 slots in their own order.
+        for batch in 2..=300 {
+            let o = offsets(8, batch, scat);
+            let strided = offsets(8, batch, STRIDED);
+            assert_ne!(o, strided, "{batch} slots in their own order");
+            assert!(!has_run(&o), "{batch} slots: a 2D run in {o:?}");
+            let mut sorted = o.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, strided);
+        }
+        assert_eq!(offsets(8, 1, scat), [0]);
+        assert!(has_run(&[0, 9, 18, 27]) && has_run(&[5, 0, 3, 6, 9]));
+        assert!(!has_run(&[27, 18, 9, 0]) && !has_run(&[0, 9, 18, 28]));
     }
 }
