@@ -373,9 +373,9 @@ fn a_few_tiny_parts_move_device_to_device_and_more_are_staged() {
         let uid = [a.allocate_transfer_uid()];
         let st = a.batch_write(
             &[src.desc().clone()],
-            &[offs.clone()],
+            std::slice::from_ref(&offs),
             &[dst.desc().clone()],
-            &[offs.clone()],
+            std::slice::from_ref(&offs),
             &[vec![size; count]],
             &uid,
         );
