@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
 # Session 49: every row of goals.sh from each binary of BINS in turn, ROUNDS interleaved
-# rounds (one goals.sh round per binary per round), then one line per row: its value per
-# round for each binary, the means and their ratio (GB/s for the 1 MiB x 256 and 64 MiB
-# rows, avg and p50 us for the small ones). The regression check of issue 23's "no
+# rounds (one goals.sh round per binary per round, in reverse order every other round), then
+# one line per row: its value per round for each binary, the means and their ratio (GB/s
+# for the 1 MiB x 256 and 64 MiB rows, avg and p50 us for the small ones). The regression check of issue 23's "no
 # throughput row loses more than 3 %" across builds.
 #   OUT=$OUT ROUNDS=3 GPU=1 BINS=".dev/morio-b28 .dev/morio" bash scripts/bench/s49-ab.sh
 set -u
 O=${OUT:-/tmp/s49ab}
 mkdir -p "$O"
+read -ra bins <<<"${BINS:-.dev/morio}"
 for ((r = 1; r <= ${ROUNDS:-3}; r++)); do
-	for b in ${BINS:-.dev/morio}; do
+	order=("${bins[@]}")
+	# Even rounds run the binaries in reverse order (ABBA): drift within a round then
+	# falls on every binary alike (session 49's first run, in one order, read it as a
+	# 10-30 % latency loss that ABBA rounds did not show).
+	if ((r % 2 == 0)); then
+		order=()
+		for ((i = ${#bins[@]} - 1; i >= 0; i--)); do order+=("${bins[i]}"); done
+	fi
+	for b in "${order[@]}"; do
 		OUT="$O/$(basename "$b")-r$r" ROUNDS=1 GPU=${GPU:-1} MORIO=$b bash scripts/bench/goals.sh >/dev/null 2>&1 ||
 			echo "fail $b r$r"
 	done
