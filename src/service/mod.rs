@@ -241,10 +241,7 @@ impl Shard {
                 why,
                 ack_to,
             } => {
-                lane::cancel(self, &peer, uid, gen, &why, ack_to.is_some());
-                if let Some(owner) = ack_to {
-                    self.send(owner, ShardMsg::Fenced { peer, uid, gen });
-                }
+                lane::cancel(self, &peer, (uid, gen), &why, ack_to);
             }
             ShardMsg::Fenced { peer, uid, gen } => owner::fenced(self, &peer, uid, gen),
             ShardMsg::AddRegion(r, ack) => {

@@ -137,7 +137,8 @@ pub(crate) enum ShardMsg {
     /// A transfer ended early (timeout, lost lane): drop its queued and pending chunks, and
     /// reset a lane that may still carry its bytes. `why` is its failure, named when a lane
     /// has to close for it. `ack_to`: the owner waits for [`ShardMsg::Fenced`] before it
-    /// reports the failure (a write).
+    /// reports the failure (a write failed by its deadline, any failed read: sent once
+    /// nothing of it can land here any more).
     Cancel {
         peer: Arc<str>,
         uid: u64,

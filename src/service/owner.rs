@@ -49,11 +49,12 @@ pub(crate) struct OwnerTable {
     /// Generations of the transfers in `map` and `fencing`, for [`super::Shared::low_water`].
     in_flight: BTreeSet<u64>,
     /// Failed writes waiting for their lanes' shards to reset what may still carry their
-    /// bytes ([`ShardMsg::Fenced`]) before their failure is reported, by (peer, uid, gen).
+    /// bytes, and failed reads for their lanes to stop placing theirs
+    /// ([`ShardMsg::Fenced`]), before their failure is reported, by (peer, uid, gen).
     fencing: HashMap<(Arc<str>, u64, u64), Fencing>,
 }
 
-/// A failed write whose failure waits for its lanes ([`OwnerTable::fencing`]).
+/// A failed write or read whose failure waits for its lanes ([`OwnerTable::fencing`]).
 #[derive(Debug)]
 struct Fencing {
     entry: Entry,
@@ -65,8 +66,8 @@ struct Fencing {
     since_ns: u64,
 }
 
-/// How long a failed write waits for its lanes' shards to confirm their resets before its
-/// failure is reported anyway (a shard that does not answer is stuck: its lanes too).
+/// How long a failed write or read waits for its lanes' shards to confirm before its failure
+/// is reported anyway (a shard that does not answer is stuck: its lanes too).
 const FENCE_GRACE_NS: u64 = 1_000_000_000;
 
 impl OwnerTable {
@@ -296,14 +297,17 @@ enum Ending {
     /// Early (a lost lane, a failed chunk): its lanes drop its queued and pending work.
     Cancel,
     /// By its deadline: as `Cancel`, and a write's lanes that may still carry its bytes
-    /// are reset before its failure is reported (their bytes could be stuck for long).
+    /// are reset before its failure is reported (their bytes could be stuck for long). (A
+    /// failed read waits for its lanes either way.)
     Deadline,
 }
 
 /// A transfer left the table with `code`. A write that failed by its deadline is reported
 /// once its lanes' shards have reset the lanes that might still carry its bytes
 /// ([`fenced`]): when the application learns of the failure, nothing of it is left to leave
-/// this host, so it cannot land later over what the application writes there next.
+/// this host, so it cannot land later over what the application writes there next. A failed
+/// read is reported once its lanes' shards have stopped placing its data: nothing of it
+/// lands later in the application's buffer.
 fn finish(
     shard: &Rc<Shard>,
     peer: &Arc<str>,
@@ -321,10 +325,12 @@ fn finish(
         let mut shards: Vec<usize> = e.lanes.iter().map(|&l| shard.lane_shard(l)).collect();
         shards.sort_unstable();
         shards.dedup();
-        let fence = ending == Ending::Deadline
-            && code != codes::SUCCESS
-            && e.op == Op::Write
-            && !shards.is_empty();
+        // A write failed by its deadline waits for its lanes to reset what may still carry
+        // its bytes; any failed read, for its lanes to stop placing its data (and for copies
+        // of it into GPU memory to end).
+        let fence = code != codes::SUCCESS
+            && !shards.is_empty()
+            && (e.op == Op::Read || ending == Ending::Deadline);
         let (why, gen): (Arc<str>, u64) = (msg.into(), e.gen);
         let msgs: Vec<(usize, ShardMsg)> = shards
             .iter()
@@ -428,7 +434,7 @@ pub(crate) fn tick(shard: &Rc<Shard>, now: u64) {
     for ((peer, uid), e, code, msg) in expired {
         finish(shard, &peer, uid, e, code, &msg, Ending::Deadline);
     }
-    // Failed writes whose lanes' shards have not confirmed their resets within the grace:
+    // Failed transfers whose lanes' shards have not confirmed within the grace:
     // reported anyway, so that every transfer still ends.
     let overdue: Vec<_> = {
         let mut t = shard.owner.borrow_mut();

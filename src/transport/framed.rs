@@ -3,11 +3,13 @@
 //! large payloads straight from it.
 
 use std::io;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use futures_lite::{AsyncRead, AsyncReadExt};
 use morio_shards::rt;
 
+use super::abort::{guarded, Abort};
 use super::{Rx, Tx};
 use crate::proto::decode::{decode_frame, DecodeError};
 use crate::proto::frame::{
@@ -41,6 +43,10 @@ pub(crate) enum ConnError {
         .0.as_millis()
     )]
     ResetWhileStalled(Duration),
+    /// The payload being read belongs to a transfer cancelled meanwhile: the reader stopped
+    /// before its next receive (the rest of the payload is still to be dropped).
+    #[error("the transfer was cancelled while its data was being read")]
+    Aborted,
 }
 
 /// Reads frames from a stream. Header and body go through an internal buffer that never
@@ -70,6 +76,8 @@ pub(crate) struct FrameReader<R> {
     /// When the busy poller woke this shard's reader of shared memory before that read (0:
     /// not tracing, or not woken so).
     noticed_ns: u64,
+    /// Stops payload reads once set ([`Self::set_abort`]).
+    abort: Option<Rc<Abort>>,
 }
 
 const READ_BUF_BYTES: usize = 256 << 10;
@@ -95,7 +103,24 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             payload_left: 0,
             first_read_ns: 0,
             noticed_ns: 0,
+            abort: None,
         }
+    }
+
+    /// Payload reads from now on fail with [`ConnError::Aborted`] before their next receive
+    /// once `abort` is set (`None`: never). What was read stays counted, so
+    /// [`Self::payload_left`] says what is still to be dropped.
+    pub(crate) fn set_abort(&mut self, abort: Option<Rc<Abort>>) {
+        self.abort = abort;
+    }
+
+    /// Payload bytes of the current frame not yet read.
+    pub(crate) fn payload_left(&self) -> u64 {
+        self.payload_left
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.payload_left = self.payload_left.saturating_sub(n as u64);
     }
 
     /// The time left for the frame being read, starting its clock at its first wait;
@@ -236,28 +261,26 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
 
     /// Fill `dst` with the next payload bytes.
     pub(crate) async fn read_payload(&mut self, dst: &mut [u8]) -> Result<(), ConnError> {
-        self.payload_left = self.payload_left.saturating_sub(dst.len() as u64);
         if self.end - self.start < dst.len() {
             self.prefetch_small_payload(dst.len()).await?;
         }
         let have = (self.end - self.start).min(dst.len());
         dst[..have].copy_from_slice(&self.buf[self.start..self.start + have]);
         self.start += have;
-        let rest = &mut dst[have..];
-        if rest.is_empty() {
-            return Ok(());
+        self.consume(have);
+        let mut rest = &mut dst[have..];
+        while !rest.is_empty() {
+            let left = self.time_left()?;
+            let n = rt::timeout(left, guarded(self.abort.clone(), self.r.read(rest)))
+                .await
+                .ok_or(ConnError::Stalled(self.stall))??;
+            if n == 0 {
+                return Err(ConnError::Closed);
+            }
+            self.consume(n);
+            rest = &mut rest[n..];
         }
-        let left = self.time_left()?;
-        rt::timeout(left, self.r.read_exact(rest))
-            .await
-            .ok_or(ConnError::Stalled(self.stall))?
-            .map_err(|e| {
-                if e.kind() == io::ErrorKind::UnexpectedEof {
-                    ConnError::Closed
-                } else {
-                    ConnError::Io(e)
-                }
-            })
+        Ok(())
     }
 
     /// Fill `dsts`, in order, with the next payload bytes: what the buffer holds first, the
@@ -275,7 +298,6 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             }
             return Ok(());
         }
-        self.payload_left = self.payload_left.saturating_sub(total as u64);
         let lens: Vec<usize> = dsts.iter().map(|d| d.len()).collect();
         // (piece, offset within it) of the first byte still missing.
         let (mut idx, mut off) = (0usize, 0usize);
@@ -306,6 +328,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             let k = d.len().min(self.end - self.start);
             d[..k].copy_from_slice(&self.buf[self.start..self.start + k]);
             self.start += k;
+            self.consume(k);
             advance(k, &mut idx, &mut off);
         }
         while idx < dsts.len() {
@@ -316,13 +339,17 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 let (head, tail) = rest.split_at_mut(1);
                 iov.push(std::io::IoSliceMut::new(&mut head[0][off..]));
                 iov.extend(tail.iter_mut().map(|d| std::io::IoSliceMut::new(d)));
-                rt::timeout(left, self.r.read_vectored(&mut iov))
-                    .await
-                    .ok_or(ConnError::Stalled(self.stall))??
+                rt::timeout(
+                    left,
+                    guarded(self.abort.clone(), self.r.read_vectored(&mut iov)),
+                )
+                .await
+                .ok_or(ConnError::Stalled(self.stall))??
             };
             if n == 0 {
                 return Err(ConnError::Closed);
             }
+            self.consume(n);
             advance(n, &mut idx, &mut off);
         }
         Ok(())
@@ -332,7 +359,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// the buffer in one go rather than with one `recv` per piece.
     async fn prefetch_small_payload(&mut self, need: usize) -> Result<(), ConnError> {
         // What is left of this frame's payload, counting the piece being read.
-        let total = self.payload_left + need as u64;
+        let total = self.payload_left.max(need as u64);
         if total > SMALL_PAYLOAD_BYTES as u64 {
             return Ok(());
         }
@@ -344,9 +371,15 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         let target = total as usize;
         while self.end < target {
             let left = self.time_left()?;
-            let n = rt::timeout(left, self.r.read(&mut self.buf[self.end..target]))
-                .await
-                .ok_or(ConnError::Stalled(self.stall))??;
+            let n = rt::timeout(
+                left,
+                guarded(
+                    self.abort.clone(),
+                    self.r.read(&mut self.buf[self.end..target]),
+                ),
+            )
+            .await
+            .ok_or(ConnError::Stalled(self.stall))??;
             if n == 0 {
                 return Err(ConnError::Closed);
             }

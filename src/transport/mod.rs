@@ -15,6 +15,7 @@
 //! (RDMA, AF_XDP) is a new file here and one more variant of these types; nothing in
 //! `service/` changes.
 
+pub(crate) mod abort;
 pub(crate) mod express_port;
 pub(crate) mod framed;
 pub(crate) mod local;

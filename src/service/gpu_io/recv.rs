@@ -204,9 +204,17 @@ async fn stage_into_device(
                 }
             }
         };
-        reader
+        if let Err(e) = reader
             .read_payload(&mut slot.bytes_mut()[..job.bytes])
-            .await?;
+            .await
+        {
+            // Nothing of the chunk lands after this returns (its transfer may be reported
+            // failed next): the copies already queued are waited for.
+            for mut p in pending {
+                let _ = p.settle(c.limit).await;
+            }
+            return Err(e);
+        }
         read += job.bytes as u64;
         if failed.is_none() {
             if let Err(e) = issue_h2d(&c, region, &job, &mut slot) {

@@ -27,6 +27,7 @@ use crate::trace;
 use crate::transport::framed::{read_frame_exact, FrameReader, FrameWriter};
 use crate::transport::{self, Closer};
 
+mod placing;
 mod read;
 mod write;
 use read::read_loop;
@@ -50,6 +51,8 @@ pub(crate) struct Lane {
     connected: Cell<Option<&'static str>>,
     /// Callers of [`open`] waiting for the lane to come up (or die).
     ready: RefCell<Vec<Arc<TransferStatus>>>,
+    /// Read transfers whose data the lane is putting into local memory ([`placing`]).
+    placing: RefCell<Vec<placing::Placing>>,
 }
 
 impl Lane {
@@ -120,6 +123,7 @@ fn lane_for(shard: &Rc<Shard>, peer: &Arc<Peer>, idx: u16) -> (Rc<Lane>, bool) {
         closer: Cell::new(None),
         connected: Cell::new(None),
         ready: RefCell::new(Vec::new()),
+        placing: RefCell::new(Vec::new()),
     });
     shard.lanes.borrow_mut().insert(key, lane.clone());
     (lane, true)
@@ -132,12 +136,23 @@ fn lane_for(shard: &Rc<Shard>, peer: &Arc<Peer>, idx: u16) -> (Rc<Lane>, bool) {
 /// its send queue is dropped unsent, so that no byte of a transfer reported failed lands
 /// later, over what the application writes there next (bytes the peer already received are
 /// still placed, as it reads them; a lane whose socket delivered everything is left up). The
-/// transfers a reset takes with it fail for the reason that one did.
-pub(crate) fn cancel(shard: &Rc<Shard>, peer: &str, uid: u64, gen: u64, why: &str, fence: bool) {
-    for l in lanes_to(shard, peer) {
+/// transfers a reset takes with it fail for the reason that one did. A read's chunks being
+/// placed stop before their next receive ([`placing`]). With `ack_to`, that owner is answered
+/// ([`ShardMsg::Fenced`]) once nothing of the transfer can land here any more.
+pub(crate) fn cancel(
+    shard: &Rc<Shard>,
+    peer: &Arc<str>,
+    (uid, gen): (u64, u64),
+    why: &str,
+    ack_to: Option<usize>,
+) {
+    let fence = ack_to.is_some();
+    let lanes = lanes_to(shard, peer);
+    let deferred = placing::cancel(&lanes, peer, (uid, gen), ack_to);
+    for l in &lanes {
         let what = match l.book.borrow_mut().cancel(uid, gen) {
             Fence::None => continue,
-            Fence::Unplaced if !fence || delivered_all(&l) => continue,
+            Fence::Unplaced if !fence || delivered_all(l) => continue,
             Fence::HalfSent => "a frame half sent",
             Fence::Unplaced => "write chunks sent and not yet placed",
         };
@@ -146,7 +161,12 @@ pub(crate) fn cancel(shard: &Rc<Shard>, peer: &str, uid: u64, gen: u64, why: &st
              must not land later",
             l.peer.key
         );
-        die_as(shard, &l, msg, End::Reset);
+        die_as(shard, l, msg, End::Reset);
+    }
+    // After the resets: once the owner hears this, nothing of the transfer leaves this shard.
+    if let (Some(owner), false) = (ack_to, deferred) {
+        let peer = peer.clone();
+        shard.send(owner, ShardMsg::Fenced { peer, uid, gen });
     }
 }
 

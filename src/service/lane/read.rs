@@ -6,7 +6,7 @@ use std::rc::Rc;
 use super::super::express;
 use super::super::gpu_io;
 use super::super::{Shard, TaskGuard};
-use super::{die, express_done, report, Lane};
+use super::{die, express_done, placing, report, Lane};
 use crate::proto::codes;
 use crate::proto::dispatch::TransferRef;
 use crate::proto::frame::Frame;
@@ -31,13 +31,18 @@ pub(super) async fn read_loop(shard: Rc<Shard>, lane: Rc<Lane>, mut reader: Fram
         // Data still landing is reported once its copies are done: now, unless the next
         // answer has begun to arrive and the lane lives on. Its transfer has left the lane's
         // book, so it must be reported before the lane dies.
-        if landing.is_some() && (r.is_err() || lane.dead() || !reader.input_waiting()) {
+        // So does one whose transfer was cancelled: its owner waits for the copies to end.
+        if landing.as_ref().is_some_and(|l| {
+            r.is_err() || lane.dead() || !reader.input_waiting() || placing::aborted(&lane, l.to)
+        }) {
             land(&shard, &lane, &mut landing).await;
         }
         if let Err(e) = r {
+            placing::end_all(&shard, &lane);
             return die(&shard, &lane, &e.to_string());
         }
         if lane.dead() {
+            placing::end_all(&shard, &lane);
             return;
         }
     }
@@ -56,6 +61,7 @@ struct Landing {
 async fn land(shard: &Rc<Shard>, lane: &Rc<Lane>, landing: &mut Option<Landing>) {
     let Some(l) = landing.take() else { return };
     let (code, msg) = gpu_io::landed(l.copies.finish(shard).await);
+    placing::end(shard, lane, l.to);
     read_done(shard, lane, (l.tag, l.to, &l.wait), code, msg);
 }
 
@@ -161,17 +167,34 @@ async fn on_frame(
         land(shard, lane, landing).await;
         return violation("read data length differs from the request");
     }
+    // From here until its bytes are in place, cancelling the transfer stops this chunk
+    // (the lane's book no longer holds it): nothing of it lands after its failure is
+    // reported.
+    let device = wait.local.device().is_some();
+    let abort = (code == codes::SUCCESS).then(|| placing::begin(lane, to, device));
     // Only data of the same transfer is read while the chunk before lands: another
     // transfer's bytes never hold up this one's report.
     if landing.as_ref().is_some_and(|l| l.to != to) {
         land(shard, lane, landing).await;
     }
-    if code == codes::SUCCESS && wait.local.device().is_some() {
+    if abort.as_ref().is_some_and(|a| a.is_set()) {
+        return dropped(shard, lane, reader, to).await;
+    }
+    if code == codes::SUCCESS && device {
         let spans: Vec<(u64, u64)> = wait.pieces.iter().map(|p| (p.local, p.len)).collect();
         let prev = landing.as_mut().map(|l| &mut l.copies);
+        reader.set_abort(abort);
         let placed = gpu_io::receive_into_device(shard, reader, &wait.local, &spans, prev).await;
+        reader.set_abort(None);
         land(shard, lane, landing).await;
-        let copies = placed?;
+        let copies = match placed {
+            Err(ConnError::Aborted) => return dropped(shard, lane, reader, to).await,
+            Err(e) => {
+                placing::end(shard, lane, to);
+                return Err(e);
+            }
+            Ok(c) => c,
+        };
         if copies.may_land() && reader.input_waiting() {
             *landing = Some(Landing {
                 tag,
@@ -183,14 +206,39 @@ async fn on_frame(
             return Ok(());
         }
         (code, msg) = gpu_io::landed(copies.finish(shard).await);
+        placing::end(shard, lane, to);
     } else {
         land(shard, lane, landing).await;
         if code == codes::SUCCESS {
-            (code, msg) = gpu_io::landed(place(shard, reader, &wait).await?);
+            reader.set_abort(abort);
+            let placed = place(shard, reader, &wait).await;
+            reader.set_abort(None);
+            placing::end(shard, lane, to);
+            (code, msg) = match placed {
+                Err(ConnError::Aborted) => return drop_rest(reader).await,
+                r => gpu_io::landed(r?),
+            };
         }
     }
     read_done(shard, lane, (tag, to, &wait), code, msg);
     Ok(())
+}
+
+/// A chunk whose transfer was cancelled while it was placed: nothing more of it lands (its
+/// copies into device memory, if any, are done), so its owner may hear so; the rest of its
+/// payload is read and dropped. Its transfer has ended: nobody waits for its report.
+async fn dropped(
+    shard: &Rc<Shard>,
+    lane: &Rc<Lane>,
+    reader: &mut FrameReader<Rx>,
+    to: TransferRef,
+) -> Result<(), ConnError> {
+    placing::end(shard, lane, to);
+    drop_rest(reader).await
+}
+
+async fn drop_rest(reader: &mut FrameReader<Rx>) -> Result<(), ConnError> {
+    reader.discard_payload(reader.payload_left()).await
 }
 
 /// A READ_DATA or COMPLETE frame's tag (0 for other kinds).
