@@ -21,6 +21,7 @@ mod gpu_vmm;
 mod host;
 mod in_process;
 mod ipv6;
+mod late_read;
 mod mori_cases;
 mod peer_stats;
 mod same_host;
