@@ -3,7 +3,8 @@
 # even ones), each row one short `morio bench` run; then per row the medians, their ratio and
 # in how many paired rounds B was faster. PART=lat: p50 µs of the small rows over TCP
 # (default single 8 B with its floor, default 8 B x 64, spinning single 8 B and 8 B x 256,
-# default 4 KiB x 256); PART=tp: GB/s of 1 MiB x 256 over TCP and same-host, GPU rows over TCP.
+# default 4 KiB x 256; spinning 8 B and 8 B x 256 reads); PART=tp: GB/s of 1 MiB x 256 over
+# TCP and same-host, GPU rows over TCP (writes, then TCP reads of host and GPU memory).
 #   OUT=$OUT PART=lat ROUNDS=10 A=morio-b28 B=morio bash scripts/bench/s49-abba.sh  (carry .dev)
 set -u
 O=${OUT:-/tmp/s49abba}
@@ -33,12 +34,17 @@ rows() { # BIN
 			--transfer-batch-size 256 "${bat[@]}"
 		run1 "$b" d4k --same-host off --iters 1000 --op-type write --buffer-size 4096 \
 			--transfer-batch-size 256 "${bat[@]}"
+		run1 "$b" s8r --same-host off "${S[@]}" --iters 5000 --op-type read --buffer-size 8 --transfer-batch-size 1
+		run1 "$b" s256r --same-host off "${S[@]}" --iters 5000 --no-floor --op-type read --buffer-size 8 \
+			--transfer-batch-size 256 "${bat[@]}"
 	else
 		run1 "$b" t-w1m --same-host off --op-type write "${big[@]}"
 		run1 "$b" h-w1m --same-host require --op-type write "${big[@]}"
 		run1 "$b" h-r1m --same-host require --op-type read "${big[@]}"
 		run1 "$b" t-gw64m --same-host off --mem-type gpu --op-type write "${one[@]}"
 		run1 "$b" t-gw1m --same-host off --mem-type gpu --op-type write "${big[@]}"
+		run1 "$b" t-r1m --same-host off --op-type read "${big[@]}"
+		run1 "$b" t-gr1m --same-host off --mem-type gpu --op-type read "${big[@]}"
 	fi
 }
 for ((r = 1; r <= ${ROUNDS:-8}; r++)); do

@@ -1,15 +1,13 @@
 //! A flag that stops a payload from being read into memory whose transfer was cancelled: set
-//! by another task of the shard, it wakes the reader, whose next receive then fails with
-//! `ConnError::Aborted` before it reads a byte (the flag is checked before every poll of a
-//! receive, and bytes reach the destination only inside such a poll).
+//! by another task of the shard, it wakes the reader, whose next receive then ends with
+//! [`Aborted`] before it reads a byte (the flag is checked before every poll of a receive,
+//! and bytes reach the destination only inside such a poll).
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::io;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
-
-use super::framed::ConnError;
 
 /// Set once; shared by the task that reads a payload and the one that cancels its transfer.
 #[derive(Debug, Default)]
@@ -45,21 +43,25 @@ impl Abort {
     }
 }
 
-/// Run the receive `fut`, unless `abort` is (or becomes) set first: then `Aborted`, and
+/// A receive stopped by its [`Abort`] flag.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Aborted;
+
+/// Run the receive `fut`, unless `abort` is (or becomes) set first: then [`Aborted`], and
 /// `fut` is not polled again, so it places nothing more.
 pub(crate) async fn guarded<T>(
     abort: Option<Rc<Abort>>,
     fut: impl Future<Output = io::Result<T>>,
-) -> Result<T, ConnError> {
+) -> Result<io::Result<T>, Aborted> {
     let mut fut = std::pin::pin!(fut);
     std::future::poll_fn(|cx| {
         if let Some(a) = &abort {
             if a.is_set() {
-                return Poll::Ready(Err(ConnError::Aborted));
+                return Poll::Ready(Err(Aborted));
             }
             a.register(cx.waker());
         }
-        fut.as_mut().poll(cx).map_err(ConnError::from)
+        fut.as_mut().poll(cx).map(Ok)
     })
     .await
 }
@@ -95,7 +97,7 @@ mod tests {
         a.abort();
         assert_eq!(count.0.load(Ordering::SeqCst), 1, "the reader is woken");
         match g.as_mut().poll(&mut cx) {
-            Poll::Ready(Err(ConnError::Aborted)) => {}
+            Poll::Ready(Err(Aborted)) => {}
             other => panic!("expected Aborted, got {other:?}"),
         }
         assert_eq!(
@@ -110,6 +112,6 @@ mod tests {
         let mut g = std::pin::pin!(guarded(None, async { Ok::<_, io::Error>(7usize) }));
         let waker = Waker::noop();
         let mut cx = Context::from_waker(waker);
-        assert!(matches!(g.as_mut().poll(&mut cx), Poll::Ready(Ok(7))));
+        assert!(matches!(g.as_mut().poll(&mut cx), Poll::Ready(Ok(Ok(7)))));
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use futures_lite::{AsyncRead, AsyncReadExt};
 use morio_shards::rt;
 
-use super::abort::{guarded, Abort};
+use super::abort::{guarded, Abort, Aborted};
 use super::{Rx, Tx};
 use crate::proto::decode::{decode_frame, DecodeError};
 use crate::proto::frame::{
@@ -47,6 +47,12 @@ pub(crate) enum ConnError {
     /// before its next receive (the rest of the payload is still to be dropped).
     #[error("the transfer was cancelled while its data was being read")]
     Aborted,
+}
+
+impl From<Aborted> for ConnError {
+    fn from(_: Aborted) -> Self {
+        ConnError::Aborted
+    }
 }
 
 /// Reads frames from a stream. Header and body go through an internal buffer that never
@@ -273,7 +279,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             let left = self.time_left()?;
             let n = rt::timeout(left, guarded(self.abort.clone(), self.r.read(rest)))
                 .await
-                .ok_or(ConnError::Stalled(self.stall))??;
+                .ok_or(ConnError::Stalled(self.stall))???;
             if n == 0 {
                 return Err(ConnError::Closed);
             }
@@ -344,7 +350,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                     guarded(self.abort.clone(), self.r.read_vectored(&mut iov)),
                 )
                 .await
-                .ok_or(ConnError::Stalled(self.stall))??
+                .ok_or(ConnError::Stalled(self.stall))???
             };
             if n == 0 {
                 return Err(ConnError::Closed);
@@ -379,7 +385,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 ),
             )
             .await
-            .ok_or(ConnError::Stalled(self.stall))??;
+            .ok_or(ConnError::Stalled(self.stall))???;
             if n == 0 {
                 return Err(ConnError::Closed);
             }
