@@ -274,19 +274,30 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         dst[..have].copy_from_slice(&self.buf[self.start..self.start + have]);
         self.start += have;
         self.consume(have);
-        let mut rest = &mut dst[have..];
-        while !rest.is_empty() {
-            let left = self.time_left()?;
-            let n = rt::timeout(left, guarded(self.abort.clone(), self.r.read(rest)))
-                .await
-                .ok_or(ConnError::Stalled(self.stall))???;
-            if n == 0 {
-                return Err(ConnError::Closed);
-            }
-            self.consume(n);
-            rest = &mut rest[n..];
+        let rest = &mut dst[have..];
+        if rest.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        // One timer for the whole rest (not one per receive: a large payload takes many);
+        // what was read is counted even when the deadline or the abort flag ends it.
+        let left = self.time_left()?;
+        let got = std::cell::Cell::new(0usize);
+        let (abort, r) = (self.abort.clone(), &mut self.r);
+        let fill = async {
+            let mut rest = rest;
+            while !rest.is_empty() {
+                let n = guarded(abort.clone(), r.read(rest)).await??;
+                if n == 0 {
+                    return Err(ConnError::Closed);
+                }
+                got.set(got.get() + n);
+                rest = &mut rest[n..];
+            }
+            Ok(())
+        };
+        let done = rt::timeout(left, fill).await;
+        self.consume(got.get());
+        done.ok_or(ConnError::Stalled(self.stall))?
     }
 
     /// Fill `dsts`, in order, with the next payload bytes: what the buffer holds first, the
