@@ -215,6 +215,18 @@ pub fn hello(src: &str, dst: &str) -> Vec<u8> {
     )
 }
 
+/// A fake target's lane: the next connection on `l`, its HELLO read and answered as engine
+/// `key`.
+pub fn accept_lane(l: &std::net::TcpListener, key: &str) -> TcpStream {
+    let (mut c, _) = l.accept().unwrap();
+    match try_read_frame(&mut c, Duration::from_secs(5)) {
+        Ok(Frame::Hello(_)) => {}
+        other => panic!("expected HELLO, got {other:?}"),
+    }
+    std::io::Write::write_all(&mut c, &hello_ack(key)).unwrap();
+    c
+}
+
 /// A successful HELLO_ACK from engine `key`.
 pub fn hello_ack(key: &str) -> Vec<u8> {
     encode(

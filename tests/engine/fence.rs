@@ -9,7 +9,6 @@ use std::os::fd::AsRawFd;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use morio::proto::frame::Frame;
 use morio::{MemoryDesc, StatusCode};
 
 use crate::common::*;
@@ -32,12 +31,7 @@ fn stalled_target(key: &str) -> (u16, mpsc::Sender<()>, std::thread::JoinHandle<
     let (tx, rx) = mpsc::channel();
     let key = key.to_string();
     let t = std::thread::spawn(move || {
-        let (mut c, _) = l.accept().unwrap();
-        match try_read_frame(&mut c, Duration::from_secs(5)) {
-            Ok(Frame::Hello(_)) => {}
-            other => panic!("expected HELLO, got {other:?}"),
-        }
-        std::io::Write::write_all(&mut c, &hello_ack(&key)).unwrap();
+        let mut c = accept_lane(&l, &key);
         rx.recv().unwrap();
         let mut queued: libc::c_int = 0;
         // SAFETY: FIONREAD into an int we own, on a socket we own.

@@ -28,12 +28,7 @@ fn trickling_target(
     let port = l.local_addr().unwrap().port();
     let key = key.to_string();
     let t = std::thread::spawn(move || {
-        let (mut c, _) = l.accept().unwrap();
-        match try_read_frame(&mut c, Duration::from_secs(5)) {
-            Ok(Frame::Hello(_)) => {}
-            other => panic!("expected HELLO, got {other:?}"),
-        }
-        c.write_all(&hello_ack(&key)).unwrap();
+        let mut c = accept_lane(&l, &key);
         let (chunk, final_) = match try_read_frame(&mut c, Duration::from_secs(10)) {
             Ok(Frame::Read { chunk, final_, .. }) => (chunk, final_),
             other => panic!("expected READ, got {other:?}"),
