@@ -209,7 +209,12 @@ async fn on_frame(
         placing::end(shard, lane, to);
     } else {
         land(shard, lane, landing).await;
+        if abort.as_ref().is_some_and(|a| a.is_set()) {
+            return dropped(shard, lane, reader, to).await;
+        }
         if code == codes::SUCCESS {
+            // Bytes already buffered are placed without a receive (no await): the flag was
+            // just checked.
             reader.set_abort(abort);
             let placed = place(shard, reader, &wait).await;
             reader.set_abort(None);
