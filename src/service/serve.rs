@@ -205,7 +205,7 @@ async fn serve(shard: Rc<Shard>, conn: Conn, hello: Hello, _admitted: Admitted) 
     // pipes.
     let socket = matches!(conn, Conn::Tcp(_) | Conn::Local(_));
     let (r, w, closer) = conn.split();
-    let watch = ResetWatch::new(socket.then(|| closer.clone()), cfg.op_timeout);
+    let watch = ResetWatch::new(socket.then(|| closer.clone()));
     let mut reader = FrameReader::new(r, cfg.op_timeout);
     let mut writer = FrameWriter::new(w, cfg.inline_write_bytes);
     let peer: Arc<str> = hello.src_key.as_str().into();
@@ -232,8 +232,8 @@ async fn serve(shard: Rc<Shard>, conn: Conn, hello: Hello, _admitted: Admitted) 
         if let Err(e) = r {
             // A chunk already read is recorded as placed (or not) before the lane closes.
             let _ = answer_landed(&shard, &conn, &mut writer, &mut turn).await;
-            if matches!(e, ConnError::ResetWhileStalled(_)) {
-                // Rare and worth an operator's eye: this node stalled past a deadline.
+            if matches!(e, ConnError::ResetWhileQueued(_)) {
+                // Rare and worth an operator's eye: this node fell behind past a deadline.
                 log::warn!("connection from {}: {e}", conn.served.peer);
             } else {
                 log::debug!("closing connection from {}: {e}", conn.served.peer);
@@ -250,34 +250,37 @@ async fn serve(shard: Rc<Shard>, conn: Conn, hello: Hello, _admitted: Admitted) 
     }
 }
 
-/// Whether the initiator reset a connection while this side was not reading it: frames
-/// read after a long gap (a stalled shard or process) are checked first, and a WRITE whose
-/// lane the initiator reset is dropped, not placed. The initiator resets a lane when a write
-/// on it failed by its deadline (`lane::cancel`), and has reported that failure: its bytes
-/// must not land now, over what the application wrote there since. Costs one `getsockopt`
-/// per frame that comes a quarter of `op_timeout` or more after the one before it.
+/// Whether the initiator reset a connection while a WRITE on it waited here unread: a WRITE
+/// whose bytes may have arrived [`RESET_CHECK_AGE`] or more before it is read (this side was
+/// stalled, or busy: the connection's input was not seen empty since) is checked first, and
+/// dropped, not placed, if the initiator reset the lane. The initiator resets a lane when a
+/// write on it failed by its deadline (`lane::cancel`), and has reported that failure: its
+/// bytes must not land now, over what the application wrote there since. Costs one
+/// `getsockopt` per WRITE read that old (none while reads keep up with the peer; one for the
+/// first after an idle spell).
 struct ResetWatch {
     closer: Option<crate::transport::Closer>,
-    gap_ns: u64,
-    last_ns: std::cell::Cell<u64>,
 }
 
+/// How long a WRITE may have waited unread before it is checked for a reset lane: a write
+/// reported failed can still be placed from bytes read at most this long after its reset
+/// arrived (and from a chunk whose placing had begun).
+const RESET_CHECK_AGE: std::time::Duration = std::time::Duration::from_millis(1);
+
 impl ResetWatch {
-    fn new(closer: Option<crate::transport::Closer>, op_timeout: std::time::Duration) -> Self {
-        Self {
-            closer,
-            gap_ns: (op_timeout.as_nanos() as u64 / 4).max(1_000_000),
-            last_ns: std::cell::Cell::new(super::now_ns()),
-        }
+    fn new(closer: Option<crate::transport::Closer>) -> Self {
+        Self { closer }
     }
 
-    /// Whether `frame`, read now, must be dropped: a WRITE after a gap on a lane the
-    /// initiator reset.
-    fn drop_frame(&self, frame: &Frame, now: u64) -> bool {
-        let Some(c) = &self.closer else { return false };
-        matches!(frame, Frame::Write { .. })
-            && now.saturating_sub(self.last_ns.get()) >= self.gap_ns
-            && c.reset_by_peer()
+    /// Whether `frame`, read by `reader` now, must be dropped: a WRITE that waited on a lane
+    /// the initiator reset. `Some(how long it may have waited)` if so.
+    fn dropped(&self, frame: &Frame, reader: &FrameReader<Rx>) -> Option<std::time::Duration> {
+        let c = self.closer.as_ref()?;
+        if !matches!(frame, Frame::Write { .. }) {
+            return None;
+        }
+        let age = reader.frame_age();
+        (age >= RESET_CHECK_AGE && c.reset_by_peer()).then_some(age)
     }
 }
 
@@ -294,15 +297,10 @@ async fn step(
     let Some((frame, payload)) = reader.next_frame().await? else {
         return Ok(false);
     };
-    let now = super::now_ns();
-    if watch.drop_frame(&frame, now) {
-        let gap = now.saturating_sub(watch.last_ns.get());
-        return Err(ConnError::ResetWhileStalled(
-            std::time::Duration::from_nanos(gap),
-        ));
+    if let Some(age) = watch.dropped(&frame, reader) {
+        return Err(ConnError::ResetWhileQueued(age));
     }
-    // Gaps are between frames' arrivals, so a stall while placing one counts for the next.
-    watch.last_ns.set(now);
+    let now = super::now_ns();
     let uid = traced_uid(&frame);
     let first_read = reader.take_first_read_ns();
     let noticed = reader.take_noticed_ns();

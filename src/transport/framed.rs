@@ -35,14 +35,15 @@ pub(crate) enum ConnError {
     /// The peer closed the connection.
     #[error("connection closed by peer")]
     Closed,
-    /// The initiator reset the connection while this side did not read it for so long: a
-    /// WRITE read after that is dropped, not placed (its transfer was reported failed).
+    /// The initiator reset the connection while a WRITE waited unread at this side (its
+    /// bytes had arrived up to this long before): the WRITE is dropped, not placed (its
+    /// transfer was reported failed).
     #[error(
-        "the initiator reset this lane while it was not read for {} ms: its WRITE chunks are \
-         dropped, not placed (their transfer failed there)",
+        "the initiator reset this lane while its WRITE chunks waited here unread (up to {} \
+         ms): they are dropped, not placed (their transfer failed there)",
         .0.as_millis()
     )]
-    ResetWhileStalled(Duration),
+    ResetWhileQueued(Duration),
     /// The payload being read belongs to a transfer cancelled meanwhile: the reader stopped
     /// before its next receive (the rest of the payload is still to be dropped).
     #[error("the transfer was cancelled while its data was being read")]
@@ -84,6 +85,14 @@ pub(crate) struct FrameReader<R> {
     noticed_ns: u64,
     /// Stops payload reads once set ([`Self::set_abort`]).
     abort: Option<Rc<Abort>>,
+    /// When a read last left the input empty (it returned less than it asked for): every
+    /// byte read since arrived after that.
+    drained: Instant,
+    /// The earliest the bytes buffered now can have arrived (`drained` as it was before the
+    /// read that put them into an empty buffer).
+    buf_since: Instant,
+    /// The earliest the last frame returned can have arrived ([`Self::frame_age`]).
+    frame_since: Instant,
 }
 
 const READ_BUF_BYTES: usize = 256 << 10;
@@ -110,6 +119,24 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             first_read_ns: 0,
             noticed_ns: 0,
             abort: None,
+            drained: Instant::now(),
+            buf_since: Instant::now(),
+            frame_since: Instant::now(),
+        }
+    }
+
+    /// How long the last frame returned by [`Self::next_frame`] may have waited for this
+    /// reader: at most this long ago its bytes arrived, as the input was last seen empty
+    /// then. Zero-cost to keep (one clock read per read that empties the input); a frame that
+    /// came while the reader was waiting for it reads as young as that wait was short.
+    pub(crate) fn frame_age(&self) -> Duration {
+        self.frame_since.elapsed()
+    }
+
+    /// Book a read of `n` bytes that asked for `asked`: a short one left the input empty.
+    fn note_read(&mut self, asked: usize, n: usize) {
+        if n < asked {
+            self.drained = Instant::now();
         }
     }
 
@@ -167,6 +194,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             if let Some((f, payload, used)) = decode_frame(&self.buf[self.start..self.end])? {
                 self.start += used;
                 self.payload_left = payload;
+                self.frame_since = self.buf_since;
                 return Ok(Some((f, payload)));
             }
             if self.start > 0 {
@@ -183,6 +211,9 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 None => READ_WINDOW_BYTES,
             };
             let upto = (self.end + want.max(1)).min(self.buf.len());
+            if !partial {
+                self.buf_since = self.drained;
+            }
             let n = if partial {
                 let left = self.time_left()?;
                 rt::timeout(left, self.r.read(&mut self.buf[self.end..upto]))
@@ -191,6 +222,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             } else {
                 self.r.read(&mut self.buf[self.end..upto]).await?
             };
+            self.note_read(upto - self.end, n);
             if !partial && n > 0 {
                 self.first_read_ns = crate::trace::now_if_enabled();
                 if self.first_read_ns > 0 {
@@ -282,6 +314,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         // what was read is counted even when the deadline or the abort flag ends it.
         let left = self.time_left()?;
         let got = std::cell::Cell::new(0usize);
+        let drained = std::cell::Cell::new(None);
         let (abort, r) = (self.abort.clone(), &mut self.r);
         let fill = async {
             let mut rest = rest;
@@ -290,6 +323,9 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 if n == 0 {
                     return Err(ConnError::Closed);
                 }
+                if n < rest.len() {
+                    drained.set(Some(Instant::now()));
+                }
                 got.set(got.get() + n);
                 rest = &mut rest[n..];
             }
@@ -297,6 +333,9 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         };
         let done = rt::timeout(left, fill).await;
         self.consume(got.get());
+        if let Some(at) = drained.get() {
+            self.drained = at;
+        }
         done.ok_or(ConnError::Stalled(self.stall))?
     }
 
@@ -350,8 +389,10 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
         while idx < dsts.len() {
             let left = self.time_left()?;
+            let asked;
             let n = {
                 let rest = &mut dsts[idx..];
+                asked = rest.iter().map(|d| d.len()).sum::<usize>() - off;
                 let mut iov: Vec<std::io::IoSliceMut<'_>> = Vec::with_capacity(rest.len());
                 let (head, tail) = rest.split_at_mut(1);
                 iov.push(std::io::IoSliceMut::new(&mut head[0][off..]));
@@ -366,6 +407,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             if n == 0 {
                 return Err(ConnError::Closed);
             }
+            self.note_read(asked, n);
             self.consume(n);
             advance(n, &mut idx, &mut off);
         }
@@ -387,6 +429,9 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
         let target = total as usize;
         while self.end < target {
+            if self.start == self.end {
+                self.buf_since = self.drained;
+            }
             let left = self.time_left()?;
             let n = rt::timeout(
                 left,
@@ -400,6 +445,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             if n == 0 {
                 return Err(ConnError::Closed);
             }
+            self.note_read(target - self.end, n);
             self.end += n;
         }
         Ok(())

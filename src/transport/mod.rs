@@ -303,16 +303,6 @@ impl Closer {
         }
     }
 
-    /// Bytes this end sent that the peer has not acknowledged yet, or does not have yet
-    /// (`TIOCOUTQ`: unsent and unacknowledged); `None` where unknown (an in-process pipe).
-    pub(crate) fn unsent(&self) -> Option<usize> {
-        match self {
-            Closer::Tcp(fd) => tcp::unsent(*fd),
-            #[cfg(any(test, feature = "testing"))]
-            Closer::Mem(_) => None,
-        }
-    }
-
     /// Reset the connection now: what its send queue still holds is dropped, never sent,
     /// and the peer gets a reset instead of the rest of the stream ([`tcp::abort`]).
     pub(crate) fn abort(&self) {

@@ -128,15 +128,6 @@ pub(crate) fn reset_by_peer(fd: RawFd) -> bool {
 /// `TCP_CLOSE` in the kernel's `tcpi_state`.
 const TCP_CLOSE: u8 = 7;
 
-/// Bytes in the socket's send queue, sent and not acknowledged or not sent yet (`TIOCOUTQ`);
-/// `None` if the kernel does not say.
-pub(crate) fn unsent(fd: RawFd) -> Option<usize> {
-    let mut n: libc::c_int = 0;
-    // SAFETY: TIOCOUTQ writes one int, ours; the descriptor is alive (see `abort`).
-    let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n) };
-    (r == 0).then(|| usize::try_from(n).unwrap_or(0))
-}
-
 /// Options every connection gets (both ends): nodelay, keepalive, and a user timeout so a
 /// peer that stops acknowledging data fails the connection instead of hanging it.
 pub(crate) fn configure_conn(

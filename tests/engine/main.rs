@@ -22,6 +22,7 @@ mod host;
 mod in_process;
 mod ipv6;
 mod late_read;
+mod late_write;
 mod mori_cases;
 mod peer_stats;
 mod same_host;

@@ -9,19 +9,28 @@ use crate::common::*;
 
 /// A write that failed by its deadline while the node's process was stopped (SIGSTOP) is not
 /// placed when the node runs again: its initiator reset the lane before reporting the
-/// failure, and the node, reading after the gap, checks for that before placing. Without the
-/// check the bytes its kernel had accepted (megabytes) landed on resume, over whatever the
-/// application had written there since.
+/// failure, and the node, reading chunks that waited in its receive queue, checks for that
+/// before placing. Without the check the bytes its kernel had accepted (megabytes) landed on
+/// resume, over whatever the application had written there since; without the reset, a small
+/// write the node's kernel held whole (the initiator's socket had nothing left) did.
 #[test]
 fn a_write_failed_while_the_node_was_stopped_is_not_placed_when_it_resumes() {
-    for mode in [morio::SameHost::Off, morio::SameHost::Require] {
-        stopped_node_drops_a_failed_write(mode);
+    // A small write too: its node's kernel holds all of it (nothing is left in the
+    // initiator's socket), and it goes express (from the submitting thread).
+    for (mode, n) in [
+        (morio::SameHost::Off, 16 << 20),
+        (morio::SameHost::Require, 16 << 20),
+        (morio::SameHost::Off, 4096),
+    ] {
+        stopped_node_drops_a_failed_write(mode, n);
     }
 }
 
-fn stopped_node_drops_a_failed_write(mode: morio::SameHost) {
-    let dir =
-        std::env::temp_dir().join(format!("morio-serve-stop-{}-{mode:?}", std::process::id()));
+fn stopped_node_drops_a_failed_write(mode: morio::SameHost, n: usize) {
+    let dir = std::env::temp_dir().join(format!(
+        "morio-serve-stop-{}-{mode:?}-{n}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let cfg = dir.join("serve.toml");
     std::fs::write(
@@ -80,7 +89,6 @@ size = "16MiB"
     })
     .unwrap();
     me.register_remote_engine(&node).unwrap();
-    let n = 16 << 20;
     let zeros = me.register_buffer(vec![0u8; 8]).unwrap();
     let st = me.write(zeros.desc(), 0, &kv, 0, 8, me.allocate_transfer_uid());
     assert_eq!(st.wait_for(Duration::from_secs(10)), StatusCode::Success);
@@ -130,7 +138,7 @@ size = "16MiB"
     let err = String::from_utf8_lossy(&out.stderr);
     // The node says why it dropped them (the check, not something else, kept them out).
     assert!(
-        err.contains("the initiator reset this lane while it was not read for"),
+        err.contains("the initiator reset this lane while its WRITE chunks waited here unread"),
         "{mode:?}: {err}"
     );
     let _ = std::fs::remove_dir_all(&dir);

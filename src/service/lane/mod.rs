@@ -132,13 +132,14 @@ fn lane_for(shard: &Rc<Shard>, peer: &Arc<Peer>, idx: u16) -> (Rc<Lane>, bool) {
 /// Drop queued and pending work of a transfer that ended early (`why`: its failure). A lane
 /// with a frame of it half sent is reset (the stream cannot be resynchronised). With `fence`
 /// (a write that failed by its deadline), so is a lane that may still carry its bytes to the
-/// target (write chunks sent and not answered, and bytes its socket has not yet delivered):
-/// its send queue is dropped unsent, so that no byte of a transfer reported failed lands
-/// later, over what the application writes there next (bytes the peer already received are
-/// still placed, as it reads them; a lane whose socket delivered everything is left up). The
-/// transfers a reset takes with it fail for the reason that one did. A read's chunks being
-/// placed stop before their next receive ([`placing`]). With `ack_to`, that owner is answered
-/// ([`ShardMsg::Fenced`]) once nothing of the transfer can land here any more.
+/// target (write chunks sent and not answered): its send queue is dropped unsent, and a
+/// target that reads chunks that waited in its own receive queue first checks for the reset
+/// and drops them (`serve::ResetWatch`), so that no byte of a transfer reported failed lands
+/// later, over what the application writes there next (only what the target reads within
+/// about a millisecond of its arrival is still placed). The transfers a reset takes with it
+/// fail for the reason that one did. A read's chunks being placed stop before their next
+/// receive ([`placing`]). With `ack_to`, that owner is answered ([`ShardMsg::Fenced`]) once
+/// nothing of the transfer can land here any more.
 pub(crate) fn cancel(
     shard: &Rc<Shard>,
     peer: &Arc<str>,
@@ -152,7 +153,7 @@ pub(crate) fn cancel(
     for l in &lanes {
         let what = match l.book.borrow_mut().cancel(uid, gen) {
             Fence::None => continue,
-            Fence::Unplaced if !fence || delivered_all(l) => continue,
+            Fence::Unplaced if !fence => continue,
             Fence::HalfSent => "a frame half sent",
             Fence::Unplaced => "write chunks sent and not yet placed",
         };
@@ -168,19 +169,6 @@ pub(crate) fn cancel(
         let peer = peer.clone();
         shard.send(owner, ShardMsg::Fenced { peer, uid, gen });
     }
-}
-
-/// Whether the peer has every byte the lane's connection sent (its socket's send queue is
-/// empty); not known counts as no, as on a same-host lane (its frames go through a ring, its
-/// large parts are pulled by the peer: neither shows in the socket).
-fn delivered_all(lane: &Lane) -> bool {
-    if lane.connected.get() != Some(TCP) {
-        return false;
-    }
-    let c = lane.closer.take();
-    let unsent = c.as_ref().and_then(Closer::unsent);
-    lane.closer.set(c);
-    unsent == Some(0)
 }
 
 /// Close every lane to `peer`.
@@ -347,10 +335,10 @@ pub(crate) fn expire_express(shard: &Rc<Shard>, now: u64) -> bool {
     let mut waiting = false;
     for l in lanes {
         let expired = l.peer.express.expired(l.lane, now);
-        // An express write sent and not answered may still sit in the lane's send queue:
-        // unless the socket delivered everything, reset the lane before its failure is
-        // reported, as for a write owned by a shard ([`cancel`]), so that it cannot land later.
-        if expired.iter().any(|p| p.read.is_none()) && !delivered_all(&l) {
+        // An express write sent and not answered may still sit in the lane's send queue or
+        // the target's receive queue: reset the lane before its failure is reported, as for
+        // a write owned by a shard ([`cancel`]), so that it cannot land later.
+        if expired.iter().any(|p| p.read.is_none()) {
             let msg = format!(
                 "connection to {} reset: an express write failed (operation timeout) with its \
                  frame sent and not yet placed, which must not land later",
