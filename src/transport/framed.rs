@@ -91,6 +91,9 @@ pub(crate) struct FrameReader<R> {
     /// The earliest the bytes buffered now can have arrived (`drained` as it was before the
     /// read that put them into an empty buffer).
     buf_since: Instant,
+    /// The same for the bytes read after the start of a frame still incomplete: once that
+    /// frame is taken, they are all that is buffered.
+    next_since: Option<Instant>,
     /// The earliest the last frame returned can have arrived ([`Self::frame_age`]).
     frame_since: Instant,
 }
@@ -121,6 +124,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             abort: None,
             drained: Instant::now(),
             buf_since: Instant::now(),
+            next_since: None,
             frame_since: Instant::now(),
         }
     }
@@ -195,6 +199,9 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 self.start += used;
                 self.payload_left = payload;
                 self.frame_since = self.buf_since;
+                if let Some(t) = self.next_since.take() {
+                    self.buf_since = t;
+                }
                 return Ok(Some((f, payload)));
             }
             if self.start > 0 {
@@ -213,6 +220,9 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             let upto = (self.end + want.max(1)).min(self.buf.len());
             if !partial {
                 self.buf_since = self.drained;
+                self.next_since = None;
+            } else if self.next_since.is_none() {
+                self.next_since = Some(self.drained);
             }
             let n = if partial {
                 let left = self.time_left()?;
@@ -429,9 +439,6 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
         let target = total as usize;
         while self.end < target {
-            if self.start == self.end {
-                self.buf_since = self.drained;
-            }
             let left = self.time_left()?;
             let n = rt::timeout(
                 left,
@@ -816,6 +823,96 @@ fn eof_is_closed(e: io::Error) -> ConnError {
 #[cfg(test)]
 mod tests {
     use super::ascending_disjoint;
+    use super::FrameReader;
+    use crate::proto::frame::Frame;
+    use std::cell::RefCell;
+    use std::io;
+    use std::pin::Pin;
+    use std::rc::Rc;
+    use std::task::{Context, Poll};
+    use std::time::Duration;
+
+    /// A stream whose bytes arrive when the test pushes them; a read takes what is there.
+    #[derive(Clone, Default)]
+    struct Arrivals(Rc<RefCell<Vec<u8>>>);
+
+    impl Arrivals {
+        fn push(&self, bytes: &[u8]) {
+            self.0.borrow_mut().extend_from_slice(bytes);
+        }
+    }
+
+    impl futures_lite::AsyncRead for Arrivals {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut [u8],
+        ) -> Poll<io::Result<usize>> {
+            let mut q = self.0.borrow_mut();
+            assert!(!q.is_empty(), "the test reads only what arrived");
+            let n = buf.len().min(q.len());
+            buf[..n].copy_from_slice(&q[..n]);
+            q.drain(..n);
+            Poll::Ready(Ok(n))
+        }
+    }
+
+    fn goaway(msg_bytes: usize) -> Vec<u8> {
+        let mut v = Vec::new();
+        let f = Frame::GoAway {
+            code: crate::proto::codes::ERR_BAD_STATE,
+            msg: "x".repeat(msg_bytes),
+        };
+        f.encode(0, &mut v);
+        v
+    }
+
+    fn next(r: &mut FrameReader<Arrivals>) -> Duration {
+        let f = futures_lite::future::block_on(r.next_frame()).unwrap();
+        assert!(matches!(f, Some((Frame::GoAway { .. }, 0))));
+        r.frame_age()
+    }
+
+    const WAIT: Duration = Duration::from_millis(20);
+
+    /// Frames that were queued while the reader did not read (every read took all it asked
+    /// for, so the input was never seen empty) read as old as that; once a read leaves the
+    /// input empty, what arrives next reads young.
+    #[test]
+    fn a_frame_is_as_old_as_the_input_was_last_seen_not_empty() {
+        let input = Arrivals::default();
+        let mut r = FrameReader::new(input.clone(), Duration::from_secs(1));
+        std::thread::sleep(WAIT);
+        // More than one read window: the first read is full.
+        for _ in 0..8 {
+            input.push(&goaway(2000));
+        }
+        for i in 0..8 {
+            assert!(next(&mut r) >= WAIT, "frame {i}");
+        }
+        // The last read was short: the input is empty now, and a frame that comes now is
+        // young however long the reader had waited before.
+        input.push(&goaway(10));
+        assert!(next(&mut r) < WAIT);
+    }
+
+    /// A frame whose first bytes came with an old frame is as old as those bytes; what came
+    /// with the rest of it is younger (the input was seen empty before that read).
+    #[test]
+    fn a_frame_split_over_reads_keeps_the_age_of_its_first_bytes() {
+        let input = Arrivals::default();
+        let mut r = FrameReader::new(input.clone(), Duration::from_secs(1));
+        std::thread::sleep(WAIT);
+        let (a, b, c) = (goaway(10), goaway(100), goaway(10));
+        input.push(&a);
+        // Part of b's header: the read that finishes it takes a whole window, c with it.
+        input.push(&b[..10]);
+        assert!(next(&mut r) >= WAIT, "a");
+        input.push(&b[10..]);
+        input.push(&c);
+        assert!(next(&mut r) >= WAIT, "b");
+        assert!(next(&mut r) < WAIT, "c");
+    }
 
     #[test]
     fn parts_split_at_any_byte() {
