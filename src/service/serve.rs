@@ -207,6 +207,9 @@ async fn serve(shard: Rc<Shard>, conn: Conn, hello: Hello, _admitted: Admitted) 
     let (r, w, closer) = conn.split();
     let watch = ResetWatch::new(socket.then(|| closer.clone()));
     let mut reader = FrameReader::new(r, cfg.op_timeout);
+    if socket {
+        reader.keep_ages();
+    }
     let mut writer = FrameWriter::new(w, cfg.inline_write_bytes);
     let peer: Arc<str> = hello.src_key.as_str().into();
     let conn = Link {

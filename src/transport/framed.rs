@@ -85,6 +85,8 @@ pub(crate) struct FrameReader<R> {
     noticed_ns: u64,
     /// Stops payload reads once set ([`Self::set_abort`]).
     abort: Option<Rc<Abort>>,
+    /// Whether frame ages are kept ([`Self::keep_ages`]).
+    ages: bool,
     /// When a read last left the input empty (it returned less than it asked for): every
     /// byte read since arrived after that.
     drained: Instant,
@@ -122,6 +124,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             first_read_ns: 0,
             noticed_ns: 0,
             abort: None,
+            ages: false,
             drained: Instant::now(),
             buf_since: Instant::now(),
             next_since: None,
@@ -129,17 +132,25 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
+    /// Keep frame ages ([`Self::frame_age`]) from now on: one clock read per read that
+    /// empties the input (a target's connections; an initiator's lanes need none).
+    pub(crate) fn keep_ages(&mut self) {
+        self.ages = true;
+        self.drained = Instant::now();
+    }
+
     /// How long the last frame returned by [`Self::next_frame`] may have waited for this
     /// reader: at most this long ago its bytes arrived, as the input was last seen empty
-    /// then. Zero-cost to keep (one clock read per read that empties the input); a frame that
-    /// came while the reader was waiting for it reads as young as that wait was short.
+    /// then (a frame read right after the reader waited for its connection reads as old as
+    /// that wait, as nothing says when in it the frame came). Kept only after
+    /// [`Self::keep_ages`]; before, the age since the reader was made.
     pub(crate) fn frame_age(&self) -> Duration {
         self.frame_since.elapsed()
     }
 
     /// Book a read of `n` bytes that asked for `asked`: a short one left the input empty.
     fn note_read(&mut self, asked: usize, n: usize) {
-        if n < asked {
+        if self.ages && n < asked {
             self.drained = Instant::now();
         }
     }
@@ -325,7 +336,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         let left = self.time_left()?;
         let got = std::cell::Cell::new(0usize);
         let drained = std::cell::Cell::new(None);
-        let (abort, r) = (self.abort.clone(), &mut self.r);
+        let (abort, r, ages) = (self.abort.clone(), &mut self.r, self.ages);
         let fill = async {
             let mut rest = rest;
             while !rest.is_empty() {
@@ -333,7 +344,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 if n == 0 {
                     return Err(ConnError::Closed);
                 }
-                if n < rest.len() {
+                if ages && n < rest.len() {
                     drained.set(Some(Instant::now()));
                 }
                 got.set(got.get() + n);
@@ -882,6 +893,7 @@ mod tests {
     fn a_frame_is_as_old_as_the_input_was_last_seen_not_empty() {
         let input = Arrivals::default();
         let mut r = FrameReader::new(input.clone(), Duration::from_secs(1));
+        r.keep_ages();
         std::thread::sleep(WAIT);
         // More than one read window: the first read is full.
         for _ in 0..8 {
@@ -902,6 +914,7 @@ mod tests {
     fn a_frame_split_over_reads_keeps_the_age_of_its_first_bytes() {
         let input = Arrivals::default();
         let mut r = FrameReader::new(input.clone(), Duration::from_secs(1));
+        r.keep_ages();
         std::thread::sleep(WAIT);
         let (a, b, c) = (goaway(10), goaway(100), goaway(10));
         input.push(&a);
