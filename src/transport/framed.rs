@@ -2,6 +2,7 @@
 //! straight into registered memory, and a frame writer that batches small frames and sends
 //! large payloads straight from it.
 
+use std::cell::Cell;
 use std::io;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -87,8 +88,8 @@ pub(crate) struct FrameReader<R> {
     abort: Option<Rc<Abort>>,
     /// Whether frame ages are kept ([`Self::keep_ages`]).
     ages: bool,
-    /// When a read last left the input empty (it returned less than it asked for): every
-    /// byte read since arrived after that.
+    /// When a read last saw the input empty (it had to wait, or it returned less than it
+    /// asked for): every byte read since arrived after that.
     drained: Instant,
     /// The earliest the bytes buffered now can have arrived (`drained` as it was before the
     /// read that put them into an empty buffer).
@@ -229,20 +230,32 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 None => READ_WINDOW_BYTES,
             };
             let upto = (self.end + want.max(1)).min(self.buf.len());
+            let empty = Cell::new(None);
+            let n = if partial {
+                let left = self.time_left()?;
+                let read = self.r.read(&mut self.buf[self.end..upto]);
+                rt::timeout(left, watched(self.ages, &empty, read))
+                    .await
+                    .ok_or(ConnError::Stalled(self.stall))??
+            } else {
+                watched(
+                    self.ages,
+                    &empty,
+                    self.r.read(&mut self.buf[self.end..upto]),
+                )
+                .await?
+            };
+            // What this read got arrived after the input was last seen empty, during the read
+            // or before it.
+            if let Some(t) = empty.get() {
+                self.drained = t;
+            }
             if !partial {
                 self.buf_since = self.drained;
                 self.next_since = None;
             } else if self.next_since.is_none() {
                 self.next_since = Some(self.drained);
             }
-            let n = if partial {
-                let left = self.time_left()?;
-                rt::timeout(left, self.r.read(&mut self.buf[self.end..upto]))
-                    .await
-                    .ok_or(ConnError::Stalled(self.stall))??
-            } else {
-                self.r.read(&mut self.buf[self.end..upto]).await?
-            };
             self.note_read(upto - self.end, n);
             if !partial && n > 0 {
                 self.first_read_ns = crate::trace::now_if_enabled();
@@ -335,12 +348,12 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         // what was read is counted even when the deadline or the abort flag ends it.
         let left = self.time_left()?;
         let got = std::cell::Cell::new(0usize);
-        let drained = std::cell::Cell::new(None);
+        let drained = Cell::new(None);
         let (abort, r, ages) = (self.abort.clone(), &mut self.r, self.ages);
         let fill = async {
             let mut rest = rest;
             while !rest.is_empty() {
-                let n = guarded(abort.clone(), r.read(rest)).await??;
+                let n = watched(ages, &drained, guarded(abort.clone(), r.read(rest))).await??;
                 if n == 0 {
                     return Err(ConnError::Closed);
                 }
@@ -411,6 +424,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         while idx < dsts.len() {
             let left = self.time_left()?;
             let asked;
+            let empty = Cell::new(None);
             let n = {
                 let rest = &mut dsts[idx..];
                 asked = rest.iter().map(|d| d.len()).sum::<usize>() - off;
@@ -418,15 +432,16 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 let (head, tail) = rest.split_at_mut(1);
                 iov.push(std::io::IoSliceMut::new(&mut head[0][off..]));
                 iov.extend(tail.iter_mut().map(|d| std::io::IoSliceMut::new(d)));
-                rt::timeout(
-                    left,
-                    guarded(self.abort.clone(), self.r.read_vectored(&mut iov)),
-                )
-                .await
-                .ok_or(ConnError::Stalled(self.stall))???
+                let read = guarded(self.abort.clone(), self.r.read_vectored(&mut iov));
+                rt::timeout(left, watched(self.ages, &empty, read))
+                    .await
+                    .ok_or(ConnError::Stalled(self.stall))???
             };
             if n == 0 {
                 return Err(ConnError::Closed);
+            }
+            if let Some(t) = empty.get() {
+                self.drained = t;
             }
             self.note_read(asked, n);
             self.consume(n);
@@ -451,17 +466,19 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         let target = total as usize;
         while self.end < target {
             let left = self.time_left()?;
-            let n = rt::timeout(
-                left,
-                guarded(
-                    self.abort.clone(),
-                    self.r.read(&mut self.buf[self.end..target]),
-                ),
-            )
-            .await
-            .ok_or(ConnError::Stalled(self.stall))???;
+            let empty = Cell::new(None);
+            let read = guarded(
+                self.abort.clone(),
+                self.r.read(&mut self.buf[self.end..target]),
+            );
+            let n = rt::timeout(left, watched(self.ages, &empty, read))
+                .await
+                .ok_or(ConnError::Stalled(self.stall))???;
             if n == 0 {
                 return Err(ConnError::Closed);
+            }
+            if let Some(t) = empty.get() {
+                self.drained = t;
             }
             self.note_read(target - self.end, n);
             self.end += n;
@@ -479,6 +496,24 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
         Ok(())
     }
+}
+
+/// Run the read `fut`; with `ages`, note in `empty` when it last found its input empty (it
+/// had to wait: every byte it then gets arrived after that).
+async fn watched<F: std::future::Future>(
+    ages: bool,
+    empty: &Cell<Option<Instant>>,
+    fut: F,
+) -> F::Output {
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(|cx| {
+        let p = fut.as_mut().poll(cx);
+        if ages && p.is_pending() {
+            empty.set(Some(Instant::now()));
+        }
+        p
+    })
+    .await
 }
 
 /// Whether `(offset, len)` ranges come in ascending order without overlapping (so mutable
@@ -837,6 +872,7 @@ mod tests {
     use super::FrameReader;
     use crate::proto::frame::Frame;
     use std::cell::RefCell;
+    use std::future::Future;
     use std::io;
     use std::pin::Pin;
     use std::rc::Rc;
@@ -860,7 +896,10 @@ mod tests {
             buf: &mut [u8],
         ) -> Poll<io::Result<usize>> {
             let mut q = self.0.borrow_mut();
-            assert!(!q.is_empty(), "the test reads only what arrived");
+            if q.is_empty() {
+                // The tests poll again themselves once they pushed more.
+                return Poll::Pending;
+            }
             let n = buf.len().min(q.len());
             buf[..n].copy_from_slice(&q[..n]);
             q.drain(..n);
@@ -906,6 +945,25 @@ mod tests {
         // young however long the reader had waited before.
         input.push(&goaway(10));
         assert!(next(&mut r) < WAIT);
+    }
+
+    /// A reader that found its input empty (its read had to wait) knows that what comes
+    /// next arrived after that, even when the read that gets it takes all it asked for.
+    #[test]
+    fn a_read_that_had_to_wait_marks_the_input_empty() {
+        let input = Arrivals::default();
+        let mut r = FrameReader::new(input.clone(), Duration::from_secs(1));
+        r.keep_ages();
+        std::thread::sleep(WAIT);
+        {
+            let mut f = std::pin::pin!(r.next_frame());
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            assert!(f.as_mut().poll(&mut cx).is_pending());
+            // More than a read window: the read is not short.
+            input.push(&goaway(10_000));
+            assert!(matches!(f.as_mut().poll(&mut cx), Poll::Ready(Ok(Some(_)))));
+        }
+        assert!(r.frame_age() < WAIT);
     }
 
     /// A frame whose first bytes came with an old frame is as old as those bytes; what came
