@@ -57,8 +57,14 @@ pub(crate) fn admission_for(cfg: &TcpBackendConfig) -> admission::Admission {
 
 /// Nanoseconds since the process-wide epoch: the time base of every deadline.
 pub(crate) fn now_ns() -> u64 {
+    ns_at(Instant::now())
+}
+
+/// [`now_ns`] of the instant `at` (for a caller that needs the [`Instant`] too).
+pub(crate) fn ns_at(at: Instant) -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
-    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+    at.saturating_duration_since(*EPOCH.get_or_init(Instant::now))
+        .as_nanos() as u64
 }
 
 /// What every shard shares (read-only after start, or internally synchronised).

@@ -277,12 +277,17 @@ impl ResetWatch {
 
     /// Whether `frame`, read by `reader` now, must be dropped: a WRITE that waited on a lane
     /// the initiator reset. `Some(how long it may have waited)` if so.
-    fn dropped(&self, frame: &Frame, reader: &FrameReader<Rx>) -> Option<std::time::Duration> {
+    fn dropped(
+        &self,
+        frame: &Frame,
+        reader: &FrameReader<Rx>,
+        now: std::time::Instant,
+    ) -> Option<std::time::Duration> {
         let c = self.closer.as_ref()?;
         if !matches!(frame, Frame::Write { .. }) {
             return None;
         }
-        let age = reader.frame_age();
+        let age = reader.frame_age(now);
         (age >= RESET_CHECK_AGE && c.reset_by_peer()).then_some(age)
     }
 }
@@ -300,10 +305,11 @@ async fn step(
     let Some((frame, payload)) = reader.next_frame().await? else {
         return Ok(false);
     };
-    if let Some(age) = watch.dropped(&frame, reader) {
+    let at = std::time::Instant::now();
+    if let Some(age) = watch.dropped(&frame, reader, at) {
         return Err(ConnError::ResetWhileQueued(age));
     }
-    let now = super::now_ns();
+    let now = super::ns_at(at);
     let uid = traced_uid(&frame);
     let first_read = reader.take_first_read_ns();
     let noticed = reader.take_noticed_ns();

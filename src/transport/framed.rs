@@ -91,6 +91,9 @@ pub(crate) struct FrameReader<R> {
     /// When a read last saw the input empty (it had to wait, or it returned less than it
     /// asked for): every byte read since arrived after that.
     drained: Instant,
+    /// Whether the last read left the input empty (`drained` is then when it did, so a read
+    /// that waits next needs no clock reading of its own).
+    fresh_empty: bool,
     /// The earliest the bytes buffered now can have arrived (`drained` as it was before the
     /// read that put them into an empty buffer).
     buf_since: Instant,
@@ -126,6 +129,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             noticed_ns: 0,
             abort: None,
             ages: false,
+            fresh_empty: false,
             drained: Instant::now(),
             buf_since: Instant::now(),
             next_since: None,
@@ -134,7 +138,8 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     }
 
     /// Keep frame ages ([`Self::frame_age`]) from now on: one clock read per read that
-    /// empties the input (a target's connections; an initiator's lanes need none).
+    /// empties the input or waits for it, not both (a target's connections; an initiator's
+    /// lanes need none).
     pub(crate) fn keep_ages(&mut self) {
         self.ages = true;
         self.drained = Instant::now();
@@ -145,13 +150,14 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// then (a frame read right after the reader waited for its connection reads as old as
     /// that wait, as nothing says when in it the frame came). Kept only after
     /// [`Self::keep_ages`]; before, the age since the reader was made.
-    pub(crate) fn frame_age(&self) -> Duration {
-        self.frame_since.elapsed()
+    pub(crate) fn frame_age(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.frame_since)
     }
 
     /// Book a read of `n` bytes that asked for `asked`: a short one left the input empty.
     fn note_read(&mut self, asked: usize, n: usize) {
-        if self.ages && n < asked {
+        self.fresh_empty = n < asked;
+        if self.ages && self.fresh_empty {
             self.drained = Instant::now();
         }
     }
@@ -234,12 +240,12 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             let n = if partial {
                 let left = self.time_left()?;
                 let read = self.r.read(&mut self.buf[self.end..upto]);
-                rt::timeout(left, watched(self.ages, &empty, read))
+                rt::timeout(left, watched(self.ages && !self.fresh_empty, &empty, read))
                     .await
                     .ok_or(ConnError::Stalled(self.stall))??
             } else {
                 watched(
-                    self.ages,
+                    self.ages && !self.fresh_empty,
                     &empty,
                     self.r.read(&mut self.buf[self.end..upto]),
                 )
@@ -349,15 +355,18 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         let left = self.time_left()?;
         let got = std::cell::Cell::new(0usize);
         let drained = Cell::new(None);
+        let fresh = Cell::new(self.fresh_empty);
         let (abort, r, ages) = (self.abort.clone(), &mut self.r, self.ages);
         let fill = async {
             let mut rest = rest;
             while !rest.is_empty() {
-                let n = watched(ages, &drained, guarded(abort.clone(), r.read(rest))).await??;
+                let read = guarded(abort.clone(), r.read(rest));
+                let n = watched(ages && !fresh.get(), &drained, read).await??;
                 if n == 0 {
                     return Err(ConnError::Closed);
                 }
-                if ages && n < rest.len() {
+                fresh.set(n < rest.len());
+                if ages && fresh.get() {
                     drained.set(Some(Instant::now()));
                 }
                 got.set(got.get() + n);
@@ -370,6 +379,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         if let Some(at) = drained.get() {
             self.drained = at;
         }
+        self.fresh_empty = fresh.get();
         done.ok_or(ConnError::Stalled(self.stall))?
     }
 
@@ -433,7 +443,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 iov.push(std::io::IoSliceMut::new(&mut head[0][off..]));
                 iov.extend(tail.iter_mut().map(|d| std::io::IoSliceMut::new(d)));
                 let read = guarded(self.abort.clone(), self.r.read_vectored(&mut iov));
-                rt::timeout(left, watched(self.ages, &empty, read))
+                rt::timeout(left, watched(self.ages && !self.fresh_empty, &empty, read))
                     .await
                     .ok_or(ConnError::Stalled(self.stall))???
             };
@@ -471,7 +481,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 self.abort.clone(),
                 self.r.read(&mut self.buf[self.end..target]),
             );
-            let n = rt::timeout(left, watched(self.ages, &empty, read))
+            let n = rt::timeout(left, watched(self.ages && !self.fresh_empty, &empty, read))
                 .await
                 .ok_or(ConnError::Stalled(self.stall))???;
             if n == 0 {
@@ -920,7 +930,7 @@ mod tests {
     fn next(r: &mut FrameReader<Arrivals>) -> Duration {
         let f = futures_lite::future::block_on(r.next_frame()).unwrap();
         assert!(matches!(f, Some((Frame::GoAway { .. }, 0))));
-        r.frame_age()
+        r.frame_age(std::time::Instant::now())
     }
 
     const WAIT: Duration = Duration::from_millis(20);
@@ -963,7 +973,7 @@ mod tests {
             input.push(&goaway(10_000));
             assert!(matches!(f.as_mut().poll(&mut cx), Poll::Ready(Ok(Some(_)))));
         }
-        assert!(r.frame_age() < WAIT);
+        assert!(r.frame_age(std::time::Instant::now()) < WAIT);
     }
 
     /// A frame whose first bytes came with an old frame is as old as those bytes; what came
