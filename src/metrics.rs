@@ -417,6 +417,16 @@ impl Collector for Snapshot {
             c,
             |s, m| counter(m, s.lane_failures),
         )?;
+        family(
+            e,
+            shards,
+            "inbound_writes_dropped",
+            "WRITE chunks the shard dropped unplaced: they waited unread on a lane the \
+             initiator reset when that write failed by its deadline",
+            None,
+            c,
+            |s, m| counter(m, s.inbound_writes_dropped),
+        )?;
         if self.1 {
             peers::encode(e, &stats.per_peer())?;
         }
@@ -498,6 +508,7 @@ mod tests {
         b.express_reads = 6;
         a.lane_connects = 4;
         b.lane_failures = 2;
+        a.inbound_writes_dropped = 3;
         let stats = EngineStats { shards: vec![a, b] };
         let text = stats.metrics_text();
         let s = parse(&text);
@@ -537,6 +548,7 @@ mod tests {
         assert_eq!(at("morio_express_reads_total", "1"), 6.0);
         assert_eq!(at("morio_lane_connects_total", "0"), 4.0);
         assert_eq!(at("morio_lane_failures_total", "1"), 2.0);
+        assert_eq!(at("morio_inbound_writes_dropped_total", "0"), 3.0);
         assert_eq!(at("morio_outbound_latency_seconds_count", "0"), 3.0);
         let sum = at("morio_outbound_latency_seconds_sum", "0");
         assert!((sum - 0.007_008).abs() < 1e-5, "sum {sum}");

@@ -119,6 +119,11 @@ pub struct ShardStats {
     /// or broke the protocol); closes on purpose (shutdown, a deregistered peer) are not
     /// counted.
     pub lane_failures: u64,
+    /// WRITE chunks this shard, as a target, dropped unplaced: they had waited unread on a
+    /// lane the initiator then reset, because that write failed by its deadline there
+    /// (placing them would overwrite what the application wrote since). Each also closes
+    /// its connection, with a warning.
+    pub inbound_writes_dropped: u64,
     /// Transfers, bytes, inbound transfers, lane connects and failures per peer (engine
     /// key), and lane connects and failures per lane index ([`PeerStats`]): at most
     /// [`PeerMap::MAX_PEERS_PER_SHARD`] peers per shard, later ones under
@@ -168,6 +173,7 @@ impl ShardStats {
             lane_connects_same_host: 0,
             lane_connects_ring: 0,
             lane_failures: 0,
+            inbound_writes_dropped: 0,
             peers: PeerMap::default(),
         }
     }
@@ -293,6 +299,7 @@ impl std::fmt::Debug for ShardStats {
             .field("lane_connects_same_host", &self.lane_connects_same_host)
             .field("lane_connects_ring", &self.lane_connects_ring)
             .field("lane_failures", &self.lane_failures)
+            .field("inbound_writes_dropped", &self.inbound_writes_dropped)
             .field("peers", &self.peers.len())
             .finish()
     }
@@ -360,6 +367,7 @@ impl EngineStats {
             t.lane_connects_same_host += s.lane_connects_same_host;
             t.lane_connects_ring += s.lane_connects_ring;
             t.lane_failures += s.lane_failures;
+            t.inbound_writes_dropped += s.inbound_writes_dropped;
             t.peers.add(&s.peers);
             // Same bounds on every shard, so adding cannot fail.
             let _ = t.latency_us.add(&s.latency_us);

@@ -236,6 +236,7 @@ async fn serve(shard: Rc<Shard>, conn: Conn, hello: Hello, _admitted: Admitted) 
             // A chunk already read is recorded as placed (or not) before the lane closes.
             let _ = answer_landed(&shard, &conn, &mut writer, &mut turn).await;
             if matches!(e, ConnError::ResetWhileQueued(_)) {
+                shard.stats.borrow_mut().inbound_writes_dropped += 1;
                 // Rare and worth an operator's eye: this node fell behind past a deadline.
                 log::warn!("connection from {}: {e}", conn.served.peer);
             } else {

@@ -76,4 +76,10 @@ fn slow_target_drops_a_failed_write(mode: morio::SameHost) {
         late, 0,
         "{mode:?}: {late} bytes of the write that failed after {failed:?} landed later"
     );
+    let dropped = b.stats().unwrap().total().inbound_writes_dropped;
+    eprintln!("{mode:?}: the target dropped {dropped} WRITE chunks unplaced");
+    if mode == morio::SameHost::Off {
+        // The target's check, not something else, kept them out.
+        assert_eq!(dropped, 1, "{mode:?}");
+    }
 }

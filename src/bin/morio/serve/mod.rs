@@ -287,6 +287,7 @@ fn stats_json(e: &IoEngine) -> serde_json::Value {
             "express_writes": st.express_writes,
             "express_reads": st.express_reads,
             "lane_failures": st.lane_failures,
+            "inbound_writes_dropped": st.inbound_writes_dropped,
             "latency_us": {
                 "count": h.len(),
                 "p50": h.value_at_quantile(0.5),
