@@ -204,11 +204,12 @@ async fn serve(shard: Rc<Shard>, conn: Conn, hello: Hello, _admitted: Admitted) 
     // TCP and same-host connections (whose socket the initiator resets too); not in-process
     // pipes.
     let socket = matches!(conn, Conn::Tcp(_) | Conn::Local(_));
+    let tcp = matches!(conn, Conn::Tcp(_));
     let (r, w, closer) = conn.split();
     let watch = ResetWatch::new(socket.then(|| closer.clone()));
     let mut reader = FrameReader::new(r, cfg.op_timeout);
     if socket {
-        reader.keep_ages();
+        reader.keep_ages(tcp);
     }
     let mut writer = FrameWriter::new(w, cfg.inline_write_bytes);
     let peer: Arc<str> = hello.src_key.as_str().into();

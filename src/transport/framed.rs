@@ -88,6 +88,9 @@ pub(crate) struct FrameReader<R> {
     abort: Option<Rc<Abort>>,
     /// Whether frame ages are kept ([`Self::keep_ages`]).
     ages: bool,
+    /// Whether a read that returns less than it asked for says the input is empty (a
+    /// socket's does; a same-host connection's stops at a record's end).
+    short_drains: bool,
     /// When a read last saw the input empty (it had to wait, or it returned less than it
     /// asked for): every byte read since arrived after that.
     drained: Instant,
@@ -129,6 +132,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             noticed_ns: 0,
             abort: None,
             ages: false,
+            short_drains: false,
             fresh_empty: false,
             drained: Instant::now(),
             buf_since: Instant::now(),
@@ -139,9 +143,12 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
 
     /// Keep frame ages ([`Self::frame_age`]) from now on: one clock read per read that
     /// empties the input or waits for it, not both (a target's connections; an initiator's
-    /// lanes need none).
-    pub(crate) fn keep_ages(&mut self) {
+    /// lanes need none). `short_drains`: a read that returns less than it asked for leaves
+    /// the input empty (true of a socket; a same-host connection's reads stop at the end of
+    /// a record, so there only a read that has to wait says so).
+    pub(crate) fn keep_ages(&mut self, short_drains: bool) {
         self.ages = true;
+        self.short_drains = short_drains;
         self.drained = Instant::now();
     }
 
@@ -156,7 +163,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
 
     /// Book a read of `n` bytes that asked for `asked`: a short one left the input empty.
     fn note_read(&mut self, asked: usize, n: usize) {
-        self.fresh_empty = n < asked;
+        self.fresh_empty = self.short_drains && n < asked;
         if self.ages && self.fresh_empty {
             self.drained = Instant::now();
         }
@@ -356,7 +363,12 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         let got = std::cell::Cell::new(0usize);
         let drained = Cell::new(None);
         let fresh = Cell::new(self.fresh_empty);
-        let (abort, r, ages) = (self.abort.clone(), &mut self.r, self.ages);
+        let (abort, r, ages, short) = (
+            self.abort.clone(),
+            &mut self.r,
+            self.ages,
+            self.short_drains,
+        );
         let fill = async {
             let mut rest = rest;
             while !rest.is_empty() {
@@ -365,7 +377,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 if n == 0 {
                     return Err(ConnError::Closed);
                 }
-                fresh.set(n < rest.len());
+                fresh.set(short && n < rest.len());
                 if ages && fresh.get() {
                     drained.set(Some(Instant::now()));
                 }
@@ -942,7 +954,7 @@ mod tests {
     fn a_frame_is_as_old_as_the_input_was_last_seen_not_empty() {
         let input = Arrivals::default();
         let mut r = FrameReader::new(input.clone(), Duration::from_secs(1));
-        r.keep_ages();
+        r.keep_ages(true);
         std::thread::sleep(WAIT);
         // More than one read window: the first read is full.
         for _ in 0..8 {
@@ -957,13 +969,28 @@ mod tests {
         assert!(next(&mut r) < WAIT);
     }
 
+    /// Where a read that returns less than it asked for does not mean an empty input (a
+    /// same-host connection's reads stop at a record's end), frames stay as old as the last
+    /// read that had to wait says.
+    #[test]
+    fn without_short_drains_only_a_wait_marks_the_input_empty() {
+        let input = Arrivals::default();
+        let mut r = FrameReader::new(input.clone(), Duration::from_secs(1));
+        r.keep_ages(false);
+        std::thread::sleep(WAIT);
+        input.push(&goaway(10));
+        assert!(next(&mut r) >= WAIT);
+        input.push(&goaway(10));
+        assert!(next(&mut r) >= WAIT, "a short read marked the input empty");
+    }
+
     /// A reader that found its input empty (its read had to wait) knows that what comes
     /// next arrived after that, even when the read that gets it takes all it asked for.
     #[test]
     fn a_read_that_had_to_wait_marks_the_input_empty() {
         let input = Arrivals::default();
         let mut r = FrameReader::new(input.clone(), Duration::from_secs(1));
-        r.keep_ages();
+        r.keep_ages(true);
         std::thread::sleep(WAIT);
         {
             let mut f = std::pin::pin!(r.next_frame());
@@ -982,7 +1009,7 @@ mod tests {
     fn a_frame_split_over_reads_keeps_the_age_of_its_first_bytes() {
         let input = Arrivals::default();
         let mut r = FrameReader::new(input.clone(), Duration::from_secs(1));
-        r.keep_ages();
+        r.keep_ages(true);
         std::thread::sleep(WAIT);
         let (a, b, c) = (goaway(10), goaway(100), goaway(10));
         input.push(&a);
