@@ -262,9 +262,12 @@ async fn serve(shard: Rc<Shard>, conn: Conn, hello: Hello, _admitted: Admitted) 
 /// write on it failed by its deadline (`lane::cancel`), and has reported that failure: its
 /// bytes must not land now, over what the application wrote there since. Costs one
 /// `getsockopt` per WRITE read that old (none while reads keep up with the peer; one for the
-/// first after an idle spell).
+/// first after an idle spell), and at most one per [`RESET_CHECK_EVERY`] (a target far
+/// behind on a stream of small writes would otherwise pay one for each).
 struct ResetWatch {
     closer: Option<crate::transport::Closer>,
+    /// When the last check found the lane not reset.
+    checked: std::cell::Cell<Option<std::time::Instant>>,
 }
 
 /// How long a WRITE may have waited unread before it is checked for a reset lane: a write
@@ -272,9 +275,16 @@ struct ResetWatch {
 /// arrived (and from a chunk whose placing had begun).
 const RESET_CHECK_AGE: std::time::Duration = std::time::Duration::from_millis(1);
 
+/// A check that found the lane not reset holds for this long: a reset that arrives right
+/// after it is seen by the next WRITE read this much later at most.
+const RESET_CHECK_EVERY: std::time::Duration = std::time::Duration::from_micros(100);
+
 impl ResetWatch {
     fn new(closer: Option<crate::transport::Closer>) -> Self {
-        Self { closer }
+        Self {
+            closer,
+            checked: std::cell::Cell::new(None),
+        }
     }
 
     /// Whether `frame`, read by `reader` now, must be dropped: a WRITE that waited on a lane
@@ -290,7 +300,19 @@ impl ResetWatch {
             return None;
         }
         let age = reader.frame_age(now);
-        (age >= RESET_CHECK_AGE && c.reset_by_peer()).then_some(age)
+        if age < RESET_CHECK_AGE
+            || self
+                .checked
+                .get()
+                .is_some_and(|t| now.saturating_duration_since(t) < RESET_CHECK_EVERY)
+        {
+            return None;
+        }
+        if c.reset_by_peer() {
+            return Some(age);
+        }
+        self.checked.set(Some(now));
+        None
     }
 }
 
