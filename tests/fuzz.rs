@@ -286,10 +286,10 @@ impl JoinTable for Table {
     fn report(&self, r: &JoinReport<'_>) -> Option<(u32, String)> {
         self.0.borrow_mut().report(r, 0)
     }
-    fn end(&self, peer: &Arc<str>, instance: u64, uid: u64, op: Op, n_chunks: u32) {
+    fn end(&self, peer: &Arc<str>, instance: u64, uid: u64, op: Op, n_chunks: u32) -> bool {
         self.0
             .borrow_mut()
-            .end((peer.clone(), instance, uid), op, n_chunks, 0);
+            .end((peer.clone(), instance, uid), op, n_chunks, 0)
     }
 }
 

@@ -68,7 +68,8 @@ impl ChunkSpec {
 }
 
 /// FINISH's fields except the tag and uid: the verdict that ends a transfer at the target
-/// when one of its chunks never left.
+/// when one of its chunks never left, or (`fence`) one of the FINISHes that end a write
+/// failed early, one on each lane that carried its chunks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FinishSpec {
     /// Read or write.
@@ -81,6 +82,10 @@ pub struct FinishSpec {
     pub code: u32,
     /// Its message.
     pub msg: String,
+    /// Whether it fences a failed write on its lane ([`super::lane::LaneBook::fence`]): its
+    /// COMPLETE says every chunk sent before it on the lane is placed or dropped, and is
+    /// reported as [`super::lane::Report::Fenced`].
+    pub fence: bool,
 }
 
 /// What a lane is asked to send. `L` is the caller's handle on the local memory.

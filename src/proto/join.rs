@@ -37,8 +37,10 @@ pub struct JoinReport<'a> {
 pub trait JoinTable {
     /// A chunk's result: the verdict when it completed its transfer's join.
     fn report(&self, r: &JoinReport<'_>) -> Option<(u32, String)>;
-    /// FINISH ended a transfer: its join answers nothing more.
-    fn end(&self, peer: &Arc<str>, instance: u64, uid: u64, op: Op, n_chunks: u32);
+    /// FINISH ended a transfer: its join answers nothing more. Whether this FINISH ended it
+    /// (false: an earlier FINISH, on another of its lanes, already had; only the first
+    /// records the inbound status).
+    fn end(&self, peer: &Arc<str>, instance: u64, uid: u64, op: Op, n_chunks: u32) -> bool;
 }
 
 /// One multi-chunk transfer as the target's join tracks it. Time is a parameter in any
@@ -143,10 +145,11 @@ impl Join {
         }
     }
 
-    /// FINISH ended the transfer (the initiator failed a chunk before it left): no COMPLETE
-    /// follows for its chunks, and later reports are only counted.
-    pub fn end(&mut self) {
-        self.ended = true;
+    /// FINISH ended the transfer (the initiator failed it early): no COMPLETE follows for
+    /// its chunks, and later reports are only counted. Whether it was still running (false:
+    /// an earlier FINISH ended it).
+    pub fn end(&mut self) -> bool {
+        !std::mem::replace(&mut self.ended, true)
     }
 }
 
@@ -227,15 +230,19 @@ impl JoinMap {
     }
 
     /// FINISH ended a transfer: its join answers nothing more, and reports still on their
-    /// way are only counted. (With no room for its join, nothing is kept: a later report
-    /// starts a join that never completes, and age prunes it.)
-    pub fn end(&mut self, key: JoinKey, op: Op, n_chunks: u32, now: u64) {
-        if let Ok(j) = self.entry(&key, op, n_chunks, now) {
-            j.end();
-            if j.spent() {
-                self.remove(&key);
-            }
+    /// way are only counted. Whether this FINISH ended it (false: an earlier one did; a
+    /// join that already completed and went is started again, ended, and true). (With no
+    /// room for its join, nothing is kept, and true: a later report starts a join that never
+    /// completes, and age prunes it.)
+    pub fn end(&mut self, key: JoinKey, op: Op, n_chunks: u32, now: u64) -> bool {
+        let Ok(j) = self.entry(&key, op, n_chunks, now) else {
+            return true;
+        };
+        let first = j.end();
+        if j.spent() {
+            self.remove(&key);
         }
+        first
     }
 
     /// Drop joins first heard of `max_age` or longer before `now` (a chunk of theirs never
@@ -414,7 +421,11 @@ mod tests {
     fn finish_ends_it_without_an_answer() {
         let mut j = Join::new(Op::Write, 2, 0);
         assert_eq!(j.report(Op::Write, 2, 0, 0, ""), None);
-        j.end();
+        assert!(j.end(), "the first FINISH ends it");
+        assert!(
+            !j.end(),
+            "a FINISH from another of its lanes finds it ended"
+        );
         assert!(j.ended() && !j.spent());
         assert_eq!(j.report(Op::Write, 2, 1, 0, ""), None);
         assert!(j.spent());
@@ -444,7 +455,8 @@ mod tests {
         );
         assert!(m.is_empty(), "a spent join goes");
         assert_eq!((m.slots("peer"), m.peers()), ((0, 0), 0), "and its slots");
-        m.end((p.clone(), 1, 8), Op::Write, 2, 3);
+        assert!(m.end((p.clone(), 1, 8), Op::Write, 2, 3));
+        assert!(!m.end((p.clone(), 1, 8), Op::Write, 2, 3), "ended already");
         assert_eq!(m.report(&rep(&p, 8, 2, 0), 4), None);
         assert_eq!(
             m.report(&rep(&p, 8, 2, 1), 4),

@@ -39,6 +39,10 @@ pub enum Report {
         /// Its message.
         msg: String,
     },
+    /// A failed write's fence on this lane ended ([`LaneBook::fence`]): the target answered
+    /// its FINISH (every chunk of it sent here before is placed or dropped), or the lane
+    /// died (and was reset: what it still carried is dropped).
+    Fenced,
 }
 
 /// What a cancelled transfer leaves on a lane ([`LaneBook::cancel`]).
@@ -72,12 +76,13 @@ pub struct ReadWait<L> {
 /// The answer a sent frame waits for. A write's chunk is answered by COMPLETE when it is
 /// the whole transfer; a chunk of several waits unanswered (the target's join answers the
 /// whole transfer on one of their lanes); a read's chunk by READ_DATA (then, of several,
-/// unanswered); FINISH by COMPLETE.
+/// unanswered); FINISH by COMPLETE, and so is a fence's FINISH ([`LaneBook::fence`]).
 #[derive(Debug)]
 enum Wait<L> {
     Write,
     Read(ReadWait<L>),
     Finish,
+    Fence,
 }
 
 /// An answer as it arrives: COMPLETE or READ_DATA, before any payload is read.
@@ -294,9 +299,11 @@ impl<L> LaneBook<L> {
         self.outstanding.insert(tag, (to, Wait::Read(wait)));
     }
 
-    /// FINISH with `tag` is about to leave.
-    pub fn sending_finish(&mut self, tag: u64, to: TransferRef) {
-        self.outstanding.insert(tag, (to, Wait::Finish));
+    /// FINISH with `tag` is about to leave (`fence`: a failed write's fence on this lane,
+    /// [`LaneBook::fence`]).
+    pub fn sending_finish(&mut self, tag: u64, to: TransferRef, fence: bool) {
+        let wait = if fence { Wait::Fence } else { Wait::Finish };
+        self.outstanding.insert(tag, (to, wait));
     }
 
     /// Keep a chunk of several by its tag while its transfer runs (pruned of ended
@@ -342,6 +349,7 @@ impl<L> LaneBook<L> {
             (Answer::Complete { code, msg }, Wait::Write | Wait::Finish) => {
                 Ok(Matched::Report(to, Report::Complete { code, msg }))
             }
+            (Answer::Complete { .. }, Wait::Fence) => Ok(Matched::Report(to, Report::Fenced)),
             (a @ Answer::ReadData { chunk, final_, .. }, Wait::Read(w))
                 if final_ == w.final_ && chunk == w.chunk =>
             {
@@ -383,11 +391,16 @@ impl<L> LaneBook<L> {
         let half_sent = self.writing.is_some_and(|t| hit(&t));
         // Write chunks sent and not answered: a final chunk waiting for its COMPLETE, or a
         // chunk of several (kept until its transfer ends, so not pruned before this).
+        // A fence's FINISH not yet answered stands for the chunks it fences.
         let unplaced = self
             .outstanding
             .values()
-            .any(|(t, w)| hit(t) && matches!(w, Wait::Write))
-            || self.unanswered.values().any(hit);
+            .any(|(t, w)| hit(t) && matches!(w, Wait::Write | Wait::Fence))
+            || self.unanswered.values().any(hit)
+            || self
+                .queue
+                .iter()
+                .any(|i| hit(&i.to) && matches!(&i.work, Work::Finish(f) if f.fence));
         self.queue.retain(|i| !hit(&i.to));
         self.outstanding.retain(|_, (t, _)| !hit(t));
         self.unanswered.retain(|_, t| !hit(t));
@@ -400,14 +413,68 @@ impl<L> LaneBook<L> {
         }
     }
 
+    /// A write that failed early (a lost lane, a chunk that could not leave) is fenced on
+    /// this lane: its queued work is dropped, and if chunks of it left here unanswered, or
+    /// one is half sent (it is sent whole first, keeping the stream in sync), or `always`
+    /// (the lane its target joins it on), FINISH (`spec`) is queued first, whose COMPLETE
+    /// (reported as [`Report::Fenced`]) says they are placed or dropped: then
+    /// [`Fence::Unplaced`]; [`Fence::None`] when there is nothing to fence here.
+    pub fn fence(
+        &mut self,
+        to: TransferRef,
+        spec: super::dispatch::FinishSpec,
+        always: bool,
+    ) -> Fence {
+        let hit = |t: &TransferRef| *t == to;
+        let sent = self.writing.is_some_and(|t| hit(&t))
+            || self
+                .outstanding
+                .values()
+                .any(|(t, w)| hit(t) && matches!(w, Wait::Write))
+            || self.unanswered.values().any(hit);
+        self.queue.retain(|i| !hit(&i.to));
+        self.outstanding.retain(|_, (t, _)| !hit(t));
+        self.unanswered.retain(|_, t| !hit(t));
+        if !(sent || always) || self.dead {
+            return Fence::None;
+        }
+        debug_assert!(spec.fence);
+        self.queue.push_front(Item {
+            to,
+            work: Work::Finish(spec),
+        });
+        Fence::Unplaced
+    }
+
     /// The lane dies: every transfer with work queued, sent or unanswered on it (and still
-    /// running, by `may_run`), each once. `None` if it was already dead.
-    pub fn die(&mut self, may_run: impl Fn(&TransferRef) -> bool) -> Option<Vec<TransferRef>> {
+    /// running, by `may_run`), each once, and apart from them the failed writes whose fence
+    /// ([`LaneBook::fence`]) was queued or waited for its answer here. `None` if it was
+    /// already dead.
+    #[allow(clippy::type_complexity)]
+    pub fn die(
+        &mut self,
+        may_run: impl Fn(&TransferRef) -> bool,
+    ) -> Option<(Vec<TransferRef>, Vec<TransferRef>)> {
         if std::mem::replace(&mut self.dead, true) {
             return None;
         }
-        let mut hit: Vec<TransferRef> = self.queue.drain(..).map(|i| i.to).collect();
-        hit.extend(self.outstanding.drain().map(|(_, (t, _))| t));
+        let is_fence = |w: &Work<L>| matches!(w, Work::Finish(f) if f.fence);
+        let mut fenced: Vec<TransferRef> = Vec::new();
+        let mut hit: Vec<TransferRef> = Vec::new();
+        for i in self.queue.drain(..) {
+            if is_fence(&i.work) {
+                fenced.push(i.to);
+            } else {
+                hit.push(i.to);
+            }
+        }
+        for (_, (t, w)) in self.outstanding.drain() {
+            if matches!(w, Wait::Fence) {
+                fenced.push(t);
+            } else {
+                hit.push(t);
+            }
+        }
         hit.extend(
             self.unanswered
                 .drain()
@@ -417,7 +484,7 @@ impl<L> LaneBook<L> {
         hit.sort_unstable();
         hit.dedup();
         self.writing = None;
-        Some(hit)
+        Some((hit, fenced))
     }
 }
 
@@ -425,7 +492,7 @@ impl<L> LaneBook<L> {
 mod tests {
     use super::*;
     use crate::proto::codes;
-    use crate::proto::dispatch::{dispatch, DispatchParams, Request, TransferRef};
+    use crate::proto::dispatch::{dispatch, DispatchParams, FinishSpec, Request, TransferRef};
     use crate::proto::frame::Op;
     use crate::proto::plan::Piece;
 
@@ -481,7 +548,7 @@ mod tests {
         b.sending_write(t1, to(5, 2), false, always);
         assert!(matches!(b.answer(t1, 5, ok()), Ok(Matched::Report(..))));
         // The lane's death still fails the transfer through chunk t0, unless it ended.
-        assert_eq!(b.die(always), Some(vec![to(5, 2)]));
+        assert_eq!(b.die(always), Some((vec![to(5, 2)], vec![])));
         assert_eq!(b.die(always), None);
     }
 
@@ -492,7 +559,7 @@ mod tests {
         b.sending_write(tag, to(1, 0), false, always);
         assert!(b.answer(tag, 2, ok()).is_err());
         let tag = b.next_tag();
-        b.sending_finish(tag, to(3, 0));
+        b.sending_finish(tag, to(3, 0), false);
         assert!(b.answer(tag, 4, ok()).is_err());
     }
 
@@ -570,7 +637,80 @@ mod tests {
         let t4 = b.next_tag();
         b.sending_read(t4, to(6, 0), read_wait(0, true));
         assert_eq!(b.cancel(6, 0), Fence::None);
-        assert_eq!(b.die(always), Some(vec![]));
+        assert_eq!(b.die(always), Some((vec![], vec![])));
+    }
+
+    fn fence_spec() -> FinishSpec {
+        FinishSpec {
+            op: crate::proto::frame::Op::Write,
+            n_chunks: 4,
+            total: 4 << 20,
+            code: codes::ERR_GPU_OP,
+            msg: "refused".into(),
+            fence: true,
+        }
+    }
+
+    /// A write that failed early is fenced where its chunks went: FINISH first in the
+    /// queue, its queued chunks dropped, the join's COMPLETE for a chunk sent here stale,
+    /// and FINISH's own COMPLETE reported as the fence's answer.
+    #[test]
+    fn a_fence_finishes_after_the_chunks_sent_and_drops_the_rest() {
+        let mut b = LaneBook::<()>::default();
+        let other = to(2, 0);
+        let t0 = b.next_tag();
+        b.sending_write(t0, to(1, 0), false, always);
+        b.sent();
+        b.push([Item {
+            to: other,
+            work: Work::Finish(FinishSpec {
+                fence: false,
+                ..fence_spec()
+            }),
+        }]);
+        assert_eq!(b.fence(to(1, 0), fence_spec(), false), Fence::Unplaced);
+        assert!(matches!(b.answer(t0, 1, ok()), Ok(Matched::Stale)));
+        let Some((t, Sendable::Finish(f))) = b.pop() else {
+            panic!("FINISH first");
+        };
+        assert!(t == to(1, 0) && f.fence);
+        let tag = b.next_tag();
+        b.sending_finish(tag, t, true);
+        b.sent();
+        assert!(
+            matches!(b.pop(), Some((t, _)) if t == other),
+            "other work stays"
+        );
+        // Until its answer, the lane stands for the chunks it fences: a reset drops it.
+        assert_eq!(b.cancel(1, 0), Fence::Unplaced);
+        let tag = b.next_tag();
+        let home = b.fence(to(3, 0), fence_spec(), true);
+        assert_eq!(home, Fence::Unplaced, "the home lane always");
+        let none = b.fence(to(4, 0), fence_spec(), false);
+        assert_eq!(none, Fence::None, "nothing of it here");
+        let Some((t, Sendable::Finish(_))) = b.pop() else {
+            panic!("FINISH");
+        };
+        b.sending_finish(tag, t, true);
+        b.sent();
+        assert_eq!(
+            b.answer(tag, 3, ok()).ok().and_then(|m| match m {
+                Matched::Report(t, r) => Some((t, r)),
+                _ => None,
+            }),
+            Some((to(3, 0), Report::Fenced))
+        );
+        // A chunk of it half sent: FINISH goes once it is whole.
+        let t7 = b.next_tag();
+        b.sending_write(t7, to(7, 0), false, always);
+        assert_eq!(b.fence(to(7, 0), fence_spec(), false), Fence::Unplaced);
+        b.sent();
+        assert!(matches!(b.pop(), Some((t, Sendable::Finish(_))) if t == to(7, 0)));
+        // A lane that dies with a fence unanswered reports it apart from the transfers lost.
+        assert_eq!(b.fence(to(5, 0), fence_spec(), true), Fence::Unplaced);
+        assert_eq!(b.die(always), Some((vec![], vec![to(5, 0)])));
+        let dead = b.fence(to(6, 0), fence_spec(), true);
+        assert_eq!(dead, Fence::None, "a dead lane sends nothing");
     }
 
     #[test]
@@ -581,7 +721,7 @@ mod tests {
             b.sending_write(tag, to(uid, uid), false, |t| t.gen >= 150);
         }
         assert!(b.unanswered.len() < 120, "pruned: {}", b.unanswered.len());
-        let lost = b.die(|t| t.gen >= 190).unwrap();
+        let lost = b.die(|t| t.gen >= 190).unwrap().0;
         assert_eq!(lost.len(), 10);
     }
 
@@ -632,7 +772,7 @@ mod tests {
         sent.sort_unstable();
         assert_eq!(sent, (0..n_chunks).collect::<Vec<_>>());
         assert!(lanes[1].pop().is_none());
-        assert_eq!(lanes[1].die(always), Some(vec![]));
+        assert_eq!(lanes[1].die(always), Some((vec![], vec![])));
     }
 
     #[test]
@@ -654,7 +794,7 @@ mod tests {
         let (mut lanes, _) = shared_write(9);
         lanes[0].pop();
         lanes[0].next_chunk().unwrap();
-        assert_eq!(lanes[0].die(always), Some(vec![to(9, 1)]));
+        assert_eq!(lanes[0].die(always), Some((vec![to(9, 1)], vec![])));
         // A cancelled transfer drops it; nothing is left to fix.
         let (mut lanes, _) = shared_write(11);
         lanes[0].pop();

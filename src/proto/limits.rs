@@ -3,7 +3,7 @@
 
 /// The newest protocol version this build speaks, offered in HELLO; the acceptor answers with
 /// the version the connection then speaks (PROTOCOL.md, "Versions").
-pub const VERSION: u32 = 10;
+pub const VERSION: u32 = 11;
 /// The oldest protocol version this build speaks (HELLO's and HELLO_ACK's layouts are fixed
 /// from this version on; later versions only append fields to them).
 pub const MIN_VERSION: u32 = 6;
@@ -24,6 +24,11 @@ pub const RING_VERSION: u32 = 9;
 /// of any kind (DEVICES records: VMM memory, exported one chunk at a time as file
 /// descriptors; PROTOCOL.md "Device parts").
 pub const DEVICE_SETS_VERSION: u32 = 10;
+/// The first version whose targets answer FINISH on every lane of a transfer (recording the
+/// first), each once the chunks read before it on that connection are placed or dropped: an
+/// initiator fences a write that failed early with one on each lane that carried its chunks
+/// (PROTOCOL.md "Joins").
+pub const FENCE_VERSION: u32 = 11;
 /// Random bytes each side of a handshake contributes ([`super::handshake`]).
 pub const NONCE_BYTES: usize = 16;
 /// An HMAC-SHA-256 proof in the handshake.

@@ -200,6 +200,8 @@ impl Outbound {
             Report::Complete { code, msg } => self.on_complete(code, &msg),
             Report::Lost { msg } => Ok(self.on_lane_lost(&msg)),
             Report::Failed { code, msg } => Ok(self.on_local_failure(code, &msg)),
+            // A fence's answer belongs to a transfer that has left the owner's table.
+            Report::Fenced => Err(Violation::WrongPhase(self.phase)),
         }
     }
 

@@ -183,12 +183,15 @@ impl Served {
         }
     }
 
-    /// FINISH: a chunk never left the initiator; its verdict ends the transfer here (record,
-    /// end the join, answer COMPLETE).
+    /// FINISH: the initiator failed the transfer early; its verdict ends the transfer here
+    /// (the first FINISH records it and ends the join) and is answered by COMPLETE. The
+    /// caller answers only once every chunk read before it on this connection is placed or
+    /// dropped: from protocol version 11 the initiator sends one on each lane that carried
+    /// chunks of a failed write, and reports the failure once all are answered.
     pub fn finish(&self, f: Finish, joins: &impl JoinTable) -> Response {
-        joins.end(&self.peer, self.instance, f.uid, f.op, f.n_chunks);
+        let first = joins.end(&self.peer, self.instance, f.uid, f.op, f.n_chunks);
         Response {
-            record: Some(Record {
+            record: first.then(|| Record {
                 uid: f.uid,
                 code: f.code,
                 msg: f.msg.clone(),
@@ -272,12 +275,12 @@ mod tests {
                 .or_insert_with(|| Join::new(r.op, r.n_chunks, 0));
             j.report(r.op, r.n_chunks, r.chunk, r.code, r.msg)
         }
-        fn end(&self, _: &Arc<str>, _: u64, uid: u64, op: Op, n: u32) {
+        fn end(&self, _: &Arc<str>, _: u64, uid: u64, op: Op, n: u32) -> bool {
             self.0
                 .borrow_mut()
                 .entry(uid)
                 .or_insert_with(|| Join::new(op, n, 0))
-                .end();
+                .end()
         }
     }
 
@@ -436,11 +439,22 @@ mod tests {
             code: codes::ERR_GPU_OP,
             msg: "gpu".into(),
         };
-        let r = s.finish(f, &t);
+        let r = s.finish(f.clone(), &t);
         assert_eq!(r.record.map(|r| r.code), Some(codes::ERR_GPU_OP));
         assert!(matches!(
             r.reply,
             Some(Frame::Complete(Reply { tag: 77, .. }))
+        ));
+        // The same FINISH on another lane of the transfer is answered, and records nothing.
+        let r = s.finish(Finish { tag: 78, ..f }, &t);
+        assert_eq!(r.record, None, "recorded once");
+        assert!(matches!(
+            r.reply,
+            Some(Frame::Complete(Reply {
+                tag: 78,
+                code: codes::ERR_GPU_OP,
+                ..
+            }))
         ));
         // Later chunks are only counted.
         assert_eq!(

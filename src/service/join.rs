@@ -59,9 +59,9 @@ impl Joins {
 
     /// FINISH ended a transfer (a chunk never left the initiator): its join answers nothing
     /// more, and reports still on their way are only counted.
-    pub fn end(&self, (peer, instance, uid): (&Arc<str>, u64, u64), op: Op, n_chunks: u32) {
+    pub fn end(&self, (peer, instance, uid): (&Arc<str>, u64, u64), op: Op, n_chunks: u32) -> bool {
         self.lock()
-            .end((peer.clone(), instance, uid), op, n_chunks, now_ns());
+            .end((peer.clone(), instance, uid), op, n_chunks, now_ns())
     }
 
     /// Drop joins older than `max_age_ns`: a chunk of theirs never arrived (its lane was
@@ -86,8 +86,8 @@ impl JoinTable for Joins {
         Joins::report(self, r)
     }
 
-    fn end(&self, peer: &Arc<str>, instance: u64, uid: u64, op: Op, n_chunks: u32) {
-        Joins::end(self, (peer, instance, uid), op, n_chunks);
+    fn end(&self, peer: &Arc<str>, instance: u64, uid: u64, op: Op, n_chunks: u32) -> bool {
+        Joins::end(self, (peer, instance, uid), op, n_chunks)
     }
 }
 

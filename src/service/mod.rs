@@ -246,10 +246,16 @@ impl Shard {
                 gen,
                 why,
                 ack_to,
+                finish,
             } => {
-                lane::cancel(self, &peer, (uid, gen), &why, ack_to);
+                lane::cancel(self, &peer, (uid, gen), &why, ack_to, finish);
             }
-            ShardMsg::Fenced { peer, uid, gen } => owner::fenced(self, &peer, uid, gen),
+            ShardMsg::Fenced {
+                peer,
+                uid,
+                gen,
+                finishes,
+            } => owner::fenced(self, &peer, (uid, gen), finishes),
             ShardMsg::AddRegion(r, ack) => {
                 self.regions.borrow_mut().insert(r.id, r.clone());
                 let _ = ack.send(());

@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{mpsc, Arc};
 
 use crate::proto::access::AccessKey;
-use crate::proto::dispatch::{Item, TransferRef};
+use crate::proto::dispatch::{FinishSpec, Item, TransferRef};
 use crate::proto::frame::{Hello, Op};
 use crate::proto::lane::Report;
 use crate::proto::layout::Layout;
@@ -30,6 +30,11 @@ pub(crate) struct Peer {
     pub same_host: AtomicBool,
     /// Whether any lane to it has connected yet (until then `same_host` says nothing).
     pub reached: AtomicBool,
+    /// Whether the lane to it connected last speaks a protocol version whose targets answer
+    /// FINISH on each lane of a transfer ([`crate::proto::limits::FENCE_VERSION`]): then a
+    /// write that fails early is fenced on every lane that carried its chunks before its
+    /// failure is reported (`owner::finish`).
+    pub fences: AtomicBool,
     /// Whether its descriptor names this engine's node (`EngineDesc::node_id`): its first
     /// transfer, planned before any lane says, is cut as one to a same-host peer if this
     /// engine may use the same-host transport (a wrong guess costs that transfer's speed,
@@ -51,6 +56,7 @@ impl Peer {
             addr,
             same_host: AtomicBool::new(false),
             reached: AtomicBool::new(false),
+            fences: AtomicBool::new(false),
             likely_same_host,
             opened: AtomicBool::new(false),
             express: Default::default(),
@@ -138,16 +144,25 @@ pub(crate) enum ShardMsg {
     /// reset a lane that may still carry its bytes. `why` is its failure, named when a lane
     /// has to close for it. `ack_to`: the owner waits for [`ShardMsg::Fenced`] before it
     /// reports the failure (a write failed by its deadline, any failed read: sent once
-    /// nothing of it can land here any more).
+    /// nothing of it can land here any more). `finish`: a write that failed early, fenced
+    /// on each lane that carried its chunks (and on its home lane, the second field) by a
+    /// FINISH instead of a reset ([`crate::proto::lane::LaneBook::fence`]).
     Cancel {
         peer: Arc<str>,
         uid: u64,
         gen: u64,
         why: Arc<str>,
         ack_to: Option<usize>,
+        finish: Option<(FinishSpec, u16)>,
     },
-    /// A lane shard has done [`ShardMsg::Cancel`] for a transfer this shard owns.
-    Fenced { peer: Arc<str>, uid: u64, gen: u64 },
+    /// A lane shard has done [`ShardMsg::Cancel`] for a transfer this shard owns, queuing
+    /// `finishes` fences whose answers ([`Report::Fenced`]) the owner still waits for.
+    Fenced {
+        peer: Arc<str>,
+        uid: u64,
+        gen: u64,
+        finishes: u32,
+    },
     /// Replicate a registered region; answer on the channel once resolvable here.
     AddRegion(SharedRegion, mpsc::Sender<()>),
     /// Forget a region; answer once no new chunk can resolve it here.

@@ -13,6 +13,7 @@ use crate::proto::dispatch::{
     self, DispatchParams, FinishSpec, Item, Request, SharedStripes, TransferRef, Work,
 };
 use crate::proto::frame::Op;
+use crate::proto::lane::Report;
 use crate::proto::outbound::{Action, Outbound};
 use crate::status::{StatusCode, TransferStatus};
 
@@ -64,7 +65,25 @@ struct Fencing {
     waiting: usize,
     /// When the resets were asked for (`now_ns` time).
     since_ns: u64,
+    /// A write that failed early, fenced by FINISH on its lanes ([`Ending::Finish`]): the
+    /// fences queued (as their shards said) and not yet answered. Signed: an answer may come
+    /// before its shard's count.
+    finishes: i64,
+    /// Whether it is fenced by FINISH on its lanes (until `finish_by`; then its lanes are
+    /// reset as for a write failed by its deadline).
+    finishing: bool,
+    /// When a fence by FINISH gives way to resets (`now_ns` time): [`FINISH_WAIT_NS`] after
+    /// it began, or the write's deadline if sooner.
+    finish_by: u64,
 }
+
+/// How long a write that failed early waits for the FINISHes on its lanes to be answered
+/// before the lanes still waiting are reset (as for a write failed by its deadline) and its
+/// failure is reported: a target that has not answered within this is stuck or far behind
+/// (a lane whose writer is stuck mid-frame is most often one whose peer stopped reading),
+/// and the transfers queued behind the FINISH on those lanes then fail now, not at their
+/// deadlines.
+const FINISH_WAIT_NS: u64 = 2_000_000_000;
 
 /// How long a failed write or read waits for its lanes' shards to confirm before its failure
 /// is reported anyway (a shard that does not answer is stuck: its lanes too).
@@ -233,11 +252,17 @@ pub(crate) fn submit(shard: &Rc<Shard>, s: Submission) {
 
 /// A lane reports on a transfer this shard owns.
 pub(crate) fn on_event(shard: &Rc<Shard>, ev: LaneEvent) {
+    if ev.report == Report::Fenced {
+        return fence_answered(shard, &ev.peer, (ev.to.uid, ev.to.gen), 0, 1);
+    }
     let key = (ev.peer, ev.to.uid);
     let mut t = shard.owner.borrow_mut();
     let Some(e) = t.map.get_mut(&key).filter(|e| e.gen == ev.to.gen) else {
         return; // A late report for a transfer that already ended.
     };
+    // A lane lost (or a violation) fails a striped write at once, with chunks of it maybe
+    // still on their way on other lanes.
+    let lost = matches!(ev.report, Report::Lost { .. });
     let step = e.sm.on_report(ev.report);
     let (action, early) = match step {
         Ok(a) => (a, false),
@@ -246,8 +271,16 @@ pub(crate) fn on_event(shard: &Rc<Shard>, ev: LaneEvent) {
             true,
         ),
     };
+    let fences = e.op == Op::Write && e.n_chunks > 1 && e.peer.fences.load(Ordering::Relaxed);
     match action {
         None => {}
+        Some(Action::SendFinish { code, msg }) if fences => {
+            // A chunk could not leave: the write is fenced on every lane that carried its
+            // chunks, one of whose FINISHes ends the join.
+            let Some(e) = t.map.remove(&key) else { return };
+            drop(t);
+            finish(shard, &key.0, key.1, e, code, &msg, Ending::Finish);
+        }
         Some(Action::SendFinish { code, msg }) => {
             crate::trace::mark(key.1, crate::trace::stage::FINISH);
             let work = LaneWork {
@@ -265,6 +298,7 @@ pub(crate) fn on_event(shard: &Rc<Shard>, ev: LaneEvent) {
                         total: e.total,
                         code,
                         msg,
+                        fence: false,
                     }),
                 }],
             };
@@ -279,7 +313,9 @@ pub(crate) fn on_event(shard: &Rc<Shard>, ev: LaneEvent) {
             // 0's COMPLETE after a FINISH): they are dropped there.
             let ended_early =
                 early || code == codes::ERR_BAD_STATE || (e.n_chunks > 1 && code != codes::SUCCESS);
-            let ending = if ended_early {
+            let ending = if fences && (early || lost) {
+                Ending::Finish
+            } else if ended_early {
                 Ending::Cancel
             } else {
                 Ending::Answered
@@ -300,6 +336,12 @@ enum Ending {
     /// are reset before its failure is reported (their bytes could be stuck for long). (A
     /// failed read waits for its lanes either way.)
     Deadline,
+    /// A striped write failed early (a lost lane, a violation, a chunk that could not
+    /// leave) to a peer that answers FINISH on every lane: as `Cancel`, and its failure is
+    /// reported once each lane that carried chunks of it has had FINISH answered after them
+    /// (so they are placed or dropped), or died; by its deadline, those still waiting are
+    /// reset as for `Deadline`.
+    Finish,
 }
 
 /// A transfer left the table with `code`. A write that failed by its deadline is reported
@@ -328,10 +370,25 @@ fn finish(
         // A write failed by its deadline waits for its lanes to reset what may still carry
         // its bytes; any failed read, for its lanes to stop placing its data (and for copies
         // of it into GPU memory to end).
+        let finishing = ending == Ending::Finish;
+        if finishing && !shards.contains(&shard.lane_shard(e.home_lane)) {
+            shards.push(shard.lane_shard(e.home_lane));
+        }
         let fence = code != codes::SUCCESS
             && !shards.is_empty()
-            && (e.op == Op::Read || ending == Ending::Deadline);
+            && (e.op == Op::Read || ending == Ending::Deadline || finishing);
         let (why, gen): (Arc<str>, u64) = (msg.into(), e.gen);
+        let spec = finishing.then(|| {
+            let spec = FinishSpec {
+                op: e.op,
+                n_chunks: e.n_chunks,
+                total: e.total,
+                code,
+                msg: msg.to_string(),
+                fence: true,
+            };
+            (spec, e.home_lane)
+        });
         let msgs: Vec<(usize, ShardMsg)> = shards
             .iter()
             .map(|&s| {
@@ -341,11 +398,13 @@ fn finish(
                     gen,
                     why: why.clone(),
                     ack_to: fence.then_some(shard.id),
+                    finish: spec.clone(),
                 };
                 (s, m)
             })
             .collect();
         if fence {
+            let finish_by = (e.sm.deadline()).min(super::now_ns().saturating_add(FINISH_WAIT_NS));
             // In the table before any lane shard (this one included) can answer.
             let f = Fencing {
                 waiting: shards.len(),
@@ -353,6 +412,9 @@ fn finish(
                 code,
                 msg: msg.to_string(),
                 since_ns: super::now_ns(),
+                finishes: 0,
+                finishing,
+                finish_by,
             };
             let key = (peer.clone(), uid, gen);
             shard.owner.borrow_mut().fencing.insert(key, f);
@@ -368,16 +430,34 @@ fn finish(
     complete(shard, peer, uid, e, code, msg);
 }
 
-/// A lane shard has reset what might carry a failed write's bytes: the last one reports it.
-pub(crate) fn fenced(shard: &Rc<Shard>, peer: &Arc<str>, uid: u64, gen: u64) {
+/// A lane shard has reset what might carry a failed write's bytes (or stopped placing a
+/// failed read's), or queued `finishes` fences of a write that failed early: the last answer
+/// reports the failure.
+pub(crate) fn fenced(shard: &Rc<Shard>, peer: &Arc<str>, (uid, gen): (u64, u64), finishes: u32) {
+    fence_answered(shard, peer, (uid, gen), 1, -i64::from(finishes));
+}
+
+/// A fenced transfer heard from its lanes: `shards` of their shards answered, and `answers`
+/// of its fences (a negative count: fences a shard queued, still to be answered). Once every
+/// shard answered and every fence was, its failure is reported.
+fn fence_answered(
+    shard: &Rc<Shard>,
+    peer: &Arc<str>,
+    (uid, gen): (u64, u64),
+    shards: usize,
+    answers: i64,
+) {
     let key = (peer.clone(), uid, gen);
     let done = {
         let mut t = shard.owner.borrow_mut();
         let Some(f) = t.fencing.get_mut(&key) else {
             return;
         };
-        f.waiting -= 1;
-        if f.waiting > 0 {
+        f.waiting = f.waiting.saturating_sub(shards);
+        if f.finishing {
+            f.finishes -= answers;
+        }
+        if f.waiting > 0 || (f.finishing && f.finishes > 0) {
             return;
         }
         t.fencing.remove(&key)
@@ -434,6 +514,41 @@ pub(crate) fn tick(shard: &Rc<Shard>, now: u64) {
     for ((peer, uid), e, code, msg) in expired {
         finish(shard, &peer, uid, e, code, &msg, Ending::Deadline);
     }
+    // Writes fenced by FINISH whose fences are not all answered in time (FINISH_WAIT_NS, or
+    // their deadline): the lanes still waiting are reset, as for a write failed by its
+    // deadline.
+    let late: Vec<_> = {
+        let mut t = shard.owner.borrow_mut();
+        t.fencing
+            .iter_mut()
+            .filter(|(_, f)| f.finishing && f.finish_by <= now)
+            .map(|(k, f)| {
+                f.finishing = false;
+                f.since_ns = now;
+                let mut shards: Vec<usize> =
+                    f.entry.lanes.iter().map(|&l| shard.lane_shard(l)).collect();
+                shards.push(shard.lane_shard(f.entry.home_lane));
+                shards.sort_unstable();
+                shards.dedup();
+                f.waiting = shards.len();
+                (k.clone(), shards, f.msg.as_str().into())
+            })
+            .collect()
+    };
+    for ((peer, uid, gen), shards, why) in late {
+        let why: Arc<str> = why;
+        for s in shards {
+            let m = ShardMsg::Cancel {
+                peer: peer.clone(),
+                uid,
+                gen,
+                why: why.clone(),
+                ack_to: Some(shard.id),
+                finish: None,
+            };
+            shard.send(s, m);
+        }
+    }
     // Failed transfers whose lanes' shards have not confirmed within the grace:
     // reported anyway, so that every transfer still ends.
     let overdue: Vec<_> = {
@@ -441,7 +556,7 @@ pub(crate) fn tick(shard: &Rc<Shard>, now: u64) {
         let keys: Vec<_> = t
             .fencing
             .iter()
-            .filter(|(_, f)| now.saturating_sub(f.since_ns) >= FENCE_GRACE_NS)
+            .filter(|(_, f)| !f.finishing && now.saturating_sub(f.since_ns) >= FENCE_GRACE_NS)
             .map(|(k, _)| k.clone())
             .collect();
         keys.into_iter()

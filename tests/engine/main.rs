@@ -8,6 +8,7 @@ mod chaos;
 mod common;
 mod concurrency;
 mod connect;
+mod early_write;
 mod express;
 mod failures;
 mod fence;

@@ -15,11 +15,11 @@ use super::msg::{LaneEvent, LaneWork, Peer, ShardMsg};
 use super::same_host;
 use super::{Shard, TaskGuard};
 use crate::proto::codes;
-use crate::proto::dispatch::TransferRef;
+use crate::proto::dispatch::{FinishSpec, TransferRef};
 use crate::proto::frame::{Frame, Hello};
 use crate::proto::handshake;
 use crate::proto::lane::{Fence, LaneBook, Report, Sendable};
-use crate::proto::limits::{NONCE_BYTES, VERSION};
+use crate::proto::limits::{FENCE_VERSION, NONCE_BYTES, VERSION};
 use crate::region::SharedRegion;
 use crate::stats::PeerSlot;
 use crate::status::{StatusCode, TransferStatus};
@@ -146,9 +146,13 @@ pub(crate) fn cancel(
     (uid, gen): (u64, u64),
     why: &str,
     ack_to: Option<usize>,
+    finish: Option<(FinishSpec, u16)>,
 ) {
-    let fence = ack_to.is_some();
     let lanes = lanes_to(shard, peer);
+    if let Some((spec, home)) = finish {
+        return fence(shard, &lanes, peer, (uid, gen), ack_to, (spec, home));
+    }
+    let fence = ack_to.is_some();
     let deferred = placing::cancel(&lanes, peer, (uid, gen), ack_to);
     for l in &lanes {
         let what = match l.book.borrow_mut().cancel(uid, gen) {
@@ -167,8 +171,54 @@ pub(crate) fn cancel(
     // After the resets: once the owner hears this, nothing of the transfer leaves this shard.
     if let (Some(owner), false) = (ack_to, deferred) {
         let peer = peer.clone();
-        shard.send(owner, ShardMsg::Fenced { peer, uid, gen });
+        let finishes = 0;
+        shard.send(
+            owner,
+            ShardMsg::Fenced {
+                peer,
+                uid,
+                gen,
+                finishes,
+            },
+        );
     }
+}
+
+/// A write that failed early (a lost lane, a chunk that could not leave) is fenced on this
+/// shard's `lanes` to its peer: each drops its queued work of it, and one that sent chunks
+/// of it (or is its home lane) sends FINISH after them ([`LaneBook::fence`]); the owner is
+/// told how many ([`ShardMsg::Fenced`]) and waits for their answers ([`Report::Fenced`]),
+/// so the failure is reported only once nothing of the write is left to land. The lanes
+/// stay up: the other transfers on them go on (unless the owner's wait for the FINISHes runs
+/// out, `owner::FINISH_WAIT_NS`: then it resets those lanes through [`cancel`]).
+fn fence(
+    shard: &Rc<Shard>,
+    lanes: &[Rc<Lane>],
+    peer: &Arc<str>,
+    (uid, gen): (u64, u64),
+    ack_to: Option<usize>,
+    (spec, home): (FinishSpec, u16),
+) {
+    let Some(owner) = ack_to else { return };
+    let to = TransferRef { owner, uid, gen };
+    let mut finishes = 0;
+    for l in lanes {
+        let f = l.book.borrow_mut().fence(to, spec.clone(), l.lane == home);
+        if f != Fence::None {
+            finishes += 1;
+            l.bell.ring();
+        }
+    }
+    let peer = peer.clone();
+    shard.send(
+        owner,
+        ShardMsg::Fenced {
+            peer,
+            uid,
+            gen,
+            finishes,
+        },
+    );
 }
 
 /// Close every lane to `peer`.
@@ -239,7 +289,7 @@ fn die_as(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: String, end: End) {
     for p in lane.peer.express.remove_lane(lane.lane) {
         express_done(shard, lane, p, codes::ERR_BAD_STATE, &msg, false);
     }
-    let Some(hit) = lane
+    let Some((hit, fenced)) = lane
         .book
         .borrow_mut()
         .die(|t| shard.shared.may_run(t.owner, t.gen))
@@ -296,6 +346,11 @@ fn die_as(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: String, end: End) {
     for to in hit {
         let report = Report::Lost { msg: msg.clone() };
         self::report(shard, &lane.peer.key, to, report);
+    }
+    // The lane was reset (or closed on purpose, when nothing is left to send): what it
+    // still carried of a fenced write is dropped at the target.
+    for to in fenced {
+        self::report(shard, &lane.peer.key, to, Report::Fenced);
     }
 }
 
@@ -379,7 +434,7 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
         while lane.bell.wait().await.is_ok() {}
         Err("lane closed while connecting".to_string())
     };
-    let conn = match futures_lite::future::or(connect(&shard, &lane), closed).await {
+    let (conn, version) = match futures_lite::future::or(connect(&shard, &lane), closed).await {
         Ok(s) => s,
         Err(e) => {
             for r in lane.ready.take() {
@@ -400,6 +455,10 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
     lane.peer
         .reached
         .store(true, std::sync::atomic::Ordering::Relaxed);
+    lane.peer.fences.store(
+        version >= FENCE_VERSION,
+        std::sync::atomic::Ordering::Relaxed,
+    );
     let (r, w, closer) = conn.split();
     shard
         .stats
@@ -495,7 +554,7 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
 /// Dial the peer and shake hands: HELLO out, its HELLO_ACK checked, AUTH and the same-host
 /// step when they apply. A same-host step the peer passed but we could not check ends that
 /// connection: the next dial offers TCP only (and the peer is remembered as such).
-async fn connect(shard: &Rc<Shard>, lane: &Rc<Lane>) -> Result<transport::Conn, String> {
+async fn connect(shard: &Rc<Shard>, lane: &Rc<Lane>) -> Result<(transport::Conn, u32), String> {
     let cfg = &shard.shared.cfg;
     let addr = lane.peer.addr;
     if addr.port() == 0 {
@@ -523,12 +582,13 @@ async fn connect(shard: &Rc<Shard>, lane: &Rc<Lane>) -> Result<transport::Conn, 
     }
 }
 
-/// One dial and handshake (`local`: offer the same-host transport if it applies).
+/// One dial and handshake (`local`: offer the same-host transport if it applies): the
+/// connection and the protocol version it speaks.
 async fn shake(
     shard: &Rc<Shard>,
     lane: &Rc<Lane>,
     local: bool,
-) -> Result<transport::Conn, same_host::DialFailure> {
+) -> Result<(transport::Conn, u32), same_host::DialFailure> {
     use same_host::DialFailure::Failed;
     let shared = &shard.shared;
     let cfg = &shared.cfg;
@@ -587,5 +647,5 @@ async fn shake(
         if conn.is_local() { "same-host" } else { "TCP" },
         t0.elapsed()
     );
-    Ok(conn)
+    Ok((conn, ack.version))
 }

@@ -104,6 +104,7 @@ fn answer(shard: &Rc<Shard>, p: Placing) {
                     peer: a.peer,
                     uid,
                     gen,
+                    finishes: 0,
                 },
             );
         }

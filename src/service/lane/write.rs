@@ -114,13 +114,14 @@ pub(super) async fn write_item(
             write_chunk(shard, lane, writer, chunk, mine, &mut next).await
         }
         Sendable::Finish(f) => {
-            lane.book.borrow_mut().sending_finish(tag, to);
+            lane.book.borrow_mut().sending_finish(tag, to, f.fence);
             let FinishSpec {
                 op,
                 n_chunks,
                 total,
                 code,
                 msg,
+                fence: _,
             } = f;
             let f = Finish {
                 tag,

@@ -135,7 +135,7 @@ impl Sim {
             ..
         } = &mut self.inits[i];
         let lane = &mut lanes[l as usize];
-        let hit = lane
+        let (hit, _fenced) = lane
             .book
             .die(|t| owners[t.owner].may_run(t.gen))
             .expect("a live lane");
@@ -258,7 +258,7 @@ impl Sim {
                 self.xfers[x].frame_lanes.insert(lane_ix);
                 let book = &mut self.inits[i].lanes[l].book;
                 let tag = book.next_tag();
-                book.sending_finish(tag, to);
+                book.sending_finish(tag, to, false);
                 let finish = Finish {
                     tag,
                     uid: to.uid,

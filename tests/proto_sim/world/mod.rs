@@ -112,9 +112,9 @@ impl JoinTable for Joins {
     fn report(&self, r: &JoinReport<'_>) -> Option<(u32, String)> {
         self.map.borrow_mut().report(r, self.now.get())
     }
-    fn end(&self, peer: &Arc<str>, instance: u64, uid: u64, op: Op, n_chunks: u32) {
+    fn end(&self, peer: &Arc<str>, instance: u64, uid: u64, op: Op, n_chunks: u32) -> bool {
         let key = (peer.clone(), instance, uid);
-        self.map.borrow_mut().end(key, op, n_chunks, self.now.get());
+        self.map.borrow_mut().end(key, op, n_chunks, self.now.get())
     }
 }
 

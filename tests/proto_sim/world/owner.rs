@@ -163,6 +163,7 @@ impl Sim {
                             total: e.total,
                             code,
                             msg,
+                            fence: false,
                         }),
                     };
                     self.lane_for(home);
