@@ -24,6 +24,8 @@ enum Early {
     LaneLost,
     /// A refused copy, with a target too slow to answer the fences by the deadline.
     PastDeadline,
+    /// A refused copy between engines that speak protocol version 10.
+    Version10,
 }
 
 #[test]
@@ -31,6 +33,14 @@ fn a_write_failed_by_a_refused_staging_copy_lands_nothing_after_its_failure() {
     for mode in [morio::SameHost::Off, morio::SameHost::Require] {
         early_failure_lands_nothing_later(mode, Early::CopyRefused);
     }
+}
+
+/// Between engines that speak version 10 (one FINISH, on the join lane, answered at once)
+/// the write still fails as it did, its target records the failure once, and the lanes go
+/// on; only the wait for the other lanes' chunks is missing (not checked here).
+#[test]
+fn a_version_10_peer_gets_one_finish() {
+    early_failure_lands_nothing_later(morio::SameHost::Off, Early::Version10);
 }
 
 #[test]
@@ -65,8 +75,8 @@ fn early_failure_lands_nothing_later(mode: morio::SameHost, how: Early) {
     };
     let chunk = 256 << 10;
     let slot = match how {
-        Early::CopyRefused | Early::PastDeadline => chunk,
         Early::LaneLost => chunk / 2,
+        _ => chunk,
     };
     let (src_gpu, dst_gpu) = (Arc::new(FakeGpu::new(1)), Arc::new(FakeGpu::new(1)));
     dst_gpu.set_copy_delay(delay);
@@ -85,6 +95,9 @@ fn early_failure_lands_nothing_later(mode: morio::SameHost, how: Early) {
             c.gpu_staging_bytes = 4 * chunk;
             c.gpu_ipc = Some(false);
             c.striping_threshold_bytes = chunk;
+            if how == Early::Version10 {
+                c.max_protocol_version = 10;
+            }
         }),
     );
     let src_rt: Arc<dyn GpuRuntime> = src_gpu.clone();
@@ -105,25 +118,26 @@ fn early_failure_lands_nothing_later(mode: morio::SameHost, how: Early) {
         _ => StatusCode::ErrGpuOp,
     };
     let mut tries = 0;
-    let (st, code, failed) = loop {
+    let (st, code, failed, uid) = loop {
         tries += 1;
         assert!(
             tries <= 5,
             "{mode:?} {how:?}: the injected fault never failed the write"
         );
         match how {
-            Early::CopyRefused => src_gpu.inject_fault(Some(6), FaultAt::Submit),
+            Early::CopyRefused | Early::Version10 => src_gpu.inject_fault(Some(6), FaultAt::Submit),
             Early::PastDeadline => src_gpu.inject_fault(Some(2), FaultAt::Submit),
             Early::LaneLost => src_gpu.inject_fault(Some(13), FaultAt::Complete),
         }
         let t0 = Instant::now();
-        let st = a.write(src.desc(), 0, dst.desc(), 0, n, a.allocate_transfer_uid());
+        let uid = a.allocate_transfer_uid();
+        let st = a.write(src.desc(), 0, dst.desc(), 0, n, uid);
         let code = wait_within(&st, Duration::from_secs(30));
         src_gpu.inject_fault(None, FaultAt::Submit);
         let failed = t0.elapsed();
         // A lost lane may be reported as the refused copies that follow the sticky fault.
         if code == early_code || (how == Early::LaneLost && code == StatusCode::ErrGpuOp) {
-            break (st, code, failed);
+            break (st, code, failed, uid);
         }
         eprintln!("{mode:?} {how:?}: the fault was absorbed ({code:?}), again");
         std::thread::sleep(delay * 16);
@@ -151,10 +165,28 @@ fn early_failure_lands_nothing_later(mode: morio::SameHost, how: Early) {
         (delay * 16).saturating_sub(failed)
     };
     std::thread::sleep(settle + Duration::from_millis(500));
+    if !past {
+        // The target recorded the failure once (the first FINISH it read).
+        let recorded = b
+            .pop_inbound_transfer_status(a.key(), uid)
+            .map(|s| s.code());
+        assert!(
+            recorded.is_some_and(|c| c.is_error()),
+            "{mode:?} {how:?}: {recorded:?}"
+        );
+        assert!(b.pop_inbound_transfer_status(a.key(), uid).is_none());
+    }
+    if how == Early::Version10 {
+        return next_write_lands(&a, &dst, &dst_gpu, n, "version 10");
+    }
+    // A lane lost mid-frame leaves its target a chunk it has begun to place: the slots it
+    // had taken may still land (nothing is left to fence that lane with; as with the
+    // deadline's reset, a chunk whose placing had begun completes). Nothing more: the chunks
+    // on the healthy lane (0.5–1.3 MB late on the code before) are all placed by the report.
+    let allowed = if how == Early::LaneLost { slot } else { 0 };
     let late = bytes_at(&dst, 0, n).iter().filter(|&&x| x != 0x5A).count();
-    assert_eq!(
-        late,
-        0,
+    assert!(
+        late <= allowed,
         "{mode:?} {how:?}: {late} bytes of the write that failed after {failed:?} ({code:?}: {}) \
          landed later",
         st.message()
@@ -163,16 +195,26 @@ fn early_failure_lands_nothing_later(mode: morio::SameHost, how: Early) {
         "{mode:?} {how:?}: failed after {failed:?} ({code:?}: {})",
         st.message()
     );
-    // The lanes go on (or are dialed again): the next write lands whole (from host memory:
-    // the fake's error at a copy's completion is sticky, as a CUDA device error is).
+    next_write_lands(&a, &dst, &dst_gpu, n, &format!("{mode:?} {how:?}"));
+}
+
+/// The lanes go on (or are dialed again): the next write lands whole (from host memory: the
+/// fake's error at a copy's completion is sticky, as a CUDA device error is).
+fn next_write_lands(
+    a: &morio::IoEngine,
+    dst: &morio::RegisteredBuffer,
+    dst_gpu: &FakeGpu,
+    n: usize,
+    what: &str,
+) {
     dst_gpu.set_copy_delay(Duration::ZERO);
     let host = a.register_buffer(vec![0xAB; n]).unwrap();
     let st = a.write(host.desc(), 0, dst.desc(), 0, n, a.allocate_transfer_uid());
     assert_eq!(
         wait_within(&st, Duration::from_secs(30)),
         StatusCode::Success,
-        "{mode:?} {how:?}: {}",
+        "{what}: {}",
         st.message()
     );
-    assert!(bytes_at(&dst, 0, n).iter().all(|&x| x == 0xAB));
+    assert!(bytes_at(dst, 0, n).iter().all(|&x| x == 0xAB), "{what}");
 }
