@@ -170,18 +170,27 @@ pub(crate) fn cancel(
     }
     // After the resets: once the owner hears this, nothing of the transfer leaves this shard.
     if let (Some(owner), false) = (ack_to, deferred) {
-        let peer = peer.clone();
-        let finishes = 0;
-        shard.send(
-            owner,
-            ShardMsg::Fenced {
-                peer,
-                uid,
-                gen,
-                finishes,
-            },
-        );
+        ack_fenced(shard, owner, peer, (uid, gen), 0);
     }
+}
+
+/// Tell `owner` this shard has done its part of fencing (`uid`, `gen`), with `finishes`
+/// FINISHes queued whose answers it still waits for.
+fn ack_fenced(
+    shard: &Rc<Shard>,
+    owner: usize,
+    peer: &Arc<str>,
+    (uid, gen): (u64, u64),
+    finishes: u32,
+) {
+    let peer = peer.clone();
+    let m = ShardMsg::Fenced {
+        peer,
+        uid,
+        gen,
+        finishes,
+    };
+    shard.send(owner, m);
 }
 
 /// A write that failed early (a lost lane, a chunk that could not leave) is fenced on this
@@ -209,16 +218,7 @@ fn fence(
             l.bell.ring();
         }
     }
-    let peer = peer.clone();
-    shard.send(
-        owner,
-        ShardMsg::Fenced {
-            peer,
-            uid,
-            gen,
-            finishes,
-        },
-    );
+    ack_fenced(shard, owner, peer, (uid, gen), finishes);
 }
 
 /// Close every lane to `peer`.
