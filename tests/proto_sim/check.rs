@@ -51,7 +51,9 @@ impl Sim {
         let left = self
             .seen
             .values()
-            .filter(|s| s.n_chunks > 1 && s.chunks.len() < s.n_chunks as usize)
+            .filter(|s| {
+                s.n_chunks > 1 && (s.chunks.len() < s.n_chunks as usize || s.finish_after_join)
+            })
             .count();
         let joins = self.joins.map.get_mut();
         assert_eq!(joins.len(), left, "seed {seed}: joins left in the table");
@@ -153,12 +155,17 @@ impl Sim {
             // An unknown id, a wrong key and a local-only region read the same.
             assert_eq!(msg, NOT_REGISTERED.msg, "{ctx}");
         }
+        // With fences, a failed write's FINISHes may all have been lost with their lanes:
+        // then its target never heard of the failure.
+        let unheard = self.fences && want == Want::LocalFailure && xf.spec.op == Op::Write;
         match (want_inbound, inbound) {
             (None, None) => {}
+            (Some(_), None) if unheard => {}
             (Some(w), Some(&(in_code, in_at))) => {
                 assert_eq!(in_code, w, "{ctx}: inbound status");
+                // (A FINISH whose lane died after it left may still reach the target.)
                 assert!(
-                    in_at < done.event,
+                    unheard || in_at < done.event,
                     "{ctx}: inbound recorded at event {in_at}, after completion at {}",
                     done.event
                 );

@@ -135,7 +135,7 @@ impl Sim {
             ..
         } = &mut self.inits[i];
         let lane = &mut lanes[l as usize];
-        let (hit, _fenced) = lane
+        let (hit, fenced) = lane
             .book
             .die(|t| owners[t.owner].may_run(t.gen))
             .expect("a live lane");
@@ -146,6 +146,9 @@ impl Sim {
         let msg = format!("{LOST}: {cause}");
         for t in hit {
             reports.push_back((t, Report::Lost { msg: msg.clone() }));
+        }
+        for t in fenced {
+            reports.push_back((t, Report::Fenced));
         }
         self.closes.push((c, false, cause));
         self.close_init_end(c);
@@ -258,7 +261,7 @@ impl Sim {
                 self.xfers[x].frame_lanes.insert(lane_ix);
                 let book = &mut self.inits[i].lanes[l].book;
                 let tag = book.next_tag();
-                book.sending_finish(tag, to, false);
+                book.sending_finish(tag, to, f.fence);
                 let finish = Finish {
                     tag,
                     uid: to.uid,
@@ -378,6 +381,11 @@ impl Sim {
             Ok(Matched::Stale) => self.stale += 1,
             Ok(Matched::Report(to, rep)) => {
                 assert!(payload.is_empty(), "seed {seed}: COMPLETE with payload");
+                if rep == Report::Fenced {
+                    // A fence's FINISH answered: the transfer left its owner's table.
+                    reports.push_back((to, rep));
+                    return self.drain_reports();
+                }
                 assert!(
                     matches!(rep, Report::Complete { .. }),
                     "seed {seed}: {rep:?}"

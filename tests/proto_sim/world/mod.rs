@@ -137,13 +137,26 @@ struct Entry {
     n_chunks: u32,
 }
 
-/// One owner shard: its transfers by uid, its home-lane cursor, its generations.
+/// One owner shard: its transfers by uid, its home-lane cursor, its generations, and the
+/// writes that failed early waiting for the FINISHes on their lanes (protocol v11).
 #[derive(Debug, Default)]
 struct Owner {
     table: BTreeMap<u64, Entry>,
     cursor: usize,
     next_gen: u64,
     in_flight: BTreeSet<u64>,
+    fencing: BTreeMap<u64, Fencing>,
+}
+
+/// A write that failed early, fenced by FINISH on its lanes: its failure, the FINISHes not
+/// yet answered, and when its lanes are reset instead (as the service's owner does).
+#[derive(Debug)]
+struct Fencing {
+    e: Entry,
+    code: u32,
+    msg: String,
+    pending: usize,
+    by: u64,
 }
 
 impl Owner {
@@ -239,6 +252,12 @@ pub struct Sim {
     pub late_reports: usize,
     /// FINISH frames the target handled.
     pub finishes: usize,
+    /// Whether the initiator fences a write that failed early with FINISH on every lane
+    /// that carried its chunks (protocol v11; even seeds), or sends one FINISH on its home
+    /// lane only when a chunk never left and fails it at once otherwise (version 10).
+    pub fences: bool,
+    /// Writes the initiator fenced so.
+    pub fenced: usize,
     /// Chunks the target handled.
     pub chunks_seen: usize,
     /// Multi-chunk reads that ended with their last chunk's data (COMPLETE came first), and
@@ -313,6 +332,8 @@ impl Sim {
             stale: 0,
             late_reports: 0,
             finishes: 0,
+            fences: seed % 2 == 0,
+            fenced: 0,
             chunks_seen: 0,
             reads_ended_by_data: 0,
             reads_ended_by_complete: 0,

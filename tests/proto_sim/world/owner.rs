@@ -13,7 +13,11 @@ use morio::proto::lane::{Fence, Report};
 use morio::proto::outbound::{Action, Outbound};
 use rand::Rng;
 
-use super::{Buf, Done, Entry, Sim, Spec, Xfer};
+use super::{Buf, Done, Entry, Fencing, Sim, Spec, Xfer};
+
+/// How long a fenced write waits for its FINISHes before its lanes are reset (schedule
+/// steps; `service::owner::FINISH_WAIT_NS` in the engine).
+const FINISH_WAIT: u64 = 400;
 use crate::net::Cause;
 
 impl Sim {
@@ -138,14 +142,30 @@ impl Sim {
         let i = self.cur();
         while let Some((to, rep)) = self.inits[i].reports.pop_front() {
             let owner = &mut self.inits[i].owners[to.owner];
+            if rep == Report::Fenced {
+                // (None: its lanes were reset at its deadline meanwhile, and it ended.)
+                let Some(f) = owner.fencing.get_mut(&to.uid).filter(|f| f.e.gen == to.gen) else {
+                    self.late_reports += 1;
+                    continue;
+                };
+                f.pending -= 1;
+                if f.pending == 0 {
+                    let f = owner.fencing.remove(&to.uid).expect("fencing");
+                    owner.in_flight.remove(&f.e.gen);
+                    self.complete(f.e.x, f.code, f.msg);
+                }
+                continue;
+            }
             let Some(e) = owner.table.get_mut(&to.uid).filter(|e| e.gen == to.gen) else {
                 self.late_reports += 1;
                 continue;
             };
-            let (chunk, complete) = (
+            let (chunk, complete, lost) = (
                 matches!(rep, Report::Chunk { .. }),
                 matches!(rep, Report::Complete { .. }),
+                matches!(rep, Report::Lost { .. }),
             );
+            let fences = self.fences && e.op == Op::Write && e.n_chunks > 1;
             let what = format!("{rep:?}");
             let action = e
                 .ob
@@ -153,6 +173,14 @@ impl Sim {
                 .unwrap_or_else(|v| panic!("seed {seed}: transfer {}: {what}: violation {v}", e.x));
             match action {
                 None => {}
+                Some(Action::SendFinish { code, msg }) if fences => {
+                    let e = owner.table.remove(&to.uid).expect("entry");
+                    self.fence(to, e, code, msg);
+                }
+                Some(Action::Complete { code, msg }) if fences && lost => {
+                    let e = owner.table.remove(&to.uid).expect("entry");
+                    self.fence(to, e, code, msg);
+                }
                 Some(Action::SendFinish { code, msg }) => {
                     let (x, home) = (e.x, e.home);
                     let item = Item {
@@ -181,6 +209,51 @@ impl Sim {
                 }
             }
         }
+    }
+
+    /// A write that failed early is fenced (protocol v11, as `service::owner` does): its
+    /// stripes stop, each live lane that carried chunks of it (and its home lane) drops its
+    /// work and sends FINISH next (`LaneBook::fence`); its status is set once every FINISH
+    /// is answered or its lane died, or its lanes are reset by `tick` first.
+    fn fence(&mut self, to: TransferRef, e: Entry, code: u32, msg: String) {
+        if let Some(s) = &e.stripes {
+            s.cancel();
+        }
+        self.fenced += 1;
+        let i = self.cur();
+        let spec = FinishSpec {
+            op: e.op,
+            n_chunks: e.n_chunks,
+            total: e.total,
+            code,
+            msg: msg.clone(),
+            fence: true,
+        };
+        let mut lanes = e.lanes.clone();
+        lanes.push(e.home);
+        lanes.sort_unstable();
+        lanes.dedup();
+        let mut pending = 0;
+        for l in lanes {
+            let book = &mut self.inits[i].lanes[l as usize].book;
+            if book.fence(to, spec.clone(), l == e.home) != Fence::None {
+                pending += 1;
+            }
+        }
+        let owner = &mut self.inits[i].owners[to.owner];
+        if pending == 0 {
+            owner.in_flight.remove(&e.gen);
+            return self.complete(e.x, code, msg);
+        }
+        let by = e.ob.deadline().min(self.now.saturating_add(FINISH_WAIT));
+        let f = Fencing {
+            e,
+            code,
+            msg,
+            pending,
+            by,
+        };
+        owner.fencing.insert(to.uid, f);
     }
 
     /// The owner ends a transfer: one that ended early stops its stripes and drops its work
@@ -242,6 +315,37 @@ impl Sim {
         }
         for (to, e, code, msg) in ended {
             self.end(to, e, code, msg, true);
+        }
+        // Fenced writes whose FINISHes were not all answered in time: their lanes still
+        // waiting are reset, then the failure is set.
+        let mut late = Vec::new();
+        for o in 0..self.inits[i].owners.len() {
+            let owner = &mut self.inits[i].owners[o];
+            let uids: Vec<u64> = owner
+                .fencing
+                .iter()
+                .filter(|(_, f)| f.by <= now)
+                .map(|(u, _)| *u)
+                .collect();
+            for uid in uids {
+                let f = owner.fencing.remove(&uid).expect("fencing");
+                owner.in_flight.remove(&f.e.gen);
+                late.push((o, uid, f));
+            }
+        }
+        for (o, uid, f) in late {
+            let mut lanes = f.e.lanes.clone();
+            lanes.push(f.e.home);
+            lanes.sort_unstable();
+            lanes.dedup();
+            for l in lanes {
+                let book = &mut self.inits[i].lanes[l as usize].book;
+                if book.cancel(uid, f.e.gen) != Fence::None {
+                    self.die(l, Cause::Fenced);
+                }
+            }
+            let _ = o;
+            self.complete(f.e.x, f.code, f.msg);
         }
         self.drain_reports();
     }

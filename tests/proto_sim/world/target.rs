@@ -3,7 +3,7 @@
 //! recorded before its answer leaves; and the checks of what arrives against what was sent.
 
 use morio::proto::access::AccessKey;
-use morio::proto::codes::{ERR_BAD_STATE, ERR_GPU_OP};
+use morio::proto::codes::{ERR_BAD_STATE, ERR_GPU_OP, SUCCESS};
 use morio::proto::frame::{Chunk, Finish, Frame, Op};
 use morio::proto::handshake::{accept, check_hello, refusal};
 use morio::proto::layout::remote_seg;
@@ -159,8 +159,11 @@ impl Sim {
                 let uid = f.uid;
                 let resp = served.finish(f, &self.joins);
                 assert!(!resp.joined, "seed {seed}: FINISH joined");
-                let (record, reply) = (resp.record.expect("FINISH records"), resp.reply);
-                self.record(inst, uid, record);
+                let (record, reply) = (resp.record, resp.reply);
+                // The first FINISH records (then only a fenced write's get more).
+                if let Some(record) = record {
+                    self.record(inst, uid, record);
+                }
                 self.answer(c, &reply.expect("FINISH answers"), &[]);
             }
         }
@@ -199,11 +202,16 @@ impl Sim {
         assert_eq!(r.uid, uid, "seed {}", self.seed);
         self.events += 1;
         let prev = self.inbound.insert((inst, uid), (r.code, self.events));
+        // With fences, a FINISH that comes after its join completed records again; the
+        // engine's store keeps the first error.
         assert!(
-            prev.is_none(),
+            prev.is_none() || self.fences,
             "seed {}: inbound status of {inst}/{uid} recorded twice",
             self.seed
         );
+        if let Some(p) = prev.filter(|p| p.0 != SUCCESS) {
+            self.inbound.insert((inst, uid), p);
+        }
     }
 
     /// The transfer a target-side frame names (the checks' view of the initiator).
@@ -250,27 +258,41 @@ impl Sim {
 
     /// FINISH only follows a chunk that failed on the initiator before it left, rides the
     /// home lane, and describes its transfer.
+    /// With fences (protocol v11) FINISH ends a write that failed early (a chunk that never
+    /// left, a lost lane), on any lane that carried its chunks and on its home lane, once or
+    /// more. A FINISH that comes after every chunk was seen (its join completed, or was
+    /// ended by an earlier FINISH and spent, and went) starts an ended join that only age
+    /// prunes.
     fn note_finish(&mut self, c: usize, inst: usize, f: &Finish) {
         let seed = self.seed;
         let x = self.xfer_of(inst, f.uid);
         let xf = &self.xfers[x];
+        let fences = self.fences;
         assert!(
-            xf.multi() && xf.spec.op == Op::Write && xf.fail_chunk.is_some(),
+            xf.multi() && xf.spec.op == Op::Write && (fences || xf.fail_chunk.is_some()),
             "seed {seed}: FINISH for transfer {x}, which no local failure stopped"
         );
-        assert_eq!(self.conns[c].lane, xf.home, "seed {seed}: FINISH off home");
+        if !fences {
+            assert_eq!(self.conns[c].lane, xf.home, "seed {seed}: FINISH off home");
+        }
         let total = xf.spec.layout.total_bytes();
         assert_eq!(
             (f.op, f.n_chunks, f.total_bytes),
             (xf.spec.op, xf.n_chunks, total),
             "seed {seed}: FINISH describes another transfer"
         );
-        assert_eq!(f.code, ERR_GPU_OP, "seed {seed}: FINISH code ({})", f.msg);
+        if !fences {
+            assert_eq!(f.code, ERR_GPU_OP, "seed {seed}: FINISH code ({})", f.msg);
+        }
         self.finishes += 1;
         let n = xf.n_chunks;
         let s = self.seen.entry((inst, f.uid)).or_default();
         s.n_chunks = n;
-        assert!(!s.finished, "seed {seed}: FINISH twice");
+        assert!(fences || !s.finished, "seed {seed}: FINISH twice");
+        if s.chunks.len() == n as usize {
+            // Its join completed or was spent and went: this FINISH starts it again, ended.
+            s.finish_after_join = true;
+        }
         s.finished = true;
     }
 }

@@ -110,4 +110,6 @@ pub struct Seen {
     pub chunks: BTreeSet<u32>,
     pub bytes: u64,
     pub finished: bool,
+    /// A FINISH came after every chunk (its join had gone, and that FINISH started it again).
+    pub finish_after_join: bool,
 }
