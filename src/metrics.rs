@@ -427,6 +427,26 @@ impl Collector for Snapshot {
             c,
             |s, m| counter(m, s.inbound_writes_dropped),
         )?;
+        family(
+            e,
+            shards,
+            "writes_fenced",
+            "Striped writes the shard owned that failed early and were fenced by FINISH on \
+             their lanes before their failure was reported",
+            None,
+            c,
+            |s, m| counter(m, s.writes_fenced),
+        )?;
+        family(
+            e,
+            shards,
+            "fences_timed_out",
+            "Fenced writes whose FINISHes were not all answered in time: their lanes were \
+             reset instead",
+            None,
+            c,
+            |s, m| counter(m, s.fences_timed_out),
+        )?;
         if self.1 {
             peers::encode(e, &stats.per_peer())?;
         }
@@ -509,6 +529,8 @@ mod tests {
         a.lane_connects = 4;
         b.lane_failures = 2;
         a.inbound_writes_dropped = 3;
+        b.writes_fenced = 5;
+        b.fences_timed_out = 1;
         let stats = EngineStats { shards: vec![a, b] };
         let text = stats.metrics_text();
         let s = parse(&text);
@@ -549,6 +571,8 @@ mod tests {
         assert_eq!(at("morio_lane_connects_total", "0"), 4.0);
         assert_eq!(at("morio_lane_failures_total", "1"), 2.0);
         assert_eq!(at("morio_inbound_writes_dropped_total", "0"), 3.0);
+        assert_eq!(at("morio_writes_fenced_total", "1"), 5.0);
+        assert_eq!(at("morio_fences_timed_out_total", "1"), 1.0);
         assert_eq!(at("morio_outbound_latency_seconds_count", "0"), 3.0);
         let sum = at("morio_outbound_latency_seconds_sum", "0");
         assert!((sum - 0.007_008).abs() < 1e-5, "sum {sum}");

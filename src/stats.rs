@@ -124,6 +124,13 @@ pub struct ShardStats {
     /// (placing them would overwrite what the application wrote since). Each also closes
     /// its connection, with a warning.
     pub inbound_writes_dropped: u64,
+    /// Striped writes this shard owned that failed early (a lost lane, a refused staging
+    /// copy) and were fenced by FINISH on the lanes that carried their chunks before their
+    /// failure was reported (protocol v11).
+    pub writes_fenced: u64,
+    /// Of those, the ones whose FINISHes were not all answered in time (2 s, or the
+    /// deadline): their lanes were reset instead (a target stuck or far behind).
+    pub fences_timed_out: u64,
     /// Transfers, bytes, inbound transfers, lane connects and failures per peer (engine
     /// key), and lane connects and failures per lane index ([`PeerStats`]): at most
     /// [`PeerMap::MAX_PEERS_PER_SHARD`] peers per shard, later ones under
@@ -174,6 +181,8 @@ impl ShardStats {
             lane_connects_ring: 0,
             lane_failures: 0,
             inbound_writes_dropped: 0,
+            writes_fenced: 0,
+            fences_timed_out: 0,
             peers: PeerMap::default(),
         }
     }
@@ -300,6 +309,8 @@ impl std::fmt::Debug for ShardStats {
             .field("lane_connects_ring", &self.lane_connects_ring)
             .field("lane_failures", &self.lane_failures)
             .field("inbound_writes_dropped", &self.inbound_writes_dropped)
+            .field("writes_fenced", &self.writes_fenced)
+            .field("fences_timed_out", &self.fences_timed_out)
             .field("peers", &self.peers.len())
             .finish()
     }
@@ -368,6 +379,8 @@ impl EngineStats {
             t.lane_connects_ring += s.lane_connects_ring;
             t.lane_failures += s.lane_failures;
             t.inbound_writes_dropped += s.inbound_writes_dropped;
+            t.writes_fenced += s.writes_fenced;
+            t.fences_timed_out += s.fences_timed_out;
             t.peers.add(&s.peers);
             // Same bounds on every shard, so adding cannot fail.
             let _ = t.latency_us.add(&s.latency_us);

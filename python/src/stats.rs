@@ -28,6 +28,8 @@ fn shard<'py>(py: Python<'py>, s: &ShardStats) -> PyResult<Bound<'py, PyDict>> {
     d.set_item("same_host_doorbells", s.same_host_doorbells)?;
     d.set_item("same_host_ring_full_waits", s.same_host_ring_full_waits)?;
     d.set_item("inbound_writes_dropped", s.inbound_writes_dropped)?;
+    d.set_item("writes_fenced", s.writes_fenced)?;
+    d.set_item("fences_timed_out", s.fences_timed_out)?;
     d.set_item("express_writes", s.express_writes)?;
     d.set_item("express_reads", s.express_reads)?;
     d.set_item("lane_connects", s.lane_connects)?;

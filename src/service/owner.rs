@@ -404,6 +404,9 @@ fn finish(
             })
             .collect();
         if fence {
+            if finishing {
+                shard.stats.borrow_mut().writes_fenced += 1;
+            }
             let finish_by = (e.sm.deadline()).min(super::now_ns().saturating_add(FINISH_WAIT_NS));
             // In the table before any lane shard (this one included) can answer.
             let f = Fencing {
@@ -523,6 +526,7 @@ pub(crate) fn tick(shard: &Rc<Shard>, now: u64) {
             .iter_mut()
             .filter(|(_, f)| f.finishing && f.finish_by <= now)
             .map(|(k, f)| {
+                shard.stats.borrow_mut().fences_timed_out += 1;
                 f.finishing = false;
                 f.since_ns = now;
                 let mut shards: Vec<usize> =

@@ -176,8 +176,14 @@ fn early_failure_lands_nothing_later(mode: morio::SameHost, how: Early) {
         );
         assert!(b.pop_inbound_transfer_status(a.key(), uid).is_none());
     }
+    let st_a = a.stats().unwrap().total();
     if how == Early::Version10 {
+        assert_eq!(st_a.writes_fenced, 0, "a version 10 peer gets one FINISH");
         return next_write_lands(&a, &dst, &dst_gpu, n, "version 10");
+    }
+    assert!(st_a.writes_fenced >= 1, "{mode:?} {how:?}: {st_a:?}");
+    if past {
+        assert!(st_a.fences_timed_out >= 1, "{mode:?}: {st_a:?}");
     }
     // A lane lost mid-frame leaves its target a chunk it has begun to place: the slots it
     // had taken may still land (nothing is left to fence that lane with; as with the

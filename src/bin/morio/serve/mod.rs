@@ -288,6 +288,8 @@ fn stats_json(e: &IoEngine) -> serde_json::Value {
             "express_reads": st.express_reads,
             "lane_failures": st.lane_failures,
             "inbound_writes_dropped": st.inbound_writes_dropped,
+            "writes_fenced": st.writes_fenced,
+            "fences_timed_out": st.fences_timed_out,
             "latency_us": {
                 "count": h.len(),
                 "p50": h.value_at_quantile(0.5),
