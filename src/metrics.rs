@@ -447,6 +447,16 @@ impl Collector for Snapshot {
             c,
             |s, m| counter(m, s.fences_timed_out),
         )?;
+        family(
+            e,
+            shards,
+            "finishes_held",
+            "FINISHes the shard answered, as a target, only once a chunk of their transfer \
+             another connection was placing had landed",
+            None,
+            c,
+            |s, m| counter(m, s.finishes_held),
+        )?;
         if self.1 {
             peers::encode(e, &stats.per_peer())?;
         }
@@ -531,6 +541,7 @@ mod tests {
         a.inbound_writes_dropped = 3;
         b.writes_fenced = 5;
         b.fences_timed_out = 1;
+        a.finishes_held = 2;
         let stats = EngineStats { shards: vec![a, b] };
         let text = stats.metrics_text();
         let s = parse(&text);
@@ -573,6 +584,7 @@ mod tests {
         assert_eq!(at("morio_inbound_writes_dropped_total", "0"), 3.0);
         assert_eq!(at("morio_writes_fenced_total", "1"), 5.0);
         assert_eq!(at("morio_fences_timed_out_total", "1"), 1.0);
+        assert_eq!(at("morio_finishes_held_total", "0"), 2.0);
         assert_eq!(at("morio_outbound_latency_seconds_count", "0"), 3.0);
         let sum = at("morio_outbound_latency_seconds_sum", "0");
         assert!((sum - 0.007_008).abs() < 1e-5, "sum {sum}");

@@ -30,6 +30,7 @@ fn shard<'py>(py: Python<'py>, s: &ShardStats) -> PyResult<Bound<'py, PyDict>> {
     d.set_item("inbound_writes_dropped", s.inbound_writes_dropped)?;
     d.set_item("writes_fenced", s.writes_fenced)?;
     d.set_item("fences_timed_out", s.fences_timed_out)?;
+    d.set_item("finishes_held", s.finishes_held)?;
     d.set_item("express_writes", s.express_writes)?;
     d.set_item("express_reads", s.express_reads)?;
     d.set_item("lane_connects", s.lane_connects)?;

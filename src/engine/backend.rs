@@ -95,6 +95,7 @@ impl IoEngine {
                 per_peer: cfg.max_joins_per_peer,
                 total: cfg.max_joins,
             }),
+            placing: service::Placing::new(n_shards),
             admission: Arc::new(service::admission_for(&cfg)),
             same_host_failed: Mutex::new(Default::default()),
         });

@@ -20,6 +20,7 @@ mod join;
 mod lane;
 mod msg;
 mod owner;
+mod placing;
 mod same_host;
 mod serve;
 
@@ -40,6 +41,7 @@ use crate::transport::{Bound, Closer};
 
 pub(crate) use join::Joins;
 pub(crate) use msg::{Peer, ShardMsg, Submission};
+pub(crate) use placing::Placing;
 
 /// The names of a lane's transports, as a connected lane reports them.
 pub(crate) mod lane_transport {
@@ -87,6 +89,9 @@ pub(crate) struct Shared {
     pub admission: Arc<admission::Admission>,
     /// Target side: the joins of multi-chunk transfers, whichever shards serve their chunks.
     pub joins: join::Joins,
+    /// Target side: the chunks of multi-chunk WRITEs each shard is placing (a FINISH waits
+    /// for its transfer's).
+    pub placing: placing::Placing,
     /// Peers (engine keys) the same-host transport could not be set up with: their
     /// connections are TCP from then on, and the reason was logged once.
     pub same_host_failed: Mutex<std::collections::HashSet<String>>,

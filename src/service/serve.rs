@@ -378,6 +378,36 @@ struct Link {
     counters: PeerSlot,
 }
 
+/// How often a FINISH looks again for chunks of its transfer still being placed on other
+/// connections (a failure path: a lost lane's last chunk, whose copies still run).
+const PLACED_POLL: std::time::Duration = std::time::Duration::from_micros(100);
+
+/// Wait until no chunk of transfer `uid` from this connection's peer is being placed on
+/// another connection (whichever shard serves it), so that nothing of it lands after the
+/// FINISH's answer: the initiator reports a write that failed early once its FINISHes are
+/// answered. A chunk whose copies hang past the op timeout is waited for no longer (its
+/// initiator reset the lanes long before).
+async fn placed_elsewhere(shard: &Shard, conn: &Link, uid: u64) {
+    let placing = &shard.shared.placing;
+    let key = (conn.served.peer.clone(), conn.served.instance, uid);
+    if !placing.any(&key) {
+        return;
+    }
+    let since = std::time::Instant::now();
+    while placing.any(&key) {
+        if since.elapsed() >= shard.shared.cfg.op_timeout {
+            log::warn!(
+                "FINISH of transfer {uid} from {}: a chunk of it still being placed after {:?}",
+                conn.served.peer,
+                since.elapsed()
+            );
+            return;
+        }
+        rt::sleep(PLACED_POLL).await;
+    }
+    shard.stats.borrow_mut().finishes_held += 1;
+}
+
 /// Record an inbound status (before the answer that follows can leave) and count it.
 fn record(shard: &Shard, conn: &Link, r: &Record, joined: bool) {
     if joined {
@@ -515,6 +545,7 @@ async fn on_frame(
         }
         Inbound::Finish(f) => {
             answer_landed(shard, conn, writer, turn).await?;
+            placed_elsewhere(shard, conn, f.uid).await;
             trace::mark(f.uid, trace::stage::T_FINISH);
             let r = conn.served.finish(f, joins);
             respond(shard, conn, writer, r).await?;

@@ -12,6 +12,7 @@ mod early_write;
 mod express;
 mod failures;
 mod fence;
+mod finish_wait;
 mod gpu;
 mod gpu_ahead;
 mod gpu_landing;

@@ -8,6 +8,7 @@ use super::place::{place, Placed};
 use super::{check, respond, Link};
 use crate::proto::codes;
 use crate::proto::frame::Chunk;
+use crate::proto::join::JoinKey;
 use crate::region::SharedRegion;
 use crate::service::gpu_io::{self, landed};
 use crate::service::Shard;
@@ -44,6 +45,36 @@ struct Landing {
     /// Keeps the region alive while the copies run.
     _region: Option<SharedRegion>,
     copies: gpu_io::Landing,
+    /// Counts it as being placed until it is answered.
+    _placing: Option<Placing>,
+}
+
+/// A chunk of a multi-chunk WRITE counted as being placed by its shard
+/// ([`crate::service::Placing`]), from its header's check until it is answered or dropped
+/// with its copies settled: a FINISH of its transfer on another connection waits for that.
+pub(super) struct Placing {
+    shard: Rc<Shard>,
+    key: JoinKey,
+}
+
+impl Placing {
+    /// Count `chunk` if it is one of several (a single chunk has no FINISH to wait for it).
+    fn begin(shard: &Rc<Shard>, conn: &Link, chunk: &Chunk) -> Option<Self> {
+        (chunk.n_chunks > 1).then(|| {
+            let key = (conn.served.peer.clone(), conn.served.instance, chunk.uid);
+            shard.shared.placing.begin(shard.id, key.clone());
+            Self {
+                shard: shard.clone(),
+                key,
+            }
+        })
+    }
+}
+
+impl Drop for Placing {
+    fn drop(&mut self) {
+        self.shard.shared.placing.end(self.shard.id, &self.key);
+    }
 }
 
 /// Answer the chunk still landing, if any, once its copies are done.
@@ -105,6 +136,9 @@ pub(super) async fn on_write(
 ) -> Result<Option<bool>, ConnError> {
     let (region, checked) = check(shard, conn, &chunk, final_)?;
     trace::mark(chunk.uid, trace::stage::T_CHECKED);
+    // Until this function returns (its copies settled, even on a lost connection) or the
+    // landing it leaves is answered.
+    let placing = Placing::begin(shard, conn, &chunk);
     let device = checked.is_ok() && region.as_ref().is_some_and(|r| r.device().is_some());
     // Only a chunk of the same transfer is read while the one before lands: another
     // transfer's bytes never hold up this one's answer.
@@ -137,6 +171,7 @@ pub(super) async fn on_write(
                 payload,
                 _region: region,
                 copies,
+                _placing: placing,
             });
             shard.stats.borrow_mut().gpu_overlapped_landings += 1;
             return Ok(None);

@@ -12,7 +12,7 @@ mod engine_drop;
 mod frames;
 mod handshake;
 mod peer_loss;
-mod raw;
+pub(crate) mod raw;
 mod submission;
 mod timeouts;
 mod wait_all;

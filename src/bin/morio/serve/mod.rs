@@ -290,6 +290,7 @@ fn stats_json(e: &IoEngine) -> serde_json::Value {
             "inbound_writes_dropped": st.inbound_writes_dropped,
             "writes_fenced": st.writes_fenced,
             "fences_timed_out": st.fences_timed_out,
+            "finishes_held": st.finishes_held,
             "latency_us": {
                 "count": h.len(),
                 "p50": h.value_at_quantile(0.5),
