@@ -326,12 +326,15 @@ impl<L> LaneBook<L> {
         self.outstanding.contains_key(&tag)
     }
 
-    /// An answer with `tag` for transfer `uid` arrived.
+    /// An answer with `tag` for transfer `uid` arrived. One that breaks the protocol
+    /// (another transfer's uid, or not what its request asked for) is a [`Violation`] and
+    /// leaves the request waiting: the lane then dies, and [`LaneBook::die`] reports it.
     pub fn answer(&mut self, tag: u64, uid: u64, a: Answer) -> Result<Matched<L>, Violation> {
         let Some((to, wait)) = self.outstanding.remove(&tag) else {
             if let Answer::Complete { code, msg } = a {
                 if let Some(to) = self.unanswered.remove(&tag) {
                     if to.uid != uid {
+                        self.unanswered.insert(tag, to);
                         return Err(Violation("answer names another transfer"));
                     }
                     // A chunk of several completed the target's join: COMPLETE ends the
@@ -343,6 +346,7 @@ impl<L> LaneBook<L> {
             return Ok(Matched::Stale);
         };
         if to.uid != uid {
+            self.outstanding.insert(tag, (to, wait));
             return Err(Violation("answer names another transfer"));
         }
         match (a, wait) {
@@ -355,7 +359,10 @@ impl<L> LaneBook<L> {
             {
                 Ok(Matched::ReadData(to, w, a))
             }
-            _ => Err(Violation("answer does not match its request")),
+            (_, wait) => {
+                self.outstanding.insert(tag, (to, wait));
+                Err(Violation("answer does not match its request"))
+            }
         }
     }
 
@@ -563,6 +570,30 @@ mod tests {
         assert!(b.answer(tag, 4, ok()).is_err());
     }
 
+    /// A lane dies on an answer that breaks the protocol: what that answer named is still
+    /// the lane's to report then (a write lost, a fence's FINISH as fenced), not dropped.
+    #[test]
+    fn an_answer_that_breaks_the_protocol_leaves_its_request_to_the_lanes_death() {
+        let mut b = LaneBook::<()>::default();
+        let (tw, tf, tc) = (b.next_tag(), b.next_tag(), b.next_tag());
+        b.sending_write(tw, to(1, 0), true, always);
+        b.sending_finish(tf, to(3, 0), true);
+        b.sending_write(tc, to(5, 0), false, always);
+        b.sent();
+        assert!(b.answer(tw, 2, ok()).is_err(), "another transfer's uid");
+        let data = Answer::ReadData {
+            chunk: 0,
+            final_: true,
+            code: 0,
+            msg: String::new(),
+        };
+        assert!(b.answer(tf, 3, data).is_err(), "READ_DATA for a FINISH");
+        assert!(b.answer(tc, 6, ok()).is_err(), "another transfer's uid");
+        let (mut hit, fenced) = b.die(always).expect("alive until now");
+        hit.sort();
+        assert_eq!((hit, fenced), (vec![to(1, 0), to(5, 0)], vec![to(3, 0)]));
+    }
+
     #[test]
     fn read_data_must_match_its_request() {
         let mut b = LaneBook::<()>::default();
@@ -583,7 +614,12 @@ mod tests {
         );
         let tag = b.next_tag();
         b.sending_read(tag, to(1, 0), read_wait(3, false));
-        assert_eq!(b.waiting(), 1, "the request waits for its data");
+        assert_eq!(
+            b.waiting(),
+            3,
+            "the requests answered wrongly still wait (their lane dies on the violation), and \
+             this one for its data"
+        );
         let right = Answer::ReadData {
             chunk: 3,
             final_: false,

@@ -61,10 +61,23 @@ struct Fencing {
     entry: Entry,
     code: u32,
     msg: String,
-    /// Lane shards still to answer.
-    waiting: usize,
+    /// What it still waits for.
+    count: FenceCount,
     /// When the resets were asked for (`now_ns` time).
     since_ns: u64,
+    /// When a fence by FINISH gives way to resets (`now_ns` time): [`FINISH_WAIT_NS`] after
+    /// it began, or the write's deadline if sooner.
+    finish_by: u64,
+}
+
+/// What a fenced transfer waits for before its failure is reported: its lane shards'
+/// answers to the Cancels sent them, and, while it is fenced by FINISH, the answers to the
+/// FINISHes they queued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FenceCount {
+    /// Answers still to come from lane shards, to every Cancel sent them (a shard answers
+    /// each once: those of the FINISH round still count after the resets are asked for).
+    waiting: usize,
     /// A write that failed early, fenced by FINISH on its lanes ([`Ending::Finish`]): the
     /// fences queued (as their shards said) and not yet answered. Signed: an answer may come
     /// before its shard's count.
@@ -72,9 +85,26 @@ struct Fencing {
     /// Whether it is fenced by FINISH on its lanes (until `finish_by`; then its lanes are
     /// reset as for a write failed by its deadline).
     finishing: bool,
-    /// When a fence by FINISH gives way to resets (`now_ns` time): [`FINISH_WAIT_NS`] after
-    /// it began, or the write's deadline if sooner.
-    finish_by: u64,
+}
+
+impl FenceCount {
+    /// `shards` lane shards answered, and `answers` of the FINISHes (negative: FINISHes a
+    /// shard queued, still to be answered). Whether nothing is left to wait for.
+    fn answered(&mut self, shards: usize, answers: i64) -> bool {
+        self.waiting = self.waiting.saturating_sub(shards);
+        if self.finishing {
+            self.finishes -= answers;
+        }
+        self.waiting == 0 && !(self.finishing && self.finishes > 0)
+    }
+
+    /// The FINISHes were not all answered in time: `shards` lane shards are asked to reset
+    /// its lanes instead, and each will answer that too. FINISHes answered later count for
+    /// nothing.
+    fn reset(&mut self, shards: usize) {
+        self.finishing = false;
+        self.waiting += shards;
+    }
 }
 
 /// How long a write that failed early waits for the FINISHes on its lanes to be answered
@@ -410,13 +440,15 @@ fn finish(
             let finish_by = (e.sm.deadline()).min(super::now_ns().saturating_add(FINISH_WAIT_NS));
             // In the table before any lane shard (this one included) can answer.
             let f = Fencing {
-                waiting: shards.len(),
+                count: FenceCount {
+                    waiting: shards.len(),
+                    finishes: 0,
+                    finishing,
+                },
                 entry: e,
                 code,
                 msg: msg.to_string(),
                 since_ns: super::now_ns(),
-                finishes: 0,
-                finishing,
                 finish_by,
             };
             let key = (peer.clone(), uid, gen);
@@ -456,11 +488,7 @@ fn fence_answered(
         let Some(f) = t.fencing.get_mut(&key) else {
             return;
         };
-        f.waiting = f.waiting.saturating_sub(shards);
-        if f.finishing {
-            f.finishes -= answers;
-        }
-        if f.waiting > 0 || (f.finishing && f.finishes > 0) {
+        if !f.count.answered(shards, answers) {
             return;
         }
         t.fencing.remove(&key)
@@ -524,17 +552,16 @@ pub(crate) fn tick(shard: &Rc<Shard>, now: u64) {
         let mut t = shard.owner.borrow_mut();
         t.fencing
             .iter_mut()
-            .filter(|(_, f)| f.finishing && f.finish_by <= now)
+            .filter(|(_, f)| f.count.finishing && f.finish_by <= now)
             .map(|(k, f)| {
                 shard.stats.borrow_mut().fences_timed_out += 1;
-                f.finishing = false;
                 f.since_ns = now;
                 let mut shards: Vec<usize> =
                     f.entry.lanes.iter().map(|&l| shard.lane_shard(l)).collect();
                 shards.push(shard.lane_shard(f.entry.home_lane));
                 shards.sort_unstable();
                 shards.dedup();
-                f.waiting = shards.len();
+                f.count.reset(shards.len());
                 (k.clone(), shards, f.msg.as_str().into())
             })
             .collect()
@@ -560,7 +587,7 @@ pub(crate) fn tick(shard: &Rc<Shard>, now: u64) {
         let keys: Vec<_> = t
             .fencing
             .iter()
-            .filter(|(_, f)| !f.finishing && now.saturating_sub(f.since_ns) >= FENCE_GRACE_NS)
+            .filter(|(_, f)| !f.count.finishing && now.saturating_sub(f.since_ns) >= FENCE_GRACE_NS)
             .map(|(k, _)| k.clone())
             .collect();
         keys.into_iter()
@@ -674,7 +701,63 @@ fn chunk_bytes(shared: &super::Shared, s: &Submission) -> (u64, bool) {
 
 #[cfg(test)]
 mod tests {
-    use super::OwnerTable;
+    use super::{FenceCount, OwnerTable};
+
+    /// A fence by FINISH on two lane shards: reported once both shards said how many they
+    /// queued and each was answered, in any order.
+    #[test]
+    fn a_fence_ends_once_every_shard_and_every_finish_answered() {
+        let start = FenceCount {
+            waiting: 2,
+            finishes: 0,
+            finishing: true,
+        };
+        let mut c = start;
+        assert!(
+            !c.answered(0, 1),
+            "a FINISH answered before its shard's count"
+        );
+        assert!(!c.answered(1, -2), "shard 1 queued two");
+        assert!(
+            !c.answered(1, 0),
+            "shard 2 queued none; one FINISH still out"
+        );
+        assert!(c.answered(0, 1));
+        // Nothing queued anywhere (lanes that carried none, or dead): the acks end it.
+        let mut c = start;
+        assert!(!c.answered(1, 0));
+        assert!(c.answered(1, 0));
+    }
+
+    /// The FINISHes time out before the shards' counts came: the resets' answers are
+    /// awaited on top of those counts, so the late counts cannot stand for the resets.
+    #[test]
+    fn acks_of_the_finish_round_do_not_count_for_the_resets() {
+        let mut c = FenceCount {
+            waiting: 2,
+            finishes: 0,
+            finishing: true,
+        };
+        c.reset(2);
+        assert!(!c.answered(1, -1), "shard 1's count, late");
+        assert!(!c.answered(1, -1), "shard 2's count, late");
+        assert!(
+            !c.answered(0, 1),
+            "a FINISH answered after the wait counts for nothing"
+        );
+        assert!(!c.answered(1, 0), "shard 1 reset its lanes");
+        assert!(c.answered(1, 0), "shard 2 reset its lanes");
+        // Counts that came in time: only the resets are left.
+        let mut c = FenceCount {
+            waiting: 2,
+            finishes: 0,
+            finishing: true,
+        };
+        assert!(!c.answered(2, -3));
+        c.reset(2);
+        assert!(!c.answered(1, 0));
+        assert!(c.answered(1, 0));
+    }
 
     #[test]
     fn the_low_water_mark_moves_only_past_ended_transfers() {

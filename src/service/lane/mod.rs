@@ -18,7 +18,7 @@ use crate::proto::codes;
 use crate::proto::dispatch::{FinishSpec, TransferRef};
 use crate::proto::frame::{Frame, Hello};
 use crate::proto::handshake;
-use crate::proto::lane::{Fence, LaneBook, Report, Sendable};
+use crate::proto::lane::{Fence, LaneBook, Report};
 use crate::proto::limits::{FENCE_VERSION, NONCE_BYTES, VERSION};
 use crate::region::SharedRegion;
 use crate::stats::PeerSlot;
@@ -286,7 +286,9 @@ fn die_as(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: String, end: End) {
     for r in lane.ready.take() {
         r.update(StatusCode::ErrRdmaOp, msg.clone());
     }
-    for p in lane.peer.express.remove_lane(lane.lane) {
+    let express = lane.peer.express.remove_lane(lane.lane);
+    let express_failed = !express.is_empty();
+    for p in express {
         express_done(shard, lane, p, codes::ERR_BAD_STATE, &msg, false);
     }
     let Some((hit, fenced)) = lane
@@ -321,8 +323,9 @@ fn die_as(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: String, end: End) {
         // point; closing it wakes the reader.
         // A lane that failed, or was reset, drops what its socket still holds: the
         // transfers it carried fail now, and their bytes must not land later. One closed on
-        // purpose ends gracefully.
-        if end == End::Retire {
+        // purpose ends gracefully when nothing it carried fails (else it is reset too).
+        let carried = !(hit.is_empty() && fenced.is_empty()) || express_failed;
+        if end == End::Retire && !carried {
             c.close();
         } else {
             c.abort();
@@ -490,19 +493,24 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
     // The next chunk's first slot, copied out of GPU memory while this frame is sent.
     let mut ahead: Option<super::gpu_io::Ahead> = None;
     loop {
-        let next = lane.book.borrow_mut().pop();
         if let Some(a) = ahead.take() {
-            // Made for the chunk then first in the queue: kept when that is this one.
-            let key = match &next {
-                Some((to, Sendable::Chunk(spec, _))) => Some((to.uid, to.gen, spec.chunk)),
-                _ => None,
-            };
+            // Made for the chunk then first in the queue: kept when it still is. Decided
+            // before the next item leaves the queue: discarding waits for the copy, and an
+            // item taken off the queue meanwhile would be nobody's to cancel, fence or
+            // report if its transfer failed or the lane died in that wait.
+            let key = lane
+                .book
+                .borrow_mut()
+                .next_chunk()
+                .map(|(to, spec, _)| (to.uid, to.gen, spec.chunk));
             match key.filter(|k| a.is_for(*k)) {
                 Some(_) => ahead = Some(a),
                 // Its transfer was cancelled: the copy is waited for, the slot returned.
                 None => a.discard().await,
             }
         }
+        // No await from here until the item is in the book again as sending (`write_item`).
+        let next = lane.book.borrow_mut().pop();
         if !busy && (next.is_some() || express.as_ref().is_some_and(|p| p.has_spill())) {
             // A run starts: no express write goes in until it ends. The rest of an express
             // frame a full socket took only in part leaves first.

@@ -1,6 +1,7 @@
 //! Peers that go away under transfers: one dying mid-transfer (transfers to others unaffected,
 //! a restarted one reached again), a reset lane reported as a lost peer on every lane, and a
-//! deregistered peer failing its transfers until it is registered again.
+//! deregistered peer failing its transfers until it is registered again (its lanes reset,
+//! so that what they still held is never delivered).
 
 use std::io::Write;
 use std::net::TcpStream;
@@ -212,4 +213,45 @@ fn deregistering_a_peer_fails_its_transfers_and_reregistering_works() {
         &small.to_vec(),
         "after re-registering",
     );
+}
+
+/// A peer deregistered while a write to it is half sent: the write fails at once, and its
+/// lane is reset rather than closed in order, so the peer never gets the rest of what the
+/// socket still held (it would land after the failure was reported).
+#[test]
+fn deregistering_a_peer_resets_lanes_that_still_carried_its_transfers() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let fake = std::thread::spawn(move || {
+        let mut c = accept_lane(&l, "retired_fake");
+        // Not read until the write has failed: its frame fills both sockets' buffers.
+        std::thread::sleep(Duration::from_millis(500));
+        read_until_closed(&mut c, Duration::from_secs(10))
+    });
+    let a = engine(
+        "retired_a",
+        cfg_with(|c| {
+            c.num_shards = Some(1);
+            c.num_data_conns = 1;
+            c.sock_sndbuf_bytes = 256 << 10;
+        }),
+    );
+    let desc = desc_at("retired_fake", port);
+    a.register_remote_engine(&desc).unwrap();
+    let remote = MemoryDesc::cpu("retired_fake", 0, 0x10000, 64 << 20);
+    let n = 16 * MIB;
+    let src = a.register_buffer(vec![0x5A; n]).unwrap();
+    let st = a.write(src.desc(), 0, &remote, 0, n, a.allocate_transfer_uid());
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(st.in_progress(), "the writer is blocked mid-frame");
+    a.deregister_remote_engine(&desc);
+    assert_eq!(
+        wait_within(&st, Duration::from_secs(5)),
+        StatusCode::ErrBadState,
+        "{}",
+        st.message()
+    );
+    let (got, closed) = fake.join().unwrap();
+    assert_eq!(closed, Closed::Reset, "after {} bytes", got.len());
+    assert!(got.len() < n, "{} bytes", got.len());
 }
