@@ -1,6 +1,7 @@
 //! Two engines in one process over loopback: MORI-IO's TCP test cases and morio's own.
 
 mod admission;
+mod ahead_race;
 mod auth;
 mod backend_lifecycle;
 mod basic;
