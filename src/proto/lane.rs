@@ -128,6 +128,15 @@ pub struct Violation(pub &'static str);
 /// `unanswered` is pruned when it reaches at least this many entries.
 const MIN_PRUNE: usize = 64;
 
+/// A chunk kept unanswered ([`LaneBook`]'s `unanswered`): its transfer, and whether it is a
+/// WRITE chunk (whose bytes may still be unplaced at the target: a cancelled write resets
+/// its lane) or a READ chunk (whose data is already here).
+#[derive(Clone, Copy, Debug)]
+struct Kept {
+    to: TransferRef,
+    write: bool,
+}
+
 /// One lane's book. `L` is the caller's handle on local memory.
 #[derive(Debug)]
 pub struct LaneBook<L> {
@@ -138,7 +147,7 @@ pub struct LaneBook<L> {
     /// answers the whole transfer with COMPLETE on the lane of whichever chunk completed its
     /// join, with that chunk's tag, so any of them may get it. Kept while the transfer may
     /// still run, so that losing this lane fails it at once instead of at its deadline.
-    unanswered: HashMap<u64, TransferRef>,
+    unanswered: HashMap<u64, Kept>,
     prune_at: usize,
     next_tag: u64,
     writing: Option<TransferRef>,
@@ -275,7 +284,7 @@ impl<L> LaneBook<L> {
         if final_ {
             self.outstanding.insert(tag, (to, Wait::Write));
         } else {
-            self.keep_unanswered(tag, to, may_run);
+            self.keep_unanswered(tag, Kept { to, write: true }, may_run);
         }
         self.writing = Some(to);
     }
@@ -308,17 +317,12 @@ impl<L> LaneBook<L> {
 
     /// Keep a chunk of several by its tag while its transfer runs (pruned of ended
     /// transfers as the table grows, so it stays within about twice the chunks in flight).
-    fn keep_unanswered(
-        &mut self,
-        tag: u64,
-        to: TransferRef,
-        may_run: impl Fn(&TransferRef) -> bool,
-    ) {
+    fn keep_unanswered(&mut self, tag: u64, kept: Kept, may_run: impl Fn(&TransferRef) -> bool) {
         if self.unanswered.len() >= self.prune_at {
-            self.unanswered.retain(|_, t| may_run(t));
+            self.unanswered.retain(|_, k| may_run(&k.to));
             self.prune_at = (2 * self.unanswered.len()).max(MIN_PRUNE);
         }
-        self.unanswered.insert(tag, to);
+        self.unanswered.insert(tag, kept);
     }
 
     /// Whether a frame with `tag` waits for an answer of its own (not the join's COMPLETE).
@@ -332,9 +336,10 @@ impl<L> LaneBook<L> {
     pub fn answer(&mut self, tag: u64, uid: u64, a: Answer) -> Result<Matched<L>, Violation> {
         let Some((to, wait)) = self.outstanding.remove(&tag) else {
             if let Answer::Complete { code, msg } = a {
-                if let Some(to) = self.unanswered.remove(&tag) {
+                if let Some(kept) = self.unanswered.remove(&tag) {
+                    let to = kept.to;
                     if to.uid != uid {
-                        self.unanswered.insert(tag, to);
+                        self.unanswered.insert(tag, kept);
                         return Err(Violation("answer names another transfer"));
                     }
                     // A chunk of several completed the target's join: COMPLETE ends the
@@ -381,7 +386,7 @@ impl<L> LaneBook<L> {
         if wait.final_ {
             Report::Complete { code, msg }
         } else {
-            self.keep_unanswered(tag, to, may_run);
+            self.keep_unanswered(tag, Kept { to, write: false }, may_run);
             Report::Chunk {
                 chunk: wait.chunk,
                 code,
@@ -403,14 +408,14 @@ impl<L> LaneBook<L> {
             .outstanding
             .values()
             .any(|(t, w)| hit(t) && matches!(w, Wait::Write | Wait::Fence))
-            || self.unanswered.values().any(hit)
+            || self.unanswered.values().any(|k| k.write && hit(&k.to))
             || self
                 .queue
                 .iter()
                 .any(|i| hit(&i.to) && matches!(&i.work, Work::Finish(f) if f.fence));
         self.queue.retain(|i| !hit(&i.to));
         self.outstanding.retain(|_, (t, _)| !hit(t));
-        self.unanswered.retain(|_, t| !hit(t));
+        self.unanswered.retain(|_, k| !hit(&k.to));
         if half_sent {
             Fence::HalfSent
         } else if unplaced {
@@ -438,10 +443,10 @@ impl<L> LaneBook<L> {
                 .outstanding
                 .values()
                 .any(|(t, w)| hit(t) && matches!(w, Wait::Write))
-            || self.unanswered.values().any(hit);
+            || self.unanswered.values().any(|k| k.write && hit(&k.to));
         self.queue.retain(|i| !hit(&i.to));
         self.outstanding.retain(|_, (t, _)| !hit(t));
-        self.unanswered.retain(|_, t| !hit(t));
+        self.unanswered.retain(|_, k| !hit(&k.to));
         if !(sent || always) || self.dead {
             return Fence::None;
         }
@@ -485,7 +490,7 @@ impl<L> LaneBook<L> {
         hit.extend(
             self.unanswered
                 .drain()
-                .map(|(_, t)| t)
+                .map(|(_, k)| k.to)
                 .filter(|t| may_run(t)),
         );
         hit.sort_unstable();
@@ -592,6 +597,31 @@ mod tests {
         let (mut hit, fenced) = b.die(always).expect("alive until now");
         hit.sort();
         assert_eq!((hit, fenced), (vec![to(1, 0), to(5, 0)], vec![to(3, 0)]));
+    }
+
+    /// A failed read whose chunks' data already arrived here leaves nothing to land at its
+    /// target: its lane need not be reset (which would fail the other transfers on it).
+    #[test]
+    fn a_cancelled_read_whose_data_arrived_needs_no_reset() {
+        let mut b = LaneBook::<()>::default();
+        let tag = b.next_tag();
+        b.sending_read(tag, to(1, 0), read_wait(0, false));
+        let data = Answer::ReadData {
+            chunk: 0,
+            final_: false,
+            code: 0,
+            msg: String::new(),
+        };
+        let Ok(Matched::ReadData(t, w, _)) = b.answer(tag, 1, data) else {
+            panic!("no match");
+        };
+        b.read_done(tag, t, &w, 0, String::new(), always);
+        assert_eq!(b.cancel(1, 0), Fence::None);
+        // A write's chunk of several, sent and kept the same way, still needs one.
+        let tag = b.next_tag();
+        b.sending_write(tag, to(2, 0), false, always);
+        b.sent();
+        assert_eq!(b.cancel(2, 0), Fence::Unplaced);
     }
 
     #[test]

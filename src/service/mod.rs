@@ -152,6 +152,9 @@ pub(crate) struct Shard {
     pub regions: RefCell<HashMap<u32, SharedRegion>>,
     pub owner: RefCell<owner::OwnerTable>,
     pub lanes: RefCell<lane::LaneMap>,
+    /// Lanes that died while their reader was still placing read data (its copies into GPU
+    /// memory running): a cancelled read still waits for those, until the reader ends.
+    pub dying_lanes: RefCell<Vec<Rc<lane::Lane>>>,
     pub next_gen: Cell<u64>,
     pub closing: Cell<bool>,
     /// Connections peers opened to this shard (and ones still in handshake), so shutdown
@@ -299,6 +302,7 @@ pub(crate) async fn run(ctx: ShardCtx<ShardMsg>, shared: Arc<Shared>) {
         regions: RefCell::new(HashMap::new()),
         owner: RefCell::new(owner::OwnerTable::default()),
         lanes: RefCell::new(HashMap::new()),
+        dying_lanes: RefCell::new(Vec::new()),
         next_gen: Cell::new(0),
         closing: Cell::new(false),
         served: RefCell::new(HashMap::new()),

@@ -47,6 +47,10 @@ pub(crate) struct Lane {
     bell: Bell,
     /// Closes the connection, once there is one.
     closer: Cell<Option<Closer>>,
+    /// Where the connection's writer and express writers put frames, once it is up (a
+    /// same-host peer's ring, or the socket): closed when the lane dies, so that nothing
+    /// more goes in (a ring is not reset with the socket).
+    port: RefCell<Option<crate::transport::express_port::ExpressPort>>,
     /// The lane's transport once it is connected (as [`open`] reports it).
     connected: Cell<Option<&'static str>>,
     /// Callers of [`open`] waiting for the lane to come up (or die).
@@ -121,6 +125,7 @@ fn lane_for(shard: &Rc<Shard>, peer: &Arc<Peer>, idx: u16) -> (Rc<Lane>, bool) {
         book: RefCell::new(LaneBook::default()),
         bell: Bell::default(),
         closer: Cell::new(None),
+        port: RefCell::new(None),
         connected: Cell::new(None),
         ready: RefCell::new(Vec::new()),
         placing: RefCell::new(Vec::new()),
@@ -153,7 +158,20 @@ pub(crate) fn cancel(
         return fence(shard, &lanes, peer, (uid, gen), ack_to, (spec, home));
     }
     let fence = ack_to.is_some();
-    let deferred = placing::cancel(&lanes, peer, (uid, gen), ack_to);
+    // Lanes that died still placing read data count too: their copies may still land.
+    let placing_on: Vec<Rc<Lane>> = lanes
+        .iter()
+        .cloned()
+        .chain(
+            shard
+                .dying_lanes
+                .borrow()
+                .iter()
+                .filter(|l| *l.peer.key == **peer)
+                .cloned(),
+        )
+        .collect();
+    let deferred = placing::cancel(&placing_on, peer, (uid, gen), ack_to);
     for l in &lanes {
         let what = match l.book.borrow_mut().cancel(uid, gen) {
             Fence::None => continue,
@@ -283,6 +301,15 @@ enum End {
 /// [`die`], failing the transfers with `msg` as it is.
 fn die_as(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: String, end: End) {
     let failure = end != End::Retire;
+    // Once only: a lane killed from outside (reset, retired) dies again when its reader sees
+    // the socket fail, by when a new lane of the same index may carry express transfers.
+    let Some((hit, fenced)) = lane
+        .book
+        .borrow_mut()
+        .die(|t| shard.shared.may_run(t.owner, t.gen))
+    else {
+        return;
+    };
     for r in lane.ready.take() {
         r.update(StatusCode::ErrRdmaOp, msg.clone());
     }
@@ -291,13 +318,6 @@ fn die_as(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: String, end: End) {
     for p in express {
         express_done(shard, lane, p, codes::ERR_BAD_STATE, &msg, false);
     }
-    let Some((hit, fenced)) = lane
-        .book
-        .borrow_mut()
-        .die(|t| shard.shared.may_run(t.owner, t.gen))
-    else {
-        return;
-    };
     if failure && !shard.closing.get() {
         let mut st = shard.stats.borrow_mut();
         st.count_lane_failure(lane.counters, lane.lane);
@@ -316,8 +336,15 @@ fn die_as(shard: &Rc<Shard>, lane: &Rc<Lane>, msg: String, end: End) {
         if lanes.get(&key).is_some_and(|l| Rc::ptr_eq(l, lane)) {
             lanes.remove(&key);
         }
+        if !lane.placing.borrow().is_empty() {
+            // Its reader still places read data: until it ends, a cancel finds it there.
+            shard.dying_lanes.borrow_mut().push(lane.clone());
+        }
     }
     lane.bell.close();
+    if let Some(p) = lane.port.take() {
+        p.close();
+    }
     if let Some(c) = lane.closer.take() {
         // The connection lives until both lane tasks end, and they end only after this
         // point; closing it wakes the reader.
@@ -479,7 +506,9 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
     let mut writer = FrameWriter::new(w, cfg.inline_write_bytes);
     // Application threads may send small writes on this lane themselves while this writer
     // is idle (`express`): into the peer's ring, or on the TCP socket.
-    let express = writer.express_port().filter(super::express::enabled_for);
+    let port = writer.express_port();
+    lane.port.replace(port.clone());
+    let express = port.filter(super::express::enabled_for);
     if let Some(port) = &express {
         lane.peer.express.add_lane(lane.lane, port.clone());
     }
@@ -523,6 +552,10 @@ async fn run(shard: Rc<Shard>, lane: Rc<Lane>) {
             busy = true;
         }
         let Some((to, item)) = next else {
+            if lane.dead() {
+                // What was pushed failed with the lane: it must not leave now.
+                return;
+            }
             // Queue drained: what was pushed leaves now, in one syscall.
             if let Err(e) = writer.flush().await {
                 return die(&shard, &lane, &format!("send failed: {e}"));

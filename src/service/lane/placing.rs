@@ -88,6 +88,10 @@ pub(super) fn end(shard: &Rc<Shard>, lane: &Lane, to: TransferRef) {
 /// The lane stops reading (it died): nothing of what it placed can land any more.
 pub(super) fn end_all(shard: &Rc<Shard>, lane: &Lane) {
     let all = std::mem::take(&mut *lane.placing.borrow_mut());
+    shard
+        .dying_lanes
+        .borrow_mut()
+        .retain(|l| !std::ptr::eq(Rc::as_ptr(l), lane));
     for p in all {
         answer(shard, p);
     }

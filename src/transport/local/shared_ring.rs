@@ -49,6 +49,13 @@ pub(crate) enum Declined {
     Broken,
 }
 
+impl State {
+    /// Whether nobody may write again (a write failed, or the ring was closed).
+    pub(crate) fn is_broken(&self) -> bool {
+        self.broken
+    }
+}
+
 impl SharedRing {
     /// Share `ring`, whose doorbell is rung on `bell`, a socket the caller keeps open until
     /// it called [`Self::close_express`].

@@ -296,6 +296,11 @@ impl Out {
         loop {
             let room = {
                 let mut st = shared.lock();
+                if st.is_broken() {
+                    // Closed when its lane died (or a write found the peer's index
+                    // impossible): what the lane still had to send fails with it.
+                    return Err(io::Error::other("the same-host ring was closed"));
+                }
                 let wrote = st.ring.write(gather, &mut idx, &mut off).inspect_err(|_| {
                     SharedRing::set_broken(&mut st);
                 })?;
