@@ -9,6 +9,7 @@ mod chaos;
 mod common;
 mod concurrency;
 mod connect;
+mod dying_read;
 mod early_write;
 mod express;
 mod failures;
