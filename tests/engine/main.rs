@@ -29,6 +29,7 @@ mod late_read;
 mod late_write;
 mod mori_cases;
 mod peer_stats;
+mod read_fail_lanes;
 mod same_host;
 mod same_host_hostile;
 mod same_host_ring;
