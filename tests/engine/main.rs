@@ -10,6 +10,7 @@ mod common;
 mod concurrency;
 mod connect;
 mod dying_read;
+mod dying_write;
 mod early_write;
 mod express;
 mod failures;
