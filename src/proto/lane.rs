@@ -302,6 +302,13 @@ impl<L> LaneBook<L> {
         self.writing = None;
     }
 
+    /// The data of a READ chunk matched as `tag` (so out of the book) could not be read
+    /// whole: its connection failed mid-payload. Kept so that the lane's death, next, reports
+    /// its transfer lost at once (not at its deadline).
+    pub fn read_cut(&mut self, tag: u64, to: TransferRef) {
+        self.unanswered.insert(tag, Kept { to, write: false });
+    }
+
     /// A READ request with `tag` is queued to leave with the next flush (so its answer can
     /// never come before this).
     pub fn sending_read(&mut self, tag: u64, to: TransferRef, wait: ReadWait<L>) {
@@ -597,6 +604,25 @@ mod tests {
         let (mut hit, fenced) = b.die(always).expect("alive until now");
         hit.sort();
         assert_eq!((hit, fenced), (vec![to(1, 0), to(5, 0)], vec![to(3, 0)]));
+    }
+
+    /// A READ chunk whose data was cut off mid-payload is its lane's to report when it dies.
+    #[test]
+    fn a_read_cut_mid_payload_is_reported_by_the_lanes_death() {
+        let mut b = LaneBook::<()>::default();
+        let tag = b.next_tag();
+        b.sending_read(tag, to(1, 0), read_wait(0, true));
+        let data = Answer::ReadData {
+            chunk: 0,
+            final_: true,
+            code: 0,
+            msg: String::new(),
+        };
+        let Ok(Matched::ReadData(t, _, _)) = b.answer(tag, 1, data) else {
+            panic!("no match");
+        };
+        b.read_cut(tag, t);
+        assert_eq!(b.die(always), Some((vec![to(1, 0)], vec![])));
     }
 
     /// A failed read whose chunks' data already arrived here leaves nothing to land at its

@@ -191,6 +191,7 @@ async fn on_frame(
             Err(ConnError::Aborted) => return dropped(shard, lane, reader, to).await,
             Err(e) => {
                 placing::end(shard, lane, to);
+                lane.book.borrow_mut().read_cut(tag, to);
                 return Err(e);
             }
             Ok(c) => c,
@@ -221,7 +222,11 @@ async fn on_frame(
             placing::end(shard, lane, to);
             (code, msg) = match placed {
                 Err(ConnError::Aborted) => return drop_rest(reader).await,
-                r => gpu_io::landed(r?),
+                Err(e) => {
+                    lane.book.borrow_mut().read_cut(tag, to);
+                    return Err(e);
+                }
+                Ok(r) => gpu_io::landed(r),
             };
         }
     }

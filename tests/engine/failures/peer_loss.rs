@@ -255,3 +255,58 @@ fn deregistering_a_peer_resets_lanes_that_still_carried_its_transfers() {
     assert_eq!(closed, Closed::Reset, "after {} bytes", got.len());
     assert!(got.len() < n, "{} bytes", got.len());
 }
+
+/// A peer that resets the connection in the middle of a READ_DATA's payload: the read fails
+/// at once, as lost with its lane, not at its deadline (its chunk had left the lane's book
+/// when its answer was matched).
+#[test]
+fn a_read_cut_off_mid_data_fails_at_once() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let n = 1 << 20;
+    let fake = std::thread::spawn(move || {
+        let mut c = accept_lane(&l, "cut_read_fake");
+        let Frame::Read { chunk, final_, .. } = read_frame(&mut c, Duration::from_secs(10)) else {
+            panic!("expected READ");
+        };
+        let reply = morio::proto::frame::Reply {
+            tag: chunk.tag,
+            uid: chunk.uid,
+            chunk: 0,
+            code: 0,
+            msg: String::new(),
+        };
+        let mut out = encode(&Frame::ReadData { reply, final_ }, n as u64);
+        out.resize(out.len() + n / 2, 0xC3);
+        c.write_all(&out).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        socket2::SockRef::from(&c)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(c); // reset, half the data sent
+    });
+    let a = engine(
+        "cut_read_a",
+        cfg_with(|c| {
+            c.num_shards = Some(1);
+            c.num_data_conns = 1;
+            c.op_timeout = Duration::from_secs(20);
+        }),
+    );
+    a.register_remote_engine(&desc_at("cut_read_fake", port))
+        .unwrap();
+    let far = MemoryDesc::cpu("cut_read_fake", 1, 0x10000, n as u64);
+    let dst = a.alloc_buffer(n).unwrap();
+    let t = Instant::now();
+    let st = a.read(dst.desc(), 0, &far, 0, n, a.allocate_transfer_uid());
+    let code = wait_within(&st, Duration::from_secs(30));
+    let msg = st.message();
+    assert_eq!(code, StatusCode::ErrBadState, "{msg}");
+    assert!(msg.contains("lost") && !msg.contains("timed out"), "{msg}");
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "failed after {:?}",
+        t.elapsed()
+    );
+    fake.join().unwrap();
+}
